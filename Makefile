@@ -1,0 +1,35 @@
+# Quick start: `make demo` and `make test`. Both create .venv when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test bench clean venv
+
+venv: $(STAMP)
+
+# torch goes in first, from the CPU build (a local wheel where pip's find-links has one, else
+# PyTorch's CPU index); otherwise `triton`/`torch` from PyPI pull several GB of CUDA packages.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --only-binary=:all: --find-links /opt/wheels --no-index 2>/dev/null || \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu || \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e ".[profiler,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tlora-sim compare --trace synthetic:default --cluster 4x8xH100 \
+	  --policies independent,mlora,tlora --seed 0 --out runs/demo
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/replay.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
