@@ -1,0 +1,55 @@
+"""``mlora``: FIFO packing of same-base-model jobs up to ``concurrency_num`` (mLoRA, VLDB'25).
+
+mLoRA trains several adapters over one shared base model: one base GEMM over the concatenated
+batch, the adapters in a per-adapter loop (plan ``loop``), admitting jobs first-come-first-served
+up to a concurrency limit, with no check of how much each job slows down. Here: in arrival
+order, each job joins the first running (or just planned) group with the same base model and GPU
+count that has fewer than ``concurrency_num`` members and memory to spare; otherwise it starts a
+new group on free GPUs; the first job that can do neither blocks the rest (strict FIFO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.planner import Planner
+from policies.registry import register
+from sim.snapshot import Action, Snapshot
+
+
+@dataclass(frozen=True)
+class MLoRAConfig:
+    """Options of ``mlora``.
+
+    Attributes:
+        concurrency_num: most adapters per shared base model (mLoRA's ``concurrency_num``).
+    """
+
+    concurrency_num: int = 4
+
+
+@register("mlora", MLoRAConfig, "mLoRA: FIFO packing of same-base-model jobs up to concurrency_num, no slowdown check")
+class MLoRA:
+    """FIFO packing without a slowdown check (see module docstring)."""
+
+    name = "mlora"
+    plan = "loop"
+
+    def __init__(self, config: MLoRAConfig | None = None) -> None:
+        self.config = config or MLoRAConfig()
+        if self.config.concurrency_num < 1:
+            from sim.errors import InputError
+
+            raise InputError("mlora concurrency_num must be >= 1", field="concurrency_num")
+
+    def decide(self, snap: Snapshot) -> list[Action]:
+        """Pack or start queued jobs in arrival order until one can do neither."""
+        plan = Planner(snap, self.plan)
+        for job in snap.queue:
+            group = next((g for g in plan.candidates(job)
+                          if len(g.members) < self.config.concurrency_num and g.fits(snap, self.plan, job)), None)
+            if group is not None:
+                plan.join(group, job)
+            elif plan.start(job) is None:
+                break
+        return plan.actions()

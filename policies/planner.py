@@ -1,0 +1,83 @@
+"""A scratch pad for one decision: groups as they would be after the actions planned so far.
+
+Policies plan several starts and joins per decision; the planner keeps free GPUs and group
+membership consistent while they do, then emits the engine actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.jobs import Job
+from sim.placement import Placement
+from sim.snapshot import Action, AddMembers, Snapshot, StartGroup
+
+
+@dataclass
+class PlannedGroup:
+    """A running group (``group_id`` set) or one planned in this decision (``group_id`` None)."""
+
+    group_id: int | None
+    model: str
+    n_gpus: int
+    placement: Placement
+    members: list[Job]
+    added: list[Job] = field(default_factory=list)
+
+    def step_time_s(self, snap: Snapshot, plan: str, extra: Job | None = None) -> float:
+        """Predicted step time with ``extra`` added (s)."""
+        jobs = self.members + ([extra] if extra is not None else [])
+        return snap.step_time_s(self.model, [j.member for j in jobs], self.n_gpus, plan)
+
+    def fits(self, snap: Snapshot, plan: str, extra: Job) -> bool:
+        """Whether the group with ``extra`` added fits in GPU memory."""
+        return snap.fits_memory(self.model, [j.member for j in self.members + [extra]], self.n_gpus, plan)
+
+
+class Planner:
+    """Planned state for one decision over ``snap`` with execution plan ``plan``."""
+
+    def __init__(self, snap: Snapshot, plan: str) -> None:
+        self.snap = snap
+        self.plan = plan
+        self.free = snap.free.copy()
+        self.groups: list[PlannedGroup] = []
+        self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
+        self.version = 0  # bumped by every planned start or join
+        for g in snap.groups.values():
+            self._add(PlannedGroup(g.group_id, g.model, g.n_gpus, g.placement, list(g.members)))
+
+    def _add(self, g: PlannedGroup) -> None:
+        self.groups.append(g)
+        self._by_kind.setdefault((g.model, g.n_gpus), []).append(g)
+
+    def candidates(self, job: Job) -> list[PlannedGroup]:
+        """Groups ``job`` could join: same base model and GPU count (start/plan order)."""
+        return self._by_kind.get((job.model, job.num_gpus), [])
+
+    def start(self, job: Job) -> PlannedGroup | None:
+        """Plan a new group for ``job`` alone on free GPUs; None if it does not fit now."""
+        p = self.free.take(job.num_gpus)
+        if p is None:
+            return None
+        g = PlannedGroup(None, job.model, job.num_gpus, p, [job], [job])
+        self._add(g)
+        self.version += 1
+        return g
+
+    def join(self, group: PlannedGroup, job: Job) -> None:
+        """Plan ``job`` into ``group``."""
+        group.members.append(job)
+        group.added.append(job)
+        self.version += 1
+
+    def actions(self) -> list[Action]:
+        """The engine actions that realise the plan (starts first, in plan order)."""
+        out: list[Action] = []
+        for g in self.groups:
+            if g.group_id is None:
+                out.append(StartGroup(tuple(j.index for j in g.members), g.placement, self.plan))
+        for g in self.groups:
+            if g.group_id is not None and g.added:
+                out.append(AddMembers(g.group_id, tuple(j.index for j in g.added)))
+        return out

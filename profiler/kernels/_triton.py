@@ -1,0 +1,424 @@
+"""Triton kernels of the fused multi-LoRA linear layer (forward and backward).
+
+Math (DESIGN.md, "Fused multi-LoRA kernel"; LoRA: Hu et al. 2021, eq. 3, h = W0 x + (alpha/r) B A x):
+adapters i own contiguous token segments X_i of X (M x K); with P_i = drop(X_i) A_i (M_i x r_i),
+
+    forward   Y_i   = X_i W + s_i P_i B_i
+    backward  Q_i   = s_i dY_i B_i^T                           (M_i x r_i)
+              dX_i  = dY_i W^T + (Q_i A_i^T) * mask_i / (1-p_i)
+              dA_i  = drop(X_i)^T Q_i                          (K x r_i)
+              dB_i  = s_i P_i^T dY_i                           (r_i x N)
+
+The base GEMMs (X W and dY W^T) go to cuBLAS; these kernels do the low-rank work.
+Storage: the adapters are packed, A_i = lora_A[o_i:o_i+r_i] as an (r_i, K) block (A_i transposed,
+PEFT's lora_A.weight layout) and B_i = lora_B[o_i:o_i+r_i] as an (r_i, N) block.
+
+Tiles follow each adapter's own rank: every tile carries its adapter, and the adapter's rank
+bucket R (the next power of two >= max(r_i, 16): 16, 32, 64, 128, 256) selects, at run time,
+a body compiled for (R, BM). Only the buckets present in a launch are compiled in (BUCKETS
+bit mask), so an adapter of rank 8 never runs the tiles or does the FLOPs of a rank-128 one.
+
+Launches per training step (besides the two cuBLAS GEMMs):
+  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once
+  _f2  Ylora       = s P B (+bias)      grid: row tiles x N groups      writes Y once; cuBLAS then
+                                                                        does Y += X W (beta=1)
+  _b1  Q partials  = s dY B^T           grid: row tiles x N splits      reads dY
+       dB          = s P^T dY           + chunks x N blocks             reads dY (same launch)
+  _b2  dXlora      = mask(Q A^T)/(1-p)  grid: chunks x K blocks         writes dX once, reads X;
+       dA          = mask(X)^T Q/(1-p)                                  cuBLAS then dX += dY W
+Splits of the reductions (over K, over N, over tokens) keep the grid at >= 2 waves on short
+inputs; K/N-split partial sums go to small fp32 buffers, token-chunk partial sums of dA/dB are
+added with fp32 atomics into a buffer that _f2 zeroes (so no memset launch is needed).
+
+Dropout: a counter-based hash of (seed, token index * K + column) gives the keep mask, so the
+forward and the backward regenerate the same mask without storing it (see ``reference.keep_mask``
+for the same function in torch).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# rank buckets: tile rank R and token-tile rows BM of each bucket
+BUCKET_R = (16, 32, 64, 128, 256)
+BUCKET_BM = (64, 64, 128, 128, 64)
+# adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold
+META_I = 8
+META_F = 2  # fp32: scale, 1/(1-p)
+
+
+@triton.jit
+def _keep(rows, cols, K, seed):
+    """uint32 hash of (seed, rows*K + cols) (lowbias32 finaliser); caller compares its top 24 bits."""
+    idx = rows.to(tl.uint32) * K.to(tl.uint32) + cols.to(tl.uint32)
+    h = idx ^ seed.to(tl.uint32)
+    h ^= h >> 16
+    h *= 0x7FEB352D
+    h ^= h >> 15
+    h *= 0x846CA68B
+    h ^= h >> 16
+    return (h >> 8).to(tl.int32)
+
+
+# ----------------------------------------------------------------------------------------- f1
+@triton.jit
+def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+             kb0, kb1, seed, thresh, s,
+             R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+             DROPOUT: tl.constexpr, PREC: tl.constexpr):
+    rows = m0 + tl.arange(0, BM)
+    rmask = rows < m1
+    rr = tl.arange(0, R)
+    rkm = rr < rank
+    xrow = X + rows.to(tl.int64)[:, None] * sxm
+    arow = A + (roff + rr).to(tl.int64)[:, None] * sam
+    acc = tl.zeros((BM, R), dtype=tl.float32)
+    for kb in range(kb0, kb1):
+        cols = kb * BK + tl.arange(0, BK)
+        cm = cols < K
+        x = tl.load(xrow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
+        if DROPOUT:
+            keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+            x = tl.where(keep, x, tl.zeros_like(x))
+        a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(a.to(x.dtype)), acc, input_precision=PREC)
+    offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
+    tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
+
+
+@triton.jit
+def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
+               BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
+               PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    t = pid // ksplit
+    s = pid % ksplit
+    ad = tl.load(tiles + t * 3)
+    m0 = tl.load(tiles + t * 3 + 1)
+    m1 = tl.load(tiles + t * 3 + 2)
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    thresh = tl.load(meta_i + ad * 8 + 6)
+    kb0 = s * kb_per
+    kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
+    if BUCKETS & 1:
+        if bucket == 0:
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+                     kb0, kb1, seed, thresh, s, 16, BM0, BK, DROPOUT, PREC)
+    if BUCKETS & 2:
+        if bucket == 1:
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+                     kb0, kb1, seed, thresh, s, 32, BM1, BK, DROPOUT, PREC)
+    if BUCKETS & 4:
+        if bucket == 2:
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+                     kb0, kb1, seed, thresh, s, 64, BM2, BK, DROPOUT, PREC)
+    if BUCKETS & 8:
+        if bucket == 3:
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+                     kb0, kb1, seed, thresh, s, 128, BM3, BK, DROPOUT, PREC)
+    if BUCKETS & 16:
+        if bucket == 4:
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+                     kb0, kb1, seed, thresh, s, 256, BM4, BK, DROPOUT, PREC)
+
+
+# ----------------------------------------------------------------------------------------- f2
+@triton.jit
+def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
+             m0, m1, start, rank, roff, poff, nb0, nb1, scale, inv_keep, g,
+             R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+    rows = m0 + tl.arange(0, BM)
+    rmask = rows < m1
+    rr = tl.arange(0, R)
+    rkm = rr < rank
+    pm = rmask[:, None] & rkm[None, :]
+    poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
+    p = tl.zeros((BM, R), dtype=tl.float32)
+    for s in range(0, ksplit):
+        p += tl.load(Ppart + s * part_stride + poffs, mask=pm, other=0.0)
+    p = p * inv_keep
+    if g == 0:
+        tl.store(Psave + poffs, p.to(Psave.dtype.element_ty), mask=pm)
+    ps = (p * scale).to(Y.dtype.element_ty)
+    yrow = Y + rows.to(tl.int64)[:, None] * syn
+    brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
+    for nb in range(nb0, nb1):
+        cols = nb * BN + tl.arange(0, BN)
+        cm = cols < N
+        b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
+        y = tl.dot(ps, b.to(ps.dtype), input_precision=PREC)
+        if HAS_BIAS:
+            y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+        tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
+                 mask=rmask[:, None] & cm[None, :])
+
+
+@triton.jit
+def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm,
+               part_stride, ksplit, ngroups, nb_per,
+               BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+               ZERO_G: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    if ZERO_G:  # zero the fp32 dA/dB accumulator that the backward adds into
+        nprog = tl.num_programs(0)
+        per = tl.cdiv(tl.cdiv(g_numel, nprog), 1024) * 1024
+        for z in range(pid * per, tl.minimum(pid * per + per, g_numel), 1024):
+            zo = z + tl.arange(0, 1024)
+            tl.store(G + zo, tl.zeros((1024,), dtype=tl.float32), mask=zo < g_numel)
+    t = pid // ngroups
+    g = pid % ngroups
+    ad = tl.load(tiles + t * 3)
+    m0 = tl.load(tiles + t * 3 + 1)
+    m1 = tl.load(tiles + t * 3 + 2)
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    scale = tl.load(meta_f + ad * 2)
+    inv_keep = tl.load(meta_f + ad * 2 + 1)
+    nb0 = g * nb_per
+    nb1 = tl.minimum(nb0 + nb_per, tl.cdiv(N, BN))
+    if BUCKETS & 1:
+        if bucket == 0:
+            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 16, BM0, BN, HAS_BIAS, PREC)
+    if BUCKETS & 2:
+        if bucket == 1:
+            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 32, BM1, BN, HAS_BIAS, PREC)
+    if BUCKETS & 4:
+        if bucket == 2:
+            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 64, BM2, BN, HAS_BIAS, PREC)
+    if BUCKETS & 8:
+        if bucket == 3:
+            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 128, BM3, BN, HAS_BIAS, PREC)
+    if BUCKETS & 16:
+        if bucket == 4:
+            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 256, BM4, BN, HAS_BIAS, PREC)
+
+
+# ----------------------------------------------------------------------------------------- b1
+@triton.jit
+def _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff, poff,
+              nb0, nb1, scale, s,
+              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    rows = m0 + tl.arange(0, BM)
+    rmask = rows < m1
+    rr = tl.arange(0, R)
+    rkm = rr < rank
+    drow = DY + rows.to(tl.int64)[:, None] * sdm
+    brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
+    acc = tl.zeros((BM, R), dtype=tl.float32)
+    for nb in range(nb0, nb1):
+        cols = nb * BN + tl.arange(0, BN)
+        cm = cols < N
+        dy = tl.load(drow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
+        b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
+        acc = tl.dot(dy, tl.trans(b.to(dy.dtype)), acc, input_precision=PREC)
+    acc = acc * scale
+    offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
+    tl.store(Qpart + offs, acc, mask=rmask[:, None] & rkm[None, :])
+
+
+@triton.jit
+def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    rr = tl.arange(0, R)
+    rkm = rr < rank
+    cols = nb * BN + tl.arange(0, BN)
+    cm = cols < N
+    acc = tl.zeros((R, BN), dtype=tl.float32)
+    for m in range(m0, m1, BM):
+        rows = m + tl.arange(0, BM)
+        rmask = rows < m1
+        p = tl.load(Psave + poff + (rows - start)[:, None] * rank + rr[None, :],
+                    mask=rmask[:, None] & rkm[None, :], other=0.0)
+        dy = tl.load(DY + rows.to(tl.int64)[:, None] * sdm + cols[None, :],
+                     mask=rmask[:, None] & cm[None, :], other=0.0)
+        acc = tl.dot(tl.trans(p.to(dy.dtype)), dy, acc, input_precision=PREC)
+    acc = acc * scale
+    tl.atomic_add(GB + (roff + rr).to(tl.int64)[:, None] * N + cols[None, :], acc,
+                  mask=rkm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _b1_kernel(DY, B, Psave, Qpart, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+               part_stride, nsplit, nb_per, n_q, n_nb,
+               BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < n_q:  # Q partials over a row tile and an N split
+        t = pid // nsplit
+        s = pid % nsplit
+        ad = tl.load(tiles + t * 3)
+        m0 = tl.load(tiles + t * 3 + 1)
+        m1 = tl.load(tiles + t * 3 + 2)
+        start = tl.load(meta_i + ad * 8)
+        rank = tl.load(meta_i + ad * 8 + 2)
+        roff = tl.load(meta_i + ad * 8 + 3)
+        poff = tl.load(meta_i + ad * 8 + 4)
+        bucket = tl.load(meta_i + ad * 8 + 5)
+        scale = tl.load(meta_f + ad * 2)
+        nb0 = s * nb_per
+        nb1 = tl.minimum(nb0 + nb_per, n_nb)
+        if BUCKETS & 1:
+            if bucket == 0:
+                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, s, 16, BM0, BN, PREC)
+        if BUCKETS & 2:
+            if bucket == 1:
+                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, s, 32, BM1, BN, PREC)
+        if BUCKETS & 4:
+            if bucket == 2:
+                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, s, 64, BM2, BN, PREC)
+        if BUCKETS & 8:
+            if bucket == 3:
+                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, s, 128, BM3, BN, PREC)
+        if BUCKETS & 16:
+            if bucket == 4:
+                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, s, 256, BM4, BN, PREC)
+    else:  # dB over a token chunk and an N block
+        q = pid - n_q
+        c = q // n_nb
+        nb = q % n_nb
+        ad = tl.load(chunks + c * 3)
+        m0 = tl.load(chunks + c * 3 + 1)
+        m1 = tl.load(chunks + c * 3 + 2)
+        start = tl.load(meta_i + ad * 8)
+        rank = tl.load(meta_i + ad * 8 + 2)
+        roff = tl.load(meta_i + ad * 8 + 3)
+        poff = tl.load(meta_i + ad * 8 + 4)
+        bucket = tl.load(meta_i + ad * 8 + 5)
+        scale = tl.load(meta_f + ad * 2)
+        if BUCKETS & 1:
+            if bucket == 0:
+                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+                          16, BM0, BN, PREC)
+        if BUCKETS & 2:
+            if bucket == 1:
+                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+                          32, BM1, BN, PREC)
+        if BUCKETS & 4:
+            if bucket == 2:
+                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+                          64, BM2, BN, PREC)
+        if BUCKETS & 8:
+            if bucket == 3:
+                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+                          128, BM3, BN, PREC)
+        if BUCKETS & 16:
+            if bucket == 4:
+                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+                          256, BM4, BN, PREC)
+
+
+# ----------------------------------------------------------------------------------------- b2
+@triton.jit
+def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
+             m0, m1, start, rank, roff, poff, kb, seed, thresh, inv_keep,
+             R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
+             WRITE_DX: tl.constexpr, PREC: tl.constexpr):
+    rr = tl.arange(0, R)
+    rkm = rr < rank
+    cols = kb * BK + tl.arange(0, BK)
+    cm = cols < K
+    a = tl.load(A + (roff + rr).to(tl.int64)[:, None] * sam + cols[None, :],
+                mask=rkm[:, None] & cm[None, :], other=0.0)
+    a = a.to(X.dtype.element_ty)
+    acc = tl.zeros((R, BK), dtype=tl.float32)
+    for m in range(m0, m1, BM):
+        rows = m + tl.arange(0, BM)
+        rmask = rows < m1
+        qm = rmask[:, None] & rkm[None, :]
+        qoffs = poff + (rows - start)[:, None] * rank + rr[None, :]
+        q = tl.zeros((BM, R), dtype=tl.float32)
+        for s in range(0, nsplit):
+            q += tl.load(Qpart + s * part_stride + qoffs, mask=qm, other=0.0)
+        qb = q.to(X.dtype.element_ty)
+        xm = rmask[:, None] & cm[None, :]
+        x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
+        if DROPOUT:
+            keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+            x = tl.where(keep, x, tl.zeros_like(x))
+        if WRITE_DX:
+            d = tl.dot(qb, a, input_precision=PREC)
+            if DROPOUT:
+                d = tl.where(keep, d * inv_keep, 0.0)
+            tl.store(DXL + rows.to(tl.int64)[:, None] * sdxm + cols[None, :],
+                     d.to(DXL.dtype.element_ty), mask=xm)
+        acc = tl.dot(tl.trans(qb), x, acc, input_precision=PREC)
+    acc = acc * inv_keep
+    tl.atomic_add(GA + (roff + rr).to(tl.int64)[:, None] * K + cols[None, :], acc,
+                  mask=rkm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _b2_kernel(X, A, Qpart, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, part_stride,
+               nsplit, n_kb, seed,
+               BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
+               WRITE_DX: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    c = pid // n_kb
+    kb = pid % n_kb
+    ad = tl.load(chunks + c * 3)
+    m0 = tl.load(chunks + c * 3 + 1)
+    m1 = tl.load(chunks + c * 3 + 2)
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    thresh = tl.load(meta_i + ad * 8 + 6)
+    inv_keep = tl.load(meta_f + ad * 2 + 1)
+    if BUCKETS & 1:
+        if bucket == 0:
+            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+                     rank, roff, poff, kb, seed, thresh, inv_keep, 16, BM0, BK, DROPOUT,
+                     WRITE_DX, PREC)
+    if BUCKETS & 2:
+        if bucket == 1:
+            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+                     rank, roff, poff, kb, seed, thresh, inv_keep, 32, BM1, BK, DROPOUT,
+                     WRITE_DX, PREC)
+    if BUCKETS & 4:
+        if bucket == 2:
+            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+                     rank, roff, poff, kb, seed, thresh, inv_keep, 64, BM2, BK, DROPOUT,
+                     WRITE_DX, PREC)
+    if BUCKETS & 8:
+        if bucket == 3:
+            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+                     rank, roff, poff, kb, seed, thresh, inv_keep, 128, BM3, BK, DROPOUT,
+                     WRITE_DX, PREC)
+    if BUCKETS & 16:
+        if bucket == 4:
+            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+                     rank, roff, poff, kb, seed, thresh, inv_keep, 256, BM4, BK, DROPOUT,
+                     WRITE_DX, PREC)
+
+
+# ------------------------------------------------------------------------------- mask helper
+@triton.jit
+def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
+    """Materialise the keep mask (1 = kept) that _f1/_b2 use, for tests and references."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+    tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
+             mask=(rows < M)[:, None] & (cols < K)[None, :])

@@ -1,0 +1,165 @@
+"""``tlora-sim``: replay cluster traces of LoRA fine-tuning jobs under grouping policies.
+
+Errors in the input print one line naming the file, row and field, and exit with status 2
+(no traceback); an impossible simulation state exits with status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sim.errors import InputError
+
+TRACE_HELP = ("trace spec FORMAT:PATH; formats: itp (Microsoft ITP clusterNN.csv.gz), philly (public Philly CSV), "
+              "acme (Acme/Kalos extract dir or CSV), csv (any CSV; needs --columns), "
+              "synthetic (synthetic:default or synthetic:jobs=N,seed=S,load=L,max_gpus=G)")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, metavar="SPEC", help=TRACE_HELP)
+    p.add_argument("--cluster", default="16x8xH100", metavar="NODESxGPUSxTYPE",
+                   help="cluster shape, GPU type H100, H200 or A100 (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the LoRA attribute assignment (default: %(default)s)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
+    p.add_argument("--lora-dist", default="tlora", metavar="NAME|JSON",
+                   help="LoRA attribute distribution: a registered name (tlora, mixed-ranks) or a JSON file "
+                        "(default: %(default)s)")
+    p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL"
+                                                   "[,job_id=COL][,tenant=COL]")
+    p.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"],
+                   help="csv format only: unit of the submit and duration columns (default: %(default)s)")
+    p.add_argument("--regroup-pause", type=float, default=30.0, metavar="S",
+                   help="pause of a group when members join or are preempted, s (default: %(default)s)")
+    p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
+                   help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
+    p.add_argument("--strict", action="store_true", help="turn documented skips (oversized jobs) into errors")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="skip figures (replay only)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (sub-commands replay, compare, traces, policies, plot)."""
+    ap = argparse.ArgumentParser(prog="tlora-sim", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser("replay", help="simulate one trace under one policy; writes a run directory",
+                       description="Simulate one trace under one policy. Writes DIR/config.json, jobs.csv, "
+                                   "timeline.csv, summary.json, perf.json and figures/.")
+    r.add_argument("--policy", required=True, help="policy name (see `tlora-sim policies`)")
+    _add_common(r)
+    c = sub.add_parser("compare", help="simulate one trace under several policies side by side",
+                       description="Simulate one trace under several policies. Writes DIR/summary.csv "
+                                   "(one row per policy), DIR/<policy>/ run directories and DIR/figures/.")
+    c.add_argument("--policies", required=True, help="comma-separated policy names, e.g. independent,mlora,tlora")
+    c.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="policies simulated in parallel processes")
+    _add_common(c)
+    t = sub.add_parser("traces", help="inspect traces")
+    tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
+    d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")
+    d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
+    d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL")
+    d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
+    sub.add_parser("policies", help="list registered policies: name, then a one-line description")
+    pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
+    pl.add_argument("directory", type=Path, metavar="RUN_OR_COMPARE_DIR")
+    pl.add_argument("--format", default="pdf,png", help="comma-separated figure formats")
+    return ap
+
+
+def _options(items: list[str], policies: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {p: {} for p in policies}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"expected [POLICY.]KEY=VALUE, got {item!r}", field="--option")
+        pol, dot, name = key.rpartition(".")
+        targets = [pol] if dot else policies
+        for p in targets:
+            if p not in out:
+                raise InputError(f"--option names policy {p!r}, which is not being run", field="--option")
+            out[p][name] = val
+    return out
+
+
+def _base_config(args, policy: str):
+    from sim.replay import ReplayConfig
+    from traces.generic_csv import parse_column_mapping
+
+    return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
+                        lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
+                        csv_columns=parse_column_mapping(args.columns) if args.columns else None,
+                        time_unit=args.time_unit, strict=args.strict)
+
+
+def _run(args) -> int:
+    if args.command == "replay":
+        from sim.replay import replay
+
+        cfg = _base_config(args, args.policy)
+        opts = _options(args.option, [args.policy])[args.policy]
+        from dataclasses import replace
+
+        s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
+                   plots=not args.no_plots)
+        print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
+              f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
+              f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
+    elif args.command == "compare":
+        from sim.replay import compare
+
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if not policies:
+            raise InputError("no policies given", field="--policies")
+        table = compare(_base_config(args, policies[0]), policies, args.out, workers=args.workers,
+                        progress=not args.no_progress, policy_options=_options(args.option, policies))
+        cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
+                "gpu_alloc_util", "gpu_compute_util"]
+        print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        print(f"wrote {args.out / 'summary.csv'}")
+    elif args.command == "traces":
+        from traces import read_trace
+        from traces.describe import describe_trace, format_description
+        from traces.generic_csv import parse_column_mapping
+
+        cols = parse_column_mapping(args.columns) if args.columns else None
+        print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
+    elif args.command == "policies":
+        from policies.registry import available
+
+        for e in available():
+            print(f"{e.name}\t{e.description}")
+    elif args.command == "plot":
+        from sim.plots import plot_any
+
+        formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
+        for f in plot_any(args.directory, formats=formats):
+            print(f)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tlora-sim`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except InputError as e:
+        print(f"tlora-sim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tlora-sim: interrupted; finished files are complete, unfinished ones were not written", file=sys.stderr)
+        return 130
+    except Exception as e:  # an engine invariant or a bug: one line, the class says which
+        from sim.engine import InvariantError
+
+        if isinstance(e, InvariantError):
+            print(f"tlora-sim: invariant violated: {e}", file=sys.stderr)
+            return 3
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

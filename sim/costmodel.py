@@ -1,0 +1,76 @@
+"""The cost-model interface: everything the simulator knows about time and memory goes through it.
+
+Two implementations stand behind it: the analytic roofline model (``sim.roofline``) and the
+profiled model built from real-GPU measurements (``profiler``'s shipped artifact). A *plan* names
+how a group executes its adapters (DESIGN.md, "Reference measurements"):
+
+* ``alone``  - one job by itself: its own base GEMM plus eager (unfused) LoRA, as PEFT runs it.
+  The trace's durations were measured this way, so ``isolated_step_time_s`` uses it.
+* ``loop``   - one shared base GEMM over the concatenated batch, adapters in a per-adapter loop
+  (mLoRA, VLDB'25).
+* ``fused``  - one shared base GEMM plus the fused rank-aware multi-LoRA kernel (tLoRA,
+  arXiv 2602.07263; this project's ``profiler/kernels``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from sim.errors import InputError
+
+PLANS = ("alone", "loop", "fused")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Member:
+    """One adapter's share of a group step.
+
+    Attributes:
+        rank: LoRA rank r.
+        batch_size: sequences in its micro-batch.
+        seq_len: tokens per sequence.
+    """
+
+    rank: int
+    batch_size: int
+    seq_len: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per step (batch_size x seq_len)."""
+        return self.batch_size * self.seq_len
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Predicts a super-model group's step time and memory.
+
+    ``members`` is the group's adapters; the base model's weights are shared once per group.
+    Implementations must be pure (same inputs, same output) so results stay deterministic.
+    """
+
+    name: str
+
+    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        """Time of one group step, every member training one micro-batch (s)."""
+        ...
+
+    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        """Peak device memory per GPU of the group (bytes)."""
+        ...
+
+    def step_flops(self, model: str, members: Sequence[Member]) -> float:
+        """Model FLOPs of one group step (forward + backward, frozen base, no recompute) (FLOP)."""
+        ...
+
+    def describe(self) -> dict:
+        """Identity and provenance of the model, recorded in a run's ``config.json``."""
+        ...
+
+
+def check_plan(plan: str) -> str:
+    """Validate a plan name. Raises InputError for an unknown plan."""
+    if plan not in PLANS:
+        raise InputError(f"unknown execution plan {plan!r}; known: {', '.join(PLANS)}", field="plan")
+    return plan

@@ -1,0 +1,381 @@
+"""The SimPy discrete-event engine with rate-based progress.
+
+No event per training step: each group holds its members' remaining steps and a step time from
+the cost model; an event fires only on arrival, group completion, regroup or pause end
+(DESIGN.md, "Progress is rate-based"). SimPy timeouts cannot be cancelled, so every group timer
+carries the group's version and stale timers are ignored. Decisions are coalesced: all events at
+one instant are processed before the policy is asked once (a zero-delay event).
+
+Regroup cost: adding members to a running group pauses the whole group for ``regroup_pause_s``
+(checkpoint/restore of adapter state); a member leaving on completion costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Sequence
+
+import simpy
+
+from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel
+from sim.jobs import Job
+from sim.placement import FreeGpus, Placement
+from sim.snapshot import AddMembers, GroupView, RemoveMembers, Snapshot, StartGroup
+
+# A member whose remaining steps fall below this is finished (float round-off of rate x time).
+_STEP_EPS = 1e-6
+
+
+class InvariantError(RuntimeError):
+    """The simulation reached an impossible state (a policy or engine bug); names the event."""
+
+
+@dataclass
+class _Group:
+    gid: int
+    model: str
+    n_gpus: int
+    placement: Placement
+    plan: str
+    members: list[int]
+    remaining: dict[int, float]
+    started_s: float
+    step_time_s: float = 0.0
+    paused_until_s: float = 0.0
+    last_update_s: float = 0.0
+    version: int = 0
+    tok_rate: float = 0.0
+    flop_rate: float = 0.0
+
+
+@dataclass
+class JobRecord:
+    """Per-job outcome: first start, finish (s), group size history."""
+
+    start_s: float | None = None
+    finish_s: float | None = None
+    max_group_size: int = 0
+    group_changes: int = 0
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced, before metrics.
+
+    Attributes:
+        jobs: the simulated jobs (index order).
+        records: outcome per job index.
+        timeline: rows ``(time_s, running_jobs, queued_jobs, groups, gpus_allocated, tokens_per_s,
+            model_flops_per_s)``; piecewise constant from each time to the next.
+        gpu_seconds_held: Σ over groups of GPUs x lifetime (GPU-s).
+        events: SimPy events processed.
+        decisions: policy calls; decision_time_s: their total wall time (s).
+        wall_s: wall time of the run (s).
+    """
+
+    jobs: Sequence[Job]
+    records: list[JobRecord]
+    timeline: list[tuple]
+    gpu_seconds_held: float
+    events: int
+    decisions: int
+    decision_time_s: float
+    wall_s: float = 0.0
+    groups_started: int = 0
+
+
+class Engine:
+    """Replay ``jobs`` on ``cluster`` under ``policy``.
+
+    Args:
+        jobs: jobs in submit order (``Job.index`` = position).
+        cluster: the cluster.
+        cost_model: step time / memory predictor.
+        policy: object with ``decide(Snapshot) -> list[Action]``.
+        regroup_pause_s: pause of a group when members join (s).
+        progress: optional callback ``progress(now_s)`` called after each decision.
+
+    Raises:
+        InvariantError: a policy action that double-books GPUs, overfills GPU memory, mixes base
+            models, names a job not in the queue; or jobs left unfinished when events run out.
+    """
+
+    def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
+                 *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None) -> None:
+        self.jobs = list(jobs)
+        for i, j in enumerate(self.jobs):
+            if j.index != i:
+                raise ValueError(f"job {j.job_id}: index {j.index} != position {i}")
+        self.cluster = cluster
+        self.gpu = cluster.gpu.name
+        self.cost_model = cost_model
+        self.policy = policy
+        self.regroup_pause_s = float(regroup_pause_s)
+        self.progress = progress
+        self.env = simpy.Environment()
+        self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
+        self.queue: dict[int, Job] = {}  # insertion (arrival) order
+        self.remaining_queued: dict[int, float] = {}  # progress kept by preempted jobs
+        self.groups: dict[int, _Group] = {}
+        self.records = [JobRecord() for _ in self.jobs]
+        self.timeline: list[tuple] = []
+        self._next_gid = 0
+        self._pending = False
+        self._tok_rate = 0.0
+        self._flop_rate = 0.0
+        self._gpus_alloc = 0
+        self._gpu_seconds = 0.0
+        self._events = 0
+        self._decisions = 0
+        self._decision_time = 0.0
+        self._groups_started = 0
+        self._finished = 0
+        self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
+
+    # ---- run -------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        """Simulate until every job finished; return the raw result."""
+        t0 = time.perf_counter()
+        self.env.process(self._arrivals())
+        self.env.run()
+        if self._finished != len(self.jobs):
+            left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
+            raise InvariantError(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
+                                 f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
+        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
+                         self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started)
+
+    def _arrivals(self):
+        env, jobs, i = self.env, self.jobs, 0
+        while i < len(jobs):
+            t = jobs[i].submit_time_s
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            while i < len(jobs) and jobs[i].submit_time_s <= env.now:
+                self.queue[i] = jobs[i]
+                i += 1
+            self._events += 1
+            self._request_decision()
+
+    def _request_decision(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self.env.timeout(0).callbacks.append(self._decide)
+
+    # ---- policy ----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The read-only view handed to the policy."""
+        now = self.env.now
+        views = {}
+        for g in self.groups.values():
+            done = self._progress_steps(g, now)
+            views[g.gid] = GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
+                                     tuple(self.jobs[i] for i in g.members),
+                                     tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
+                                     g.step_time_s, g.paused_until_s)
+        return Snapshot(now, tuple(self.queue.values()), views, self.free.copy(), self.cluster, self.cost_model)
+
+    def _decide(self, _ev=None) -> None:
+        self._pending = False
+        self._events += 1
+        if not self.queue:
+            self._record()
+            return
+        t0 = time.perf_counter()
+        actions = self.policy.decide(self.snapshot())
+        self._decision_time += time.perf_counter() - t0
+        self._decisions += 1
+        for a in actions:
+            if isinstance(a, StartGroup):
+                self._start_group(a)
+            elif isinstance(a, AddMembers):
+                self._add_members(a)
+            elif isinstance(a, RemoveMembers):
+                self._remove_members(a)
+            else:
+                raise InvariantError(f"t={self.env.now:.3f}s: unknown action {a!r}")
+        self._record()
+        if self.progress is not None:
+            self.progress(self.env.now)
+
+    # ---- actions ---------------------------------------------------------------------------
+    def _take_from_queue(self, indices: Sequence[int], what: str) -> list[int]:
+        if not indices:
+            raise InvariantError(f"t={self.env.now:.3f}s: {what} with no jobs")
+        for i in indices:
+            if i not in self.queue:
+                raise InvariantError(f"t={self.env.now:.3f}s: {what} names job index {i}, which is not queued")
+        if len(set(indices)) != len(indices):
+            raise InvariantError(f"t={self.env.now:.3f}s: {what} names a job twice: {indices}")
+        for i in indices:
+            del self.queue[i]
+        return list(indices)
+
+    def _start_group(self, a: StartGroup) -> None:
+        now = self.env.now
+        idx = self._take_from_queue(a.job_indices, "StartGroup")
+        models = {self.jobs[i].model for i in idx}
+        if len(models) != 1:
+            raise InvariantError(f"t={now:.3f}s: StartGroup mixes base models {sorted(models)}")
+        n = sum(k for _, k in a.placement)
+        try:
+            self.free.apply(a.placement, -1)
+        except RuntimeError as e:
+            raise InvariantError(f"t={now:.3f}s: StartGroup {idx} double-books GPUs: {e}") from None
+        g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
+                   {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
+                   started_s=now, last_update_s=now, paused_until_s=now)
+        self._next_gid += 1
+        self._groups_started += 1
+        self.groups[g.gid] = g
+        self._gpus_alloc += n
+        for i in idx:
+            r = self.records[i]
+            if r.start_s is None:
+                r.start_s = now
+        self._retime(g)
+
+    def _add_members(self, a: AddMembers) -> None:
+        g = self._group(a.group_id, "AddMembers")
+        idx = self._take_from_queue(a.job_indices, "AddMembers")
+        bad = [self.jobs[i].job_id for i in idx if self.jobs[i].model != g.model]
+        if bad:
+            raise InvariantError(f"t={self.env.now:.3f}s: AddMembers puts jobs {bad} on a {g.model} group")
+        self._settle(g)
+        now = self.env.now
+        for i in idx:
+            g.members.append(i)
+            g.remaining[i] = self.remaining_queued.pop(i, float(self.jobs[i].total_steps))
+            if self.records[i].start_s is None:
+                self.records[i].start_s = now
+        g.paused_until_s = max(g.paused_until_s, now + self.regroup_pause_s)
+        for i in g.members:
+            self.records[i].group_changes += 1
+        self._retime(g)
+
+    def _remove_members(self, a: RemoveMembers) -> None:
+        g = self._group(a.group_id, "RemoveMembers")
+        self._settle(g)
+        for i in a.job_indices:
+            if i not in g.remaining:
+                raise InvariantError(f"t={self.env.now:.3f}s: RemoveMembers: job index {i} not in group {g.gid}")
+            g.members.remove(i)
+            self.remaining_queued[i] = g.remaining.pop(i)
+            self.queue[i] = self.jobs[i]
+            self.records[i].group_changes += 1
+        self.queue = dict(sorted(self.queue.items()))
+        if g.members:
+            g.paused_until_s = max(g.paused_until_s, self.env.now + self.regroup_pause_s)
+            self._retime(g)
+        else:
+            self._close(g)
+
+    def _group(self, gid: int, what: str) -> _Group:
+        if gid not in self.groups:
+            raise InvariantError(f"t={self.env.now:.3f}s: {what} names group {gid}, which is not running")
+        return self.groups[gid]
+
+    # ---- progress --------------------------------------------------------------------------
+    @staticmethod
+    def _progress_steps(g: _Group, now: float) -> float:
+        active_from = max(g.last_update_s, g.paused_until_s)
+        return max(now - active_from, 0.0) / g.step_time_s if g.step_time_s > 0 else 0.0
+
+    def _settle(self, g: _Group) -> None:
+        """Bring the members' remaining steps up to now."""
+        now = self.env.now
+        if now < g.last_update_s:
+            raise InvariantError(f"time ran backwards in group {g.gid}: {now} < {g.last_update_s}")
+        done = self._progress_steps(g, now)
+        if done:
+            for i in g.members:
+                g.remaining[i] -= done
+        g.last_update_s = now
+
+    def _retime(self, g: _Group) -> None:
+        """Recompute step time, memory check, rates, and reschedule the group's next completion."""
+        now = self.env.now
+        jobs = [self.jobs[i] for i in g.members]
+        members = [j.member for j in jobs]
+        mem = self.cost_model.memory_bytes(g.model, self.gpu, members, g.n_gpus, g.plan)
+        if mem > self.cluster.gpu.memory_bytes:
+            raise InvariantError(f"t={now:.3f}s: group {g.gid} ({len(members)} x {g.model} on {g.n_gpus} GPUs) "
+                                 f"needs {mem / 2**30:.1f} GiB per GPU > {self.cluster.gpu.memory_bytes / 2**30:.0f} GiB")
+        g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan)
+        size = len(g.members)
+        for i in g.members:
+            r = self.records[i]
+            r.max_group_size = max(r.max_group_size, size)
+        self._set_rates(g, active=now >= g.paused_until_s)
+        g.version += 1
+        first = min(g.remaining[i] for i in g.members)
+        finish = max(now, g.paused_until_s) + max(first, 0.0) * g.step_time_s
+        self.env.timeout(finish - now).callbacks.append(partial(self._on_timer, g.gid, g.version))
+        if g.paused_until_s > now:
+            self.env.timeout(g.paused_until_s - now).callbacks.append(partial(self._on_resume, g.gid, g.version))
+
+    def _set_rates(self, g: _Group, active: bool) -> None:
+        self._tok_rate -= g.tok_rate
+        self._flop_rate -= g.flop_rate
+        if active:
+            g.tok_rate = sum(self.jobs[i].tokens_per_step for i in g.members) / g.step_time_s
+            g.flop_rate = sum(self._member_flops[i] for i in g.members) / g.step_time_s
+        else:
+            g.tok_rate = g.flop_rate = 0.0
+        self._tok_rate += g.tok_rate
+        self._flop_rate += g.flop_rate
+
+    def _on_resume(self, gid: int, version: int, _ev) -> None:
+        g = self.groups.get(gid)
+        if g is None or g.version != version:
+            return
+        self._events += 1
+        self._set_rates(g, active=True)
+        self._record()
+
+    def _on_timer(self, gid: int, version: int, _ev) -> None:
+        g = self.groups.get(gid)
+        if g is None or g.version != version:
+            return  # stale: the group changed since this timer was set
+        self._events += 1
+        self._settle(g)
+        now = self.env.now
+        done = [i for i in g.members if g.remaining[i] <= _STEP_EPS + 1e-9 * self.jobs[i].total_steps]
+        if not done:
+            raise InvariantError(f"t={now:.3f}s: group {g.gid} timer fired but no member finished "
+                                 f"(min remaining {min(g.remaining.values()):.3g} steps)")
+        for i in done:
+            g.members.remove(i)
+            del g.remaining[i]
+            rec = self.records[i]
+            if rec.finish_s is not None:
+                raise InvariantError(f"t={now:.3f}s: job {self.jobs[i].job_id} finished twice")
+            rec.finish_s = now
+            self._finished += 1
+        if g.members:
+            self._retime(g)
+        else:
+            self._close(g)
+        self._request_decision()
+        self._record()
+
+    def _close(self, g: _Group) -> None:
+        self._set_rates(g, active=False)
+        self.free.apply(g.placement, +1)
+        self._gpus_alloc -= g.n_gpus
+        self._gpu_seconds += g.n_gpus * (self.env.now - g.started_s)
+        g.version += 1
+        del self.groups[g.gid]
+
+    def _record(self) -> None:
+        now = self.env.now
+        running = sum(len(g.members) for g in self.groups.values())
+        row = (now, running, len(self.queue), len(self.groups), self._gpus_alloc,
+               max(self._tok_rate, 0.0), max(self._flop_rate, 0.0))
+        if self.timeline and self.timeline[-1][0] == now:
+            self.timeline[-1] = row
+        elif not self.timeline or self.timeline[-1][1:] != row[1:]:
+            self.timeline.append(row)

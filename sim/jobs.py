@@ -1,0 +1,63 @@
+"""Jobs: the immutable spec of one LoRA fine-tuning job (trace arrival + assigned LoRA attributes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One LoRA fine-tuning job.
+
+    The arrival, GPU demand and duration come from the trace; the LoRA attributes are assigned
+    (``traces.lora``); ``total_steps`` is derived so that the job alone on its requested GPUs runs
+    for its traced duration under the cost model (DESIGN.md, "The simulation model").
+
+    Attributes:
+        index: 0-based position in submit order; the tie-break for every same-time decision.
+        job_id: the trace's id.
+        submit_time_s: arrival (s from trace start).
+        num_gpus: GPUs requested.
+        model: base model catalog name (``sim.models``).
+        rank: LoRA rank r.
+        batch_size: sequences per step (micro-batch).
+        seq_len: tokens per sequence.
+        total_steps: training steps to run (>= 1).
+        trace_duration_s: the trace's duration (s).
+        isolated_step_time_s: step time alone on ``num_gpus`` GPUs under the cost model (s).
+        max_slowdown: tolerated slowdown while co-located (step time in group / isolated step time).
+        tenant: trace tenant or virtual cluster ("" when none).
+        sweep_id: hyper-parameter sweep family (ALTO), or None.
+    """
+
+    index: int
+    job_id: str
+    submit_time_s: float
+    num_gpus: int
+    model: str
+    rank: int
+    batch_size: int
+    seq_len: int
+    total_steps: int
+    trace_duration_s: float
+    isolated_step_time_s: float
+    max_slowdown: float = 1.5
+    tenant: str = ""
+    sweep_id: str | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens trained per step: batch_size x seq_len."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def isolated_runtime_s(self) -> float:
+        """Run time alone on its requested GPUs: total_steps x isolated step time (s)."""
+        return self.total_steps * self.isolated_step_time_s
+
+    @property
+    def member(self) -> "Member":
+        """This job as a member of a super-model group (for the cost model)."""
+        from sim.costmodel import Member
+
+        return Member(self.rank, self.batch_size, self.seq_len)

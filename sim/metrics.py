@@ -1,0 +1,96 @@
+"""Metrics, defined once (DESIGN.md, "Metrics").
+
+* JCT = finish - submit; queueing delay = first start - submit; slowdown = JCT / isolated runtime.
+* Throughput = trained tokens per second, cluster-wide, over the makespan and as a time series.
+* GPU utilization, two figures named apart: *allocation* = GPU-seconds held / GPU-seconds
+  available (all GPUs x makespan); *compute* = model FLOPs done / peak FLOPs of the held GPUs
+  (datasheet dense bf16 peak x GPU-seconds held).
+* Makespan = last finish - first submit (s). Policy decision time per call (ms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sim.cluster import ClusterSpec
+from sim.engine import SimResult
+
+JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
+               "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",
+               "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes"]
+TIMELINE_COLUMNS = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "gpus_total",
+                    "tokens_per_s", "model_flops_per_s", "gpu_alloc_util", "gpu_compute_util"]
+PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s"]
+SUMMARY_KEYS = ["jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s",
+                "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util", "avg_slowdown", "p90_slowdown"]
+
+
+def jobs_table(res: SimResult) -> pd.DataFrame:
+    """One row per job with the ``JOB_COLUMNS`` (times in s)."""
+    j, r = res.jobs, res.records
+    df = pd.DataFrame({
+        "job_id": [x.job_id for x in j], "index": [x.index for x in j], "tenant": [x.tenant for x in j],
+        "model": [x.model for x in j], "rank": [x.rank for x in j], "batch_size": [x.batch_size for x in j],
+        "seq_len": [x.seq_len for x in j], "num_gpus": [x.num_gpus for x in j],
+        "total_steps": [x.total_steps for x in j], "tokens_per_step": [x.tokens_per_step for x in j],
+        "submit_time_s": [x.submit_time_s for x in j],
+        "start_time_s": [np.nan if y.start_s is None else y.start_s for y in r],
+        "finish_time_s": [np.nan if y.finish_s is None else y.finish_s for y in r],
+        "isolated_runtime_s": [x.isolated_runtime_s for x in j],
+        "trace_duration_s": [x.trace_duration_s for x in j],
+        "max_group_size": [y.max_group_size for y in r], "group_changes": [y.group_changes for y in r],
+    })
+    df["jct_s"] = df["finish_time_s"] - df["submit_time_s"]
+    df["queue_s"] = df["start_time_s"] - df["submit_time_s"]
+    df["slowdown"] = df["jct_s"] / df["isolated_runtime_s"]
+    return df[JOB_COLUMNS]
+
+
+def timeline_table(res: SimResult, cluster: ClusterSpec) -> pd.DataFrame:
+    """The piecewise-constant time series (``TIMELINE_COLUMNS``), one row per state change."""
+    cols = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "tokens_per_s", "model_flops_per_s"]
+    df = pd.DataFrame(res.timeline, columns=cols)
+    df["gpus_total"] = cluster.total_gpus
+    df["gpu_alloc_util"] = df["gpus_allocated"] / cluster.total_gpus
+    held_peak = df["gpus_allocated"] * cluster.gpu.peak_flops
+    df["gpu_compute_util"] = np.where(held_peak > 0, df["model_flops_per_s"] / held_peak.where(held_peak > 0, 1), 0.0)
+    return df[TIMELINE_COLUMNS]
+
+
+def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_flops: float) -> dict:
+    """Run-level figures (``SUMMARY_KEYS`` plus decision and engine statistics).
+
+    Args:
+        jobs: ``jobs_table`` output.
+        res: the raw result.
+        cluster: the cluster.
+        model_flops: total model FLOPs trained (FLOP).
+    """
+    jct = jobs["jct_s"].to_numpy()
+    n = len(jobs)
+    makespan = float(jobs["finish_time_s"].max() - min(jobs["submit_time_s"].min(), 0.0)) if n else 0.0
+    tokens = float((jobs["total_steps"] * jobs["tokens_per_step"]).sum())
+    held = res.gpu_seconds_held
+    pct = (lambda q: float(np.percentile(jct, q))) if n else (lambda q: 0.0)
+    return {
+        "jobs": n,
+        "avg_jct_s": float(jct.mean()) if n else 0.0,
+        "p50_jct_s": pct(50), "p90_jct_s": pct(90), "p99_jct_s": pct(99),
+        "avg_queue_s": float(jobs["queue_s"].mean()) if n else 0.0,
+        "makespan_s": makespan,
+        "throughput_tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
+        "gpu_alloc_util": held / (cluster.total_gpus * makespan) if makespan > 0 else 0.0,
+        "gpu_compute_util": model_flops / (cluster.gpu.peak_flops * held) if held > 0 else 0.0,
+        "avg_slowdown": float(jobs["slowdown"].mean()) if n else 0.0,
+        "p90_slowdown": float(np.percentile(jobs["slowdown"], 90)) if n else 0.0,
+        "trained_tokens": tokens,
+        "model_flops": model_flops,
+        "gpu_seconds_held": held,
+        "groups_started": res.groups_started,
+        "events": res.events,
+        "decisions": res.decisions,
+        "decision_ms_per_call": 1e3 * res.decision_time_s / res.decisions if res.decisions else 0.0,
+        "wall_s": res.wall_s,
+        "events_per_s": res.events / res.wall_s if res.wall_s > 0 else 0.0,
+    }

@@ -1,0 +1,180 @@
+"""One replay (trace x cluster x policy x seed -> run directory) and a comparison of policies.
+
+A run directory holds ``config.json`` (every input, versions, cost-model identity),
+``jobs.csv``, ``timeline.csv``, ``summary.json`` (deterministic: same inputs and seed give the same
+bytes), ``perf.json`` (wall time, events/s, decision time: machine-dependent, kept apart) and
+``figures/``. A comparison directory holds ``summary.csv`` (one row per policy), one run directory
+per policy and ``figures/``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim import metrics
+from sim.cluster import parse_cluster
+from sim.engine import Engine
+from sim.rundir import write_csv, write_json
+from sim.roofline import RooflineCostModel
+from sim.workload import build_jobs
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """All inputs of one replay.
+
+    Attributes:
+        trace: trace spec ``FORMAT:PATH`` (``traces.read_trace``).
+        policy: registered policy name.
+        cluster: ``NODESxGPUSxTYPE``.
+        seed: seed of the LoRA attribute assignment (``numpy.random.default_rng``).
+        lora_dist: LoRA attribute distribution name or JSON path (``traces.lora``).
+        policy_options: overrides of the policy's config dataclass.
+        regroup_pause_s: pause when a running group changes membership (s).
+        csv_columns: column mapping for the ``csv`` format.
+        time_unit: time unit of the ``csv`` format (s, ms, min, h).
+        strict: turn documented skips into errors.
+    """
+
+    trace: str
+    policy: str
+    cluster: str = "16x8xH100"
+    seed: int = 0
+    lora_dist: str = "tlora"
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    regroup_pause_s: float = 30.0
+    csv_columns: dict[str, str] | None = None
+    time_unit: str = "s"
+    strict: bool = False
+
+
+def versions() -> dict[str, str]:
+    """Versions of the interpreter and the libraries that shape results."""
+    out = {"python": platform.python_version()}
+    for pkg in ("tlora-sim", "simpy", "numpy", "pandas"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def load_workload(cfg: ReplayConfig):
+    """Read the trace, assign LoRA attributes with the seed, and build jobs.
+
+    Returns:
+        (jobs, cluster, cost_model, trace_frame, distribution, skipped counts).
+
+    Raises:
+        InputError: bad trace, cluster spec or distribution.
+    """
+    from traces import read_trace
+    from traces.lora import assign_lora, load_distribution
+
+    cluster = parse_cluster(cfg.cluster)
+    frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit)
+    dist = load_distribution(cfg.lora_dist)
+    frame = assign_lora(frame, dist, np.random.default_rng(cfg.seed))
+    cost_model = RooflineCostModel()
+    jobs, skipped = build_jobs(frame, cluster, cost_model, strict=cfg.strict)
+    skipped = {**dict(frame.attrs.get("skipped", {})), **skipped}
+    return jobs, cluster, cost_model, frame, dist, skipped
+
+
+def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
+           position: int = 0) -> dict:
+    """Simulate one configuration and write its run directory.
+
+    Returns:
+        The summary dict (also written to ``summary.json``).
+
+    Raises:
+        InputError: bad input (nothing is written).
+        sim.engine.InvariantError: an impossible state (nothing is written but ``config.json``).
+    """
+    from policies.registry import config_of, make_policy
+
+    out = Path(out_dir)
+    policy = make_policy(cfg.policy, cfg.policy_options)
+    jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
+    write_json(out / "config.json", {
+        "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
+        "policy": cfg.policy, "policy_config": config_of(policy), "plan": policy.plan,
+        "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
+        "cost_model": cost_model.describe(), "versions": versions(), "jobs_in_trace": int(len(frame)),
+    })
+    bar = _progress_bar(jobs, cfg.policy, position) if progress else None
+    engine = Engine(jobs, cluster, cost_model, policy, regroup_pause_s=cfg.regroup_pause_s,
+                    progress=(lambda now: bar.update(now / 3600.0 - bar.n)) if bar else None)
+    try:
+        res = engine.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    jobs_df = metrics.jobs_table(res)
+    flops = sum(j.total_steps * cost_model.step_flops(j.model, (j.member,)) for j in jobs)
+    summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
+               **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped}
+    perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
+    write_csv(out / "jobs.csv", jobs_df)
+    write_csv(out / "timeline.csv", metrics.timeline_table(res, cluster))
+    write_json(out / "summary.json", summary)
+    write_json(out / "perf.json", {**perf, "jobs": len(jobs), "machine": platform.machine(), "python": platform.python_version()})
+    if plots:
+        from sim.plots import plot_run
+
+        plot_run(out)
+    return summary
+
+
+def _progress_bar(jobs, label: str, position: int):
+    from tqdm import tqdm
+
+    horizon_h = (jobs[-1].submit_time_s if jobs else 0.0) / 3600.0
+    return tqdm(total=round(horizon_h, 1), unit="sim-h", desc=f"{label:>12}", position=position, leave=True,
+                mininterval=0.5, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} simulated h "
+                                            "[{elapsed}<{remaining}]")
+
+
+def _replay_row(args) -> dict:
+    cfg, out, progress, position = args
+    return replay(cfg, out, progress=progress, position=position)
+
+
+def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, workers: int = 1,
+            progress: bool = True, policy_options: dict[str, dict] | None = None) -> pd.DataFrame:
+    """Replay ``base`` under each policy; write ``OUT/summary.csv``, ``OUT/<policy>/`` and ``OUT/figures/``.
+
+    Returns:
+        The summary table (one row per policy, in the given order).
+    """
+    from policies.registry import make_policy
+
+    out = Path(out_dir)
+    for p in policies:  # fail on a bad name or option before any simulation starts
+        make_policy(p, (policy_options or {}).get(p))
+    cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": (policy_options or {}).get(p, {})})
+            for p in policies]
+    tasks = [(c, out / c.policy, progress, i) for i, c in enumerate(cfgs)]
+    if workers > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as ex:
+            rows = list(ex.map(_replay_row, tasks))
+    else:
+        rows = [_replay_row(t) for t in tasks]
+    table = pd.DataFrame([{k: v for k, v in r.items() if k != "skipped"} | {"skipped": sum(r["skipped"].values())}
+                          for r in rows])
+    first = ["policy"] + metrics.SUMMARY_KEYS
+    table = table[first + [c for c in table.columns if c not in first]]
+    write_csv(out / "summary.csv", table)
+    from sim.plots import plot_compare
+
+    plot_compare(out)
+    return table

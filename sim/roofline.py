@@ -1,0 +1,159 @@
+"""Analytic roofline cost model: FLOPs and bytes per step over measured ceilings.
+
+Step time of a group on ``n`` GPUs (the group's tokens split evenly across them, frozen base
+weights replicated per GPU unless they do not fit, then sharded) is the sum of
+
+* base linear layers + LM head: ``max(FLOPs / rate(t), weight bytes / HBM bandwidth)`` with
+  FLOPs = 4 x params x tokens (forward + dX; W is frozen so there is no dW) and ``rate(t)``
+  the measured bf16 GEMM rate at ``t`` tokens per GPU (DESIGN.md: 128 tok 192 TFLOP/s, 512 tok
+  539, 1024 tok 721, 2048-8192 tok 726-741 on an H100), scaled by the GPU's ``matmul_flops``;
+* causal attention: 6 x s^2 x (heads x head_dim) FLOPs per sequence per layer at
+  ``ATTN_EFFICIENCY`` of the matmul rate (FlashAttention-2 reaches roughly half the GEMM rate);
+* element-wise work (norms, SwiGLU, residuals, rotary): ``ELEMENTWISE_BYTES_PER_TOKEN`` per
+  layer over HBM bandwidth;
+* LoRA, by plan: ``alone``/``loop`` pay ``LOOP_PASSES`` unfused passes over each adapter's
+  activations plus ``LOOP_LAUNCH_S`` per adapter per layer (calibrated on DESIGN.md's reference
+  table: 4 x r16 x 2048 tok on 4096x4096 costs +0.42 ms, 16 x r16 x 512 tok +0.91 ms); ``fused``
+  pays one more read of X and dY (DESIGN.md: "+8-12%") plus the LoRA FLOPs at
+  ``LORA_EFFICIENCY`` of the matmul rate;
+* Adam on the adapters (28 bytes moved per parameter), the ring all-reduce of adapter gradients
+  over NVLink (one node) or the network, and a fixed launch/framework overhead per step
+  (``STEP_OVERHEAD_S`` + ``LAYER_OVERHEAD_S`` x layers), paid once per group step.
+
+Memory per GPU: bf16 base weights (2 bytes/param; sharded when they exceed half the GPU), fp32
+adapter weights + grads + Adam moments (16 bytes/param), activations with per-layer
+checkpointing (layer inputs kept, one layer's working set live, fp32 logits), and a workspace.
+The constants are assumptions stated here; the profiled model replaces them with measurements.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from sim.cluster import GPUS, GpuSpec
+from sim.costmodel import Member, check_plan
+from sim.models import ModelSpec, get_model
+
+# DESIGN.md, reference measurements (H100 80GB, cuBLAS bf16, 4096x4096): tokens -> TFLOP/s.
+_GEMM_TOKENS = np.array([128.0, 512.0, 1024.0, 2048.0, 8192.0])
+_GEMM_TFLOPS = np.array([192.0, 539.0, 721.0, 733.0, 741.0])
+_H100_MATMUL = 740e12
+
+ATTN_EFFICIENCY = 0.5
+LORA_EFFICIENCY = 0.3
+ELEMENTWISE_BYTES_PER_TOKEN = lambda m: (12 * m.hidden + 4 * m.ffn) * 2 * 3  # noqa: E731 fwd+bwd, bf16
+LOOP_PASSES = 8
+LOOP_LAUNCH_S = 30e-6
+FUSED_LAUNCH_S = 4e-6
+STEP_OVERHEAD_S = 5e-3
+LAYER_OVERHEAD_S = 0.5e-3
+ALLREDUCE_LATENCY_S = 20e-6
+WORKSPACE_BYTES = 2 * 1024**3
+ADAM_BYTES_PER_PARAM = 28
+ADAPTER_STATE_BYTES_PER_PARAM = 16
+
+
+def gemm_rate(tokens_per_gpu: float, gpu: GpuSpec) -> float:
+    """Achievable bf16 GEMM rate at ``tokens_per_gpu`` rows (FLOP/s).
+
+    Log-linear interpolation of DESIGN.md's H100 measurements, scaled by ``gpu.matmul_flops``;
+    below 128 tokens the rate falls in proportion to tokens (weight-read bound).
+    """
+    scale = gpu.matmul_flops / _H100_MATMUL
+    t = max(float(tokens_per_gpu), 1e-9)
+    if t < _GEMM_TOKENS[0]:
+        return _GEMM_TFLOPS[0] * 1e12 * scale * t / _GEMM_TOKENS[0]
+    return float(np.interp(np.log(t), np.log(_GEMM_TOKENS), _GEMM_TFLOPS)) * 1e12 * scale
+
+
+class RooflineCostModel:
+    """Analytic cost model (see module docstring for every term and its source).
+
+    Raises:
+        InputError: unknown model, GPU or plan names.
+    """
+
+    name = "roofline"
+
+    def describe(self) -> dict:
+        """Identity recorded in ``config.json``."""
+        return {"name": self.name, "kind": "analytic", "source": "sim/roofline.py",
+                "gemm_curve_tokens": _GEMM_TOKENS.tolist(), "gemm_curve_tflops_h100": _GEMM_TFLOPS.tolist()}
+
+    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        """Time of one group step (s); see the module docstring."""
+        return _step_time(model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan))
+
+    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        """Peak memory per GPU (bytes); see the module docstring."""
+        return _memory(model, gpu, tuple(sorted(members)), int(n_gpus))
+
+    def step_flops(self, model: str, members: Sequence[Member]) -> float:
+        """Model FLOPs of one group step (FLOP)."""
+        return _flops(model, tuple(sorted(members)))
+
+    def isolated_step_time_s(self, model: str, gpu: str, member: Member, n_gpus: int) -> float:
+        """One job alone on its ``n_gpus`` GPUs with eager LoRA (plan ``alone``) (s)."""
+        return self.step_time_s(model, gpu, (member,), n_gpus, "alone")
+
+
+def _base_sharded(m: ModelSpec, gpu: GpuSpec, n: int) -> bool:
+    return n > 1 and 2 * m.params > 0.5 * gpu.memory_bytes
+
+
+@lru_cache(maxsize=1 << 16)
+def _flops(model: str, members: tuple[Member, ...]) -> float:
+    m = get_model(model)
+    tokens = sum(x.tokens for x in members)
+    base = 4.0 * (m.layers * m.block_linear_params + m.vocab * m.hidden) * tokens
+    attn = sum(6.0 * x.batch_size * x.seq_len**2 * m.heads * m.head_dim * m.layers for x in members)
+    lora = sum(6.0 * x.tokens * m.lora_params(x.rank) for x in members)
+    return base + attn + lora
+
+
+@lru_cache(maxsize=1 << 16)
+def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str) -> float:
+    m, gpu = get_model(model), GPUS[gpu_name]
+    bw = gpu.mem_bw_bytes_s
+    t = sum(x.tokens for x in members) / n  # tokens per GPU
+    lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
+    rate = gemm_rate(t, gpu)
+    weight_bytes = 2 * 2 * lin_params / (n if _base_sharded(m, gpu, n) else 1)  # read in fwd and bwd
+    base = max(4.0 * lin_params * t / rate, weight_bytes / bw)
+    attn = sum(6.0 * x.batch_size * x.seq_len**2 * m.heads * m.head_dim * m.layers for x in members)
+    attn /= n * ATTN_EFFICIENCY * gpu.matmul_flops
+    elementwise = t * m.layers * ELEMENTWISE_BYTES_PER_TOKEN(m) / bw
+    dims = m.lora_dims_per_rank  # Σ (d_in + d_out) over all targeted layers
+    if plan == "fused":
+        lora = 2.0 * t * dims / bw  # one more bf16 read of X and of dY per layer
+        lora += sum(6.0 * x.tokens * m.lora_params(x.rank) for x in members) / (n * LORA_EFFICIENCY * gpu.matmul_flops)
+        lora += FUSED_LAUNCH_S * 2 * m.layers * len(m.linear_shapes)
+    else:  # alone / loop: unfused per-adapter passes and launches
+        lora = sum(LOOP_PASSES * 2.0 * (x.tokens / n) * dims / bw for x in members)
+        lora += LOOP_LAUNCH_S * len(members) * m.layers * len(m.linear_shapes)
+    adapter_params = sum(m.lora_params(x.rank) for x in members)
+    optimizer = ADAM_BYTES_PER_PARAM * adapter_params / bw
+    comm = 0.0
+    if n > 1:
+        link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
+        comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + ALLREDUCE_LATENCY_S * m.layers
+        if _base_sharded(m, gpu, n):  # all-gather the frozen weights in forward and backward
+            comm += 2.0 * (n - 1) / n * 2 * lin_params / link
+    overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers
+    return base + attn + elementwise + lora + optimizer + comm + overhead
+
+
+@lru_cache(maxsize=1 << 16)
+def _memory(model: str, gpu_name: str, members: tuple[Member, ...], n: int) -> float:
+    m, gpu = get_model(model), GPUS[gpu_name]
+    weights = 2.0 * m.params / (n if _base_sharded(m, gpu, n) else 1)
+    adapters = ADAPTER_STATE_BYTES_PER_PARAM * sum(m.lora_params(x.rank) for x in members)
+    t = sum(x.tokens for x in members) / n
+    t_max = max((x.tokens for x in members), default=0) / n
+    activations = 2.0 * t * m.hidden * m.layers  # checkpointed layer inputs, bf16
+    activations += 2.0 * t_max * (10 * m.hidden + 4 * m.ffn)  # one layer live (members run in one step)
+    activations += 4.0 * t_max * m.vocab  # fp32 logits of the largest micro-batch
+    return weights + adapters + activations + WORKSPACE_BYTES

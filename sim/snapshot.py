@@ -1,0 +1,113 @@
+"""What a policy sees (a read-only snapshot) and what it may ask for (actions).
+
+Policies are pure decisions: ``decide(snapshot) -> list[Action]`` (DESIGN.md, "Policies are pure
+decisions over a read-only snapshot"). The engine validates and applies the actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel, Member
+from sim.jobs import Job
+from sim.placement import FreeGpus, Placement
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A running super-model group as a policy sees it.
+
+    Attributes:
+        group_id: engine-assigned id.
+        model: base model shared by every member.
+        n_gpus: GPUs the group holds.
+        placement: ((node, gpus), ...).
+        plan: execution plan (``sim.costmodel.PLANS``).
+        members: member jobs, in join order.
+        remaining_steps: steps each member still has to train (same order as ``members``).
+        step_time_s: current group step time (s).
+        paused_until_s: the group makes no progress before this time (regroup pause).
+    """
+
+    group_id: int
+    model: str
+    n_gpus: int
+    placement: Placement
+    plan: str
+    members: tuple[Job, ...]
+    remaining_steps: tuple[float, ...]
+    step_time_s: float
+    paused_until_s: float
+
+    @property
+    def adapters(self) -> tuple[Member, ...]:
+        """The members as cost-model members."""
+        return tuple(j.member for j in self.members)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Read-only state at one decision point.
+
+    Attributes:
+        now_s: simulated time (s).
+        queue: waiting jobs in arrival order (ties by ``Job.index``).
+        groups: running groups by id, in start order.
+        free: free GPUs per node (take a ``.copy()`` to plan several starts in one decision).
+        cluster: the cluster.
+        cost_model: the cost model, for predictions.
+    """
+
+    now_s: float
+    queue: Sequence[Job]
+    groups: Mapping[int, GroupView]
+    free: FreeGpus
+    cluster: ClusterSpec
+    cost_model: CostModel
+
+    def step_time_s(self, model: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        """Cost-model step time on this cluster's GPU type (s)."""
+        return self.cost_model.step_time_s(model, self.cluster.gpu.name, members, n_gpus, plan)
+
+    def fits_memory(self, model: str, members: Sequence[Member], n_gpus: int, plan: str) -> bool:
+        """Whether the group fits in each GPU's memory under the cost model."""
+        mem = self.cost_model.memory_bytes(model, self.cluster.gpu.name, members, n_gpus, plan)
+        return mem <= self.cluster.gpu.memory_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartGroup:
+    """Start a new group of queued jobs (all of one base model) on ``placement``."""
+
+    job_indices: tuple[int, ...]
+    placement: Placement
+    plan: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddMembers:
+    """Add queued jobs to a running group (costs the group a regroup pause)."""
+
+    group_id: int
+    job_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveMembers:
+    """Preempt members of a running group back to the queue, keeping their progress."""
+
+    group_id: int
+    job_indices: tuple[int, ...]
+
+
+Action = StartGroup | AddMembers | RemoveMembers
+
+
+@dataclass
+class Decision:
+    """A policy's answer: actions plus an optional wake-up time for a policy timer (s)."""
+
+    actions: list[Action] = field(default_factory=list)
+    wake_at_s: float | None = None

@@ -1,0 +1,76 @@
+"""From a trace table with LoRA attributes to simulator jobs.
+
+Keeps the trace real: arrival, GPU count and duration come from the trace; ``total_steps`` is
+chosen so that the job alone on its requested GPUs (plan ``alone``) runs for its traced duration
+under the cost model: ``total_steps = max(1, round(duration_s / isolated_step_time_s))`` (so the
+isolated runtime is within half a step of the traced duration).
+
+Documented skips (counted in ``summary.json`` under ``skipped``):
+``oversized``: the job asks for more GPUs than the cluster has;
+``memory``: the job alone does not fit in its GPUs' memory under the cost model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from sim.cluster import ClusterSpec
+from sim.costmodel import CostModel, Member
+from sim.errors import InputError
+from sim.jobs import Job
+from sim.models import get_model
+
+REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "model", "rank", "batch_size", "seq_len",
+            "max_slowdown", "tenant")
+
+
+def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
+               *, strict: bool = False) -> tuple[list[Job], dict[str, int]]:
+    """Turn a trace frame (``traces`` schema plus LoRA columns) into jobs.
+
+    Args:
+        frame: rows sorted by submit time with columns ``REQUIRED``.
+        cluster: target cluster (GPU type and size).
+        cost_model: gives the isolated step time.
+        strict: raise instead of skipping.
+
+    Returns:
+        (jobs in submit order with ``index`` 0..n-1, skipped counts by reason).
+
+    Raises:
+        InputError: a missing column; an unknown base model; with ``strict``, a job that would be skipped.
+    """
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise InputError(f"trace table lacks column(s) {missing}", file=frame.attrs.get("path"))
+    gpu = cluster.gpu.name
+    iso_cache: dict[tuple, tuple[float, bool]] = {}
+    jobs: list[Job] = []
+    skipped = {"oversized": 0, "memory": 0}
+    cols = [frame[c].to_numpy() for c in REQUIRED]
+    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant) in enumerate(zip(*cols), start=1):
+        ngpu = int(ngpu)
+        if ngpu > cluster.total_gpus:
+            if strict:
+                raise InputError(f"job asks for {ngpu} GPUs; cluster {cluster.spec} has {cluster.total_gpus}",
+                                 file=frame.attrs.get("path"), row=row, field="num_gpus")
+            skipped["oversized"] += 1
+            continue
+        key = (model, int(rank), int(bs), int(seq), ngpu)
+        if key not in iso_cache:
+            get_model(model)
+            member = Member(int(rank), int(bs), int(seq))
+            iso = cost_model.step_time_s(model, gpu, (member,), ngpu, "alone")
+            fits = cost_model.memory_bytes(model, gpu, (member,), ngpu, "alone") <= cluster.gpu.memory_bytes
+            iso_cache[key] = (iso, fits)
+        iso, fits = iso_cache[key]
+        if not fits:
+            if strict:
+                raise InputError(f"job ({model}, rank {rank}, {bs}x{seq} tokens) does not fit on {ngpu} {gpu}",
+                                 file=frame.attrs.get("path"), row=row, field="num_gpus")
+            skipped["memory"] += 1
+            continue
+        steps = max(1, int(round(float(dur) / iso)))
+        jobs.append(Job(len(jobs), str(jid), float(sub), ngpu, str(model), int(rank), int(bs), int(seq), steps,
+                        float(dur), iso, float(slow), str(tenant)))
+    return jobs, {k: v for k, v in skipped.items() if v}

@@ -1,0 +1,168 @@
+"""Seeded, configurable assignment of LoRA attributes to trace jobs.
+
+No public trace records LoRA attributes, so a replay keeps each job's arrival, GPU count and duration
+from the trace and draws base model, rank, batch size, sequence length and tolerated slowdown from a
+named, documented distribution. The default ``tlora`` follows the tLoRA reproduction described in
+``DESIGN.md`` ("Traces"): ranks {2, 4, 8, 16}, batch sizes {1, 2, 4, 8} sequences/step, base models
+Llama-3-8B and Qwen3-8B, all uniform; sequence lengths {512, 1024, 2048} tokens uniform and tolerated
+slowdown {1.25: 25 %, 1.5: 50 %, 2.0: 25 %} are this project's choices (tLoRA's scheduler keeps every
+member within its tolerated slowdown).
+
+Named distributions: ``tlora`` (default) and ``mixed-ranks`` (as ``tlora`` but ranks
+{4, 8, 16, 32, 64, 128} uniform: the heterogeneous-rank case where padding to the largest rank hurts).
+A JSON file with the fields of :class:`LoraDistribution` (``to_dict`` form) also works.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import InputError
+
+LORA_COLUMNS: tuple[str, ...] = ("model", "rank", "batch_size", "seq_len", "max_slowdown")
+
+
+def _uniform(values: list) -> dict:
+    return {v: 1.0 / len(values) for v in values}
+
+
+@dataclass(frozen=True)
+class LoraDistribution:
+    """Independent categorical distributions (value -> probability) of the LoRA attributes of a job.
+
+    Fields: ``models`` (base model name), ``ranks`` (LoRA rank r), ``batch_sizes`` (sequences/step),
+    ``seq_lens`` (tokens/sequence), ``max_slowdown`` (tolerated slowdown factor >= 1 vs running alone).
+
+    Raises:
+        InputError: empty table, a probability <= 0, probabilities not summing to 1 (within 1e-6),
+            a rank/batch/seq length < 1, a slowdown < 1, an empty model name.
+    """
+
+    name: str = "tlora"
+    models: dict[str, float] = field(default_factory=lambda: {"llama3-8b": 0.5, "qwen3-8b": 0.5})
+    ranks: dict[int, float] = field(default_factory=lambda: _uniform([2, 4, 8, 16]))
+    batch_sizes: dict[int, float] = field(default_factory=lambda: _uniform([1, 2, 4, 8]))
+    seq_lens: dict[int, float] = field(default_factory=lambda: _uniform([512, 1024, 2048]))
+    max_slowdown: dict[float, float] = field(default_factory=lambda: {1.25: 0.25, 1.5: 0.5, 2.0: 0.25})
+
+    def __post_init__(self) -> None:
+        for fname in ("models", "ranks", "batch_sizes", "seq_lens", "max_slowdown"):
+            table = getattr(self, fname)
+            if not isinstance(table, Mapping) or not table:
+                raise InputError("must be a non-empty value -> probability table", field=fname)
+            probs = list(table.values())
+            if any(not isinstance(p, (int, float)) or not p > 0 for p in probs):
+                raise InputError(f"probabilities must be > 0, got {probs}", field=fname)
+            if abs(math.fsum(probs) - 1.0) > 1e-6:
+                raise InputError(f"probabilities must sum to 1, got {math.fsum(probs):.9g}", field=fname)
+            for value in table:
+                if fname == "models":
+                    ok = isinstance(value, str) and value.strip() != ""
+                elif fname == "max_slowdown":
+                    ok = isinstance(value, (int, float)) and value >= 1.0
+                else:
+                    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+                if not ok:
+                    raise InputError(f"invalid value {value!r}", field=fname)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (table keys become strings)."""
+        d = asdict(self)
+        return {k: ({str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LoraDistribution":
+        """Inverse of :meth:`to_dict`; missing tables take the ``tlora`` defaults.
+
+        Raises:
+            InputError: unknown field, key not convertible to its type, or the checks of the class.
+        """
+        known = {"name", "models", "ranks", "batch_sizes", "seq_lens", "max_slowdown"}
+        unknown = set(d) - known
+        if unknown:
+            raise InputError(f"unknown fields {sorted(unknown)}; expected {sorted(known)}", field=sorted(unknown)[0])
+        kinds = {"models": str, "ranks": int, "batch_sizes": int, "seq_lens": int, "max_slowdown": float}
+        kw: dict[str, Any] = {}
+        for fname, value in d.items():
+            if fname == "name":
+                kw["name"] = str(value)
+                continue
+            if not isinstance(value, Mapping):
+                raise InputError("must be an object value -> probability", field=fname)
+            try:
+                kw[fname] = {kinds[fname](k): float(p) for k, p in value.items()}
+            except (TypeError, ValueError) as e:
+                raise InputError(f"bad entry ({e})", field=fname) from None
+        return cls(**kw)
+
+
+DISTRIBUTIONS: dict[str, LoraDistribution] = {
+    "tlora": LoraDistribution(),
+    "mixed-ranks": LoraDistribution(name="mixed-ranks", ranks=_uniform([4, 8, 16, 32, 64, 128])),
+}
+
+
+def load_distribution(name_or_json_path: str) -> LoraDistribution:
+    """A registered distribution by name, or one read from a JSON file (``to_dict`` form).
+
+    Raises:
+        InputError: neither a known name nor an existing file (lists the names), unreadable or invalid JSON,
+            invalid tables (field named).
+    """
+    if name_or_json_path in DISTRIBUTIONS:
+        return DISTRIBUTIONS[name_or_json_path]
+    path = Path(name_or_json_path)
+    if not path.is_file():
+        raise InputError(f"unknown LoRA distribution {name_or_json_path!r}; known: "
+                         f"{', '.join(sorted(DISTRIBUTIONS))}, or a JSON file path", field="lora")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read LoRA distribution JSON ({e})", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("LoRA distribution JSON must be an object", file=str(path))
+    data.setdefault("name", path.stem)
+    try:
+        return LoraDistribution.from_dict(data)
+    except InputError as e:
+        raise InputError(e.message, file=str(path), field=e.field) from None
+
+
+def _draw(rng: np.random.Generator, table: Mapping, n: int, dtype: Any) -> np.ndarray:
+    values = np.array(list(table.keys()), dtype=dtype)
+    p = np.array(list(table.values()), dtype=np.float64)
+    return rng.choice(values, size=n, p=p / p.sum())
+
+
+def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Generator) -> pd.DataFrame:
+    """Return a copy of ``trace`` with LoRA attributes drawn independently per job.
+
+    Draws (vectorised ``rng.choice``, one call per attribute over all rows, in this fixed order, table
+    entries in their dict order): ``model`` (str), ``rank`` (int64), ``batch_size`` (int64, sequences/step),
+    ``seq_len`` (int64, tokens), ``max_slowdown`` (float64). Arrival, GPU count and duration are unchanged;
+    ``attrs["lora_distribution"]`` records ``dist.to_dict()``. Same rng state -> identical output.
+
+    Raises:
+        InputError: ``trace`` already has one of the LoRA columns.
+    """
+    clash = [c for c in LORA_COLUMNS if c in trace.columns]
+    if clash:
+        raise InputError(f"trace already has LoRA columns {clash}", field=clash[0])
+    n = len(trace)
+    out = trace.copy()
+    out["model"] = pd.Series(_draw(rng, dist.models, n, object), index=out.index, dtype=str)
+    out["rank"] = _draw(rng, dist.ranks, n, np.int64)
+    out["batch_size"] = _draw(rng, dist.batch_sizes, n, np.int64)
+    out["seq_len"] = _draw(rng, dist.seq_lens, n, np.int64)
+    out["max_slowdown"] = _draw(rng, dist.max_slowdown, n, np.float64)
+    out.attrs = copy.deepcopy(trace.attrs)
+    out.attrs["lora_distribution"] = dist.to_dict()
+    return out

@@ -1,0 +1,167 @@
+"""Reading a CSV trace file as raw strings and checking its columns, vectorised.
+
+Every library failure (missing file, not UTF-8, truncated or corrupt gzip, malformed CSV, empty file)
+becomes an :class:`InputError` naming the file. Value checks find the first bad row with numpy and report
+the 1-based data row (the first row after the header is row 1), the field and the offending value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import InputError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A bad value found by a vectorised check: 0-based table index, column, message."""
+
+    index: int
+    field: str
+    message: str
+
+
+def existing_path(path: str | Path, *, want_dir: bool | None = False) -> Path:
+    """Return ``path`` as a Path after checking it exists.
+
+    Args:
+        want_dir: False = must be a file, True = must be a directory, None = either.
+
+    Raises:
+        InputError: the path is missing, or is a directory where a file is expected (or vice versa).
+    """
+    if not str(path):
+        raise InputError("no path given")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise InputError("file not found", file=str(path))
+    if want_dir is False and p.is_dir():
+        raise InputError("expected a file, found a directory", file=str(path))
+    if want_dir is True and not p.is_dir():
+        raise InputError("expected a directory", file=str(path))
+    return p
+
+
+def read_csv_strings(path: str | Path) -> pd.DataFrame:
+    """Read a CSV (plain or .gz/.bz2/.zip/.xz by extension) with every cell as a string or NaN.
+
+    Header names are stripped of surrounding spaces; trailing empty lines are dropped; an empty line
+    (or a row with no values) inside the data raises, with its row number.
+
+    Raises:
+        InputError: missing file, empty file, header-only file, empty row, not UTF-8, truncated/corrupt
+            compressed file, malformed CSV.
+    """
+    p = existing_path(path)
+    file = str(path)
+    try:
+        df = pd.read_csv(p, dtype=str, encoding="utf-8", skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise InputError("file is empty (no header row)", file=file) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", file=file) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"compressed file is truncated or corrupt ({type(e).__name__}: {e})",
+                         file=file) from None
+    except pd.errors.ParserError as e:
+        raise InputError(f"malformed CSV: {str(e).strip()}", file=file) from None
+    except OSError as e:
+        raise InputError(f"cannot read file ({e})", file=file) from None
+    df.columns = [str(c).strip() for c in df.columns]
+    filled = ~df.isna().all(axis=1).to_numpy()
+    df = df.iloc[: len(filled) - int(np.argmax(filled[::-1]))] if filled.any() else df.iloc[:0]
+    if len(df) == 0:
+        raise InputError(f"no data rows (header only: {', '.join(df.columns)})", file=file)
+    raise_first([first(~filled[: len(df)], str(df.columns[0]), "empty row (no values)")], file=file)
+    return df
+
+
+def require_columns(df: pd.DataFrame, required: Iterable[str], *, file: str, what: str) -> None:
+    """Raise if a required column is absent, suggesting the closest header name.
+
+    Args:
+        what: the trace kind for the message (e.g. ``"itp"``).
+
+    Raises:
+        InputError: field = the missing column; the message lists the columns found.
+    """
+    found = list(df.columns)
+    for name in required:
+        if name in found:
+            continue
+        lower = {c.lower(): c for c in found}
+        close = [lower[name.lower()]] if name.lower() in lower else difflib.get_close_matches(name, found, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"missing required column {name!r} for {what} traces{hint}; "
+                         f"columns found: {', '.join(found)}", file=file, field=name)
+
+
+def first(mask: np.ndarray, field: str, message: str, values: pd.Series | None = None) -> Problem | None:
+    """The first True entry of ``mask`` as a Problem (message gets ``: <value>`` when values given)."""
+    if not mask.any():
+        return None
+    i = int(np.argmax(mask))
+    if values is not None:
+        message = f"{message}: {values.iloc[i]!r}"
+    return Problem(i, field, message)
+
+
+def numeric(df: pd.DataFrame, col: str, *, integer: bool = False, min_value: float = 0.0,
+            positive: bool = False) -> tuple[np.ndarray, list[Problem]]:
+    """Convert one string column to float64 and find its first problems (no exception yet).
+
+    Rules: missing value (NaN/empty), non-numeric text, inf, value < ``min_value`` (negative),
+    value == 0 when ``positive``, fractional value when ``integer``.
+
+    Returns:
+        (values as float64 with NaN where bad, list of the first Problem of each rule).
+    """
+    raw = df[col]
+    missing = raw.isna().to_numpy()
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+    nan = np.isnan(values)
+    finite = np.isfinite(values)
+    with np.errstate(invalid="ignore"):
+        problems = [
+            first(missing, col, "missing value (NaN or empty)"),
+            first(nan & ~missing, col, "not a number", raw),
+            first(~finite & ~nan, col, "not a finite number", raw),
+            first(finite & (values < min_value), col, f"must be >= {min_value:g}", raw),
+            first(finite & (values == 0), col, "must be > 0", raw) if positive else None,
+            first(finite & (values != np.round(values)), col, "must be a whole number", raw) if integer else None,
+        ]
+    return values, [p for p in problems if p is not None]
+
+
+def raise_first(problems: Sequence[Problem | None], *, file: str, rows: np.ndarray | None = None) -> None:
+    """Raise an InputError for the earliest problem (smallest row; ties by list order).
+
+    Args:
+        rows: 1-based data row per table index; default ``index + 1``.
+    """
+    found = [p for p in problems if p is not None]
+    if not found:
+        return
+    p = min(found, key=lambda q: q.index)
+    row = int(rows[p.index]) if rows is not None else p.index + 1
+    raise InputError(p.message, file=file, row=row, field=p.field)
+
+
+def string_column(df: pd.DataFrame, col: str | None, default: str = "") -> np.ndarray:
+    """A column as an object array of str (missing -> ``default``); all ``default`` when col is None."""
+    if col is None:
+        return np.full(len(df), default, dtype=object)
+    return df[col].fillna(default).astype(str).str.strip().to_numpy(dtype=object)
+
+
+def row_numbers(df: pd.DataFrame) -> np.ndarray:
+    """1-based data row of each table row, from the (file-order) RangeIndex of :func:`read_csv_strings`."""
+    return df.index.to_numpy(dtype=np.int64) + 1
