@@ -18,16 +18,28 @@ class PlannedGroup:
     """A running group (``group_id`` set) or one planned in this decision (``group_id`` None)."""
 
     group_id: int | None
+    version: int
     model: str
     n_gpus: int
     placement: Placement
     members: list[Job]
     added: list[Job] = field(default_factory=list)
+    _cached: tuple = field(default=(), repr=False)
 
     def step_time_s(self, snap: Snapshot, plan: str, extra: Job | None = None) -> float:
-        """Predicted step time with ``extra`` added (s)."""
-        jobs = self.members + ([extra] if extra is not None else [])
-        return snap.step_time_s(self.model, [j.member for j in jobs], self.n_gpus, plan)
+        """Predicted step time with ``extra`` added (s); the value without ``extra`` is cached."""
+        if extra is None:
+            if not self._cached or self._cached[0] != len(self.members):
+                t = snap.step_time_s(self.model, [j.member for j in self.members], self.n_gpus, plan)
+                bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
+                self._cached = (len(self.members), t, bound)
+            return self._cached[1]
+        return snap.step_time_s(self.model, [j.member for j in self.members] + [extra.member], self.n_gpus, plan)
+
+    def slowdown_bound_s(self, snap: Snapshot, plan: str) -> float:
+        """Largest step time every current member tolerates: min_i max_slowdown_i x T_iso,i (s)."""
+        self.step_time_s(snap, plan)
+        return self._cached[2]
 
     def fits(self, snap: Snapshot, plan: str, extra: Job) -> bool:
         """Whether the group with ``extra`` added fits in GPU memory."""
@@ -45,7 +57,7 @@ class Planner:
         self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
         self.version = 0  # bumped by every planned start or join
         for g in snap.groups.values():
-            self._add(PlannedGroup(g.group_id, g.model, g.n_gpus, g.placement, list(g.members)))
+            self._add(PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members)))
 
     def _add(self, g: PlannedGroup) -> None:
         self.groups.append(g)
@@ -60,7 +72,7 @@ class Planner:
         p = self.free.take(job.num_gpus)
         if p is None:
             return None
-        g = PlannedGroup(None, job.model, job.num_gpus, p, [job], [job])
+        g = PlannedGroup(None, 0, job.model, job.num_gpus, p, [job], [job])
         self._add(g)
         self.version += 1
         return g

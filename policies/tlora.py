@@ -49,6 +49,8 @@ class TLoRA:
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
+        # Memo of pure cost-model answers: group id -> (version, {member: (step with it, fits)}).
+        self._memo: dict[int, tuple[int, dict]] = {}
         if self.config.max_group_size < 1:
             raise InputError("tlora max_group_size must be >= 1", field="max_group_size")
 
@@ -62,18 +64,41 @@ class TLoRA:
 
     def join_gain(self, snap: Snapshot, g: PlannedGroup, job: Job, alone_rate: float) -> float | None:
         """Throughput gain of adding ``job`` to ``g``, or None if a constraint fails."""
-        if len(g.members) >= self.config.max_group_size or not g.fits(snap, self.plan, job):
+        if len(g.members) >= self.config.max_group_size:
             return None
-        new_step = g.step_time_s(snap, self.plan, job)
-        if not self.within_slowdown(g.members + [job], new_step):
+        # Residual capacity: the step time only grows when a member joins, so a group already at
+        # (or past) its tightest member's bound, or at the newcomer's, cannot take it.
+        now_step = g.step_time_s(snap, self.plan)
+        bound = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s)
+        if now_step >= bound:
             return None
-        now_rate = self.collective_rate(snap, g.members, g.step_time_s(snap, self.plan))
+        new_step, fits = self._with(snap, g, job)
+        if not fits or new_step > bound * (1 + 1e-12):
+            return None
+        now_rate = self.collective_rate(snap, g.members, now_step)
         gain = self.collective_rate(snap, g.members + [job], new_step) - now_rate - alone_rate
         return gain if gain > self.config.min_gain else None
+
+    def _with(self, snap: Snapshot, g: PlannedGroup, job: Job) -> tuple[float, bool]:
+        """(step time, fits in memory) of ``g`` with ``job`` added, memoised for unchanged running groups."""
+        memo = None
+        if g.group_id is not None and not g.added:
+            ver, memo = self._memo.get(g.group_id, (None, None))
+            if ver != g.version:
+                memo = {}
+                self._memo[g.group_id] = (g.version, memo)
+            hit = memo.get(job.member)
+            if hit is not None:
+                return hit
+        out = (g.step_time_s(snap, self.plan, job), g.fits(snap, self.plan, job))
+        if memo is not None:
+            memo[job.member] = out
+        return out
 
     def decide(self, snap: Snapshot) -> list[Action]:
         """Join where throughput rises within every bound, else start alone in FIFO order."""
         plan = Planner(snap, self.plan)
+        self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
         fifo_open = True
         # A job of the same shape as one that found no group, with nothing planned since, finds none either.
         no_group: dict[tuple, int] = {}

@@ -175,7 +175,7 @@ class Engine:
             views[g.gid] = GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
                                      tuple(self.jobs[i] for i in g.members),
                                      tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
-                                     g.step_time_s, g.paused_until_s)
+                                     g.step_time_s, g.paused_until_s, g.version)
         return Snapshot(now, tuple(self.queue.values()), views, self.free.copy(), self.cluster, self.cost_model)
 
     def _decide(self, _ev=None) -> None:

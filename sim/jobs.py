@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sim.costmodel import Member
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,11 @@ class Job:
     max_slowdown: float = 1.5
     tenant: str = ""
     sweep_id: str | None = None
+    member: Member = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # This job as a member of a super-model group (for the cost model); built once.
+        object.__setattr__(self, "member", Member(self.rank, self.batch_size, self.seq_len))
 
     @property
     def tokens_per_step(self) -> int:
@@ -54,10 +61,3 @@ class Job:
     def isolated_runtime_s(self) -> float:
         """Run time alone on its requested GPUs: total_steps x isolated step time (s)."""
         return self.total_steps * self.isolated_step_time_s
-
-    @property
-    def member(self) -> "Member":
-        """This job as a member of a super-model group (for the cost model)."""
-        from sim.costmodel import Member
-
-        return Member(self.rank, self.batch_size, self.seq_len)

@@ -113,7 +113,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     })
     bar = _progress_bar(jobs, cfg.policy, position) if progress else None
     engine = Engine(jobs, cluster, cost_model, policy, regroup_pause_s=cfg.regroup_pause_s,
-                    progress=(lambda now: bar.update(now / 3600.0 - bar.n)) if bar else None)
+                    progress=(lambda now: bar.update(min(now / 3600.0, bar.total) - bar.n)) if bar else None)
     try:
         res = engine.run()
     finally:

@@ -29,6 +29,7 @@ class GroupView:
         remaining_steps: steps each member still has to train (same order as ``members``).
         step_time_s: current group step time (s).
         paused_until_s: the group makes no progress before this time (regroup pause).
+        version: changes whenever the membership changes (policies may key memos on it).
     """
 
     group_id: int
@@ -40,6 +41,7 @@ class GroupView:
     remaining_steps: tuple[float, ...]
     step_time_s: float
     paused_until_s: float
+    version: int = 0
 
     @property
     def adapters(self) -> tuple[Member, ...]:

@@ -15,7 +15,7 @@ PEFT's lora_A.weight layout) and B_i = lora_B[o_i:o_i+r_i] as an (r_i, N) block.
 
 Tiles follow each adapter's own rank: every tile carries its adapter, and the adapter's rank
 bucket R (the next power of two >= max(r_i, 16): 16, 32, 64, 128, 256) selects, at run time,
-a body compiled for (R, BM). Only the buckets present in a launch are compiled in (BUCKETS
+a body compiled for (R, BM_R) (BM0..BM4: token rows per tile of each bucket). Only the buckets present in a launch are compiled in (BUCKETS
 bit mask), so an adapter of rank 8 never runs the tiles or does the FLOPs of a rank-128 one.
 
 Launches per training step (besides the two cuBLAS GEMMs):
@@ -39,9 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# rank buckets: tile rank R and token-tile rows BM of each bucket
+# rank buckets: tile rank R of each bucket (token rows BM0..BM4 per bucket come from the config)
 BUCKET_R = (16, 32, 64, 128, 256)
-BUCKET_BM = (64, 64, 128, 128, 64)
 # adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold
 META_I = 8
 META_F = 2  # fp32: scale, 1/(1-p)
@@ -86,7 +85,7 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
     tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed"])
 def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
@@ -159,7 +158,7 @@ def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
                  mask=rmask[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["g_numel", "part_stride", "ksplit", "ngroups", "nb_per"])
 def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm,
                part_stride, ksplit, ngroups, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
@@ -252,7 +251,7 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_stride", "nsplit", "nb_per", "n_q", "n_nb"])
 def _b1_kernel(DY, B, Psave, Qpart, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                part_stride, nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
@@ -367,7 +366,7 @@ def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_stride", "nsplit", "n_kb", "seed"])
 def _b2_kernel(X, A, Qpart, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, part_stride,
                nsplit, n_kb, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
@@ -414,7 +413,7 @@ def _b2_kernel(X, A, Qpart, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, 
 
 
 # ------------------------------------------------------------------------------- mask helper
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "thresh"])
 def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """Materialise the keep mask (1 = kept) that _f1/_b2 use, for tests and references."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)

@@ -32,17 +32,19 @@ MAX_RANK = 256
 class KernelConfig:
     """Tile and launch knobs (tuned on an H100; ``TLORA_KCFG`` env JSON overrides fields).
 
+    bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
     bk / bn: columns of X / of Y per tile (powers of two >= 16); waves: target programs per SM
     used to choose the K/N splits and token chunks; num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2)."""
+    bms: tuple = (64, 64, 128, 128, 64)
     bk: int = 64
     bn: int = 64
     waves: float = 2.0
     max_split: int = 16
-    warps_f1: int = 4
-    warps_f2: int = 4
-    warps_b1: int = 4
-    warps_b2: int = 4
+    warps_f1: int = 8
+    warps_f2: int = 8
+    warps_b1: int = 8
+    warps_b2: int = 8
     stages_f1: int = 3
     stages_f2: int = 3
     stages_b1: int = 3
@@ -51,7 +53,15 @@ class KernelConfig:
     @classmethod
     def from_env(cls) -> "KernelConfig":
         raw = os.environ.get("TLORA_KCFG")
-        return cls(**json.loads(raw)) if raw else cls()
+        if not raw:
+            return cls()
+        d = json.loads(raw)
+        if "bms" in d:
+            d["bms"] = tuple(d["bms"])
+        return cls(**d)
+
+    def bm_kwargs(self) -> dict:
+        return {f"BM{i}": int(b) for i, b in enumerate(self.bms)}
 
 
 def mix_seed(seed: int) -> int:
@@ -172,12 +182,13 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     nkb, nnb = _cdiv(Kf, cfg.bk), _cdiv(Nf, cfg.bn)
     # token chunks for the reductions over tokens (dA, dB): ~target programs over min(nkb, nnb)
     n_chunk_target = max(1, _cdiv(target, min(nkb, nnb)))
-    chunk_rows = max(128, _cdiv(_cdiv(max(M, 1), n_chunk_target), 128) * 128)
+    gran = max(cfg.bms)
+    chunk_rows = max(gran, _cdiv(_cdiv(max(M, 1), n_chunk_target), gran) * gran)
     for i, (L, r, b) in enumerate(zip(seg_lens, ranks, buckets)):
         if L == 0:
             continue
         mask |= 1 << b
-        bm = K_.BUCKET_BM[b]
+        bm = cfg.bms[b]
         for m0 in range(starts[i], starts[i] + L, bm):
             tiles.append((bm, i, m0, min(m0 + bm, starts[i] + L)))
         for m0 in range(starts[i], starts[i] + L, chunk_rows):
@@ -236,14 +247,14 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
     K_._f1_kernel[(plan.n_tiles * plan.ksplit,)](
         x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
         plan.p_size, plan.ksplit, plan.kb_per, seed,
-        BUCKETS=plan.buckets, BK=cfg.bk, DROPOUT=dropout, PREC=prec,
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
         num_warps=cfg.warps_f1, num_stages=cfg.stages_f1)
     has_bias = bias is not None
     K_._f2_kernel[(plan.n_tiles * plan.ngroups,)](
         ppart, psave, lora_B, y, bias if has_bias else y, gbuf, g_numel, plan.tiles,
         plan.meta_i, plan.meta_f if dropout else _nodrop_meta_f(plan), Nf, y.stride(0),
         lora_B.stride(0), plan.p_size, plan.ksplit, plan.ngroups, plan.ng_per,
-        BUCKETS=plan.buckets, BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
         num_warps=cfg.warps_f2, num_stages=cfg.stages_f2)
     return y, psave, gbuf
 
@@ -273,14 +284,14 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
     K_._b1_kernel[(n_q + plan.n_chunks * n_nb,)](
         dy, lora_B, psave, qpart, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
         dy.stride(0), lora_B.stride(0), plan.p_size, plan.nsplit, plan.nb_per, n_q, n_nb,
-        BUCKETS=plan.buckets, BN=cfg.bn, PREC=prec,
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, PREC=prec,
         num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
     n_kb = _cdiv(Kf, cfg.bk)
     K_._b2_kernel[(plan.n_chunks * n_kb,)](
         x, lora_A, qpart, dxl if write_dx else x, gA, plan.chunks, plan.meta_i, meta_f, Kf,
         x.stride(0), lora_A.stride(0), dxl.stride(0) if write_dx else 0, plan.p_size,
         plan.nsplit, n_kb, seed,
-        BUCKETS=plan.buckets, BK=cfg.bk, DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
         num_warps=cfg.warps_b2, num_stages=cfg.stages_b2)
     return dxl
 
