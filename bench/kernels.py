@@ -1,0 +1,465 @@
+#!/usr/bin/env python3
+"""Time every multi-LoRA implementation of ``profiler.kernels`` on one GPU and write a CSV.
+
+For each (layer K x N, adapter mix) it times a training step (forward + backward, W frozen,
+dropout p on the adapter input only) of: base (frozen layer alone, forward + dX), alone (each
+job alone), loop (mLoRA style), padded (pad to the largest rank, bmm), peft (if installed) and
+fused (ours). Two times per row:
+
+* ``ms``       GPU time: the step captured in a CUDA graph (each replay runs it on ``--sets``
+               different fresh random input sets in turn, so nothing is served from L2 across
+               steps), median over ``--replays`` replays, divided by the number of sets.
+* ``eager_ms`` the uncaptured step as a training loop pays it: wall time of many steps with one
+               synchronisation at the end, median of 3 repeats.
+
+``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
+plus the fewest LoRA bytes (one more read of X and of dY, adapters read and their gradients
+written once) at the measured copy bandwidth. Columns: layer, ranks, tokens, impl, ms, eager_ms,
+floor_ms, device, torch, triton, then extras (ratios to base, TFLOP/s, sizes, versions).
+
+Usage (on the GPU machine, from the repository root):
+    python3 bench/kernels.py --out profiler/data/kernel_bench_h100.csv
+    python3 bench/kernels.py --quick --check          # a few mixes + a bf16 correctness check
+    python3 bench/kernels.py --layers 4096x4096 --impls base,fused,loop
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+LAYERS = {"4096x4096": (4096, 4096), "4096x14336": (4096, 14336),
+          "14336x4096": (14336, 4096), "8192x8192": (8192, 8192)}
+
+# name: (ranks, tokens per adapter). The first six are DESIGN.md's reference table.
+MIXES = {
+    "16x4": ([16] * 4, [2048] * 4),
+    "8-64": ([8, 16, 32, 64], [2048] * 4),
+    "8-128x8": ([8, 16, 32, 64, 128, 16, 8, 32], [1024] * 8),
+    "64x8": ([64] * 8, [512] * 8),
+    "8+128": ([8, 128], [4096, 512]),
+    "16x16": ([16] * 16, [512] * 16),
+    "2+4big": ([2, 4], [8192, 8192]),
+    "small4": ([2, 4, 8, 16], [128] * 4),
+    "mixed16": ([2, 4, 8, 16, 32, 64, 128, 2, 4, 8, 16, 32, 64, 128, 16, 16], [256] * 16),
+    "odd4": ([32, 8, 128, 16], [1000, 3000, 77, 2048]),
+    "128x2": ([128, 128], [2048, 2048]),
+}
+TABLE = ["16x4", "8-64", "8-128x8", "64x8", "8+128", "16x16"]
+# (layer, mix) in priority order: the reference table first
+CASES = ([("4096x4096", m) for m in TABLE] + [("4096x14336", m) for m in TABLE]
+         + [("4096x4096", m) for m in ("2+4big", "small4", "mixed16", "odd4", "128x2")]
+         + [("14336x4096", m) for m in TABLE + ["odd4"]]
+         + [("8192x8192", m) for m in ("16x4", "8-64", "8-128x8", "8+128", "mixed16")]
+         + [("4096x14336", m) for m in ("odd4", "2+4big")])
+QUICK = [("4096x4096", "16x4"), ("4096x4096", "8-64"), ("4096x4096", "8-128x8"),
+         ("4096x14336", "8+128")]
+ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused"]
+COLUMNS = ["layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch",
+           "triton", "ratio_to_base", "eager_ratio_to_base", "ratio_to_floor", "base_tflops",
+           "mix", "n_adapters", "M", "K", "N", "dropout", "lora_flops_pct", "driver", "cuda",
+           "date", "kernel_config"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--out", default="profiler/data/kernel_bench_gpu.csv",
+                    help="CSV to write (default: %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="only a few mixes")
+    ap.add_argument("--layers", default=None, help="comma list of layers, e.g. 4096x4096")
+    ap.add_argument("--mixes", default=None, help=f"comma list of mixes from {list(MIXES)}")
+    ap.add_argument("--impls", default=",".join(ALL_IMPLS), help="comma list (default: all)")
+    ap.add_argument("--dropout", type=float, default=0.1, help="adapter-input dropout p")
+    ap.add_argument("--sets", type=int, default=3, help="input sets rotated per replay")
+    ap.add_argument("--replays", type=int, default=20, help="graph replays timed")
+    ap.add_argument("--eager-ms", type=float, default=40.0,
+                    help="target wall ms per eager repeat")
+    ap.add_argument("--budget-s", type=float, default=520.0,
+                    help="stop starting new cases after this many seconds")
+    ap.add_argument("--check", action="store_true",
+                    help="bf16 correctness of fused vs a float64 reference first")
+    ap.add_argument("--configs", default=None,
+                    help="JSON list of KernelConfig overrides: time fused once per config")
+    ap.add_argument("--precompile", type=int, default=8,
+                    help="worker processes compiling the fused kernels first (0: off)")
+    ap.add_argument("--summary", default=None, help="also write a JSON summary here")
+    return ap.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------- helpers
+def _fmt(v):
+    return ",".join(str(x) for x in v) if len(set(v)) > 1 else str(v[0])
+
+
+def _versions():
+    import torch
+    import triton
+    drv = ""
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        pass
+    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "triton": triton.__version__, "driver": drv, "cuda": torch.version.cuda or ""}
+
+
+def measure_ceilings():
+    """bf16 matrix rate (8192^3 product, random data) in FLOP/s and copy bandwidth in B/s."""
+    import torch
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+        e0.record(); a @ b; e1.record(); e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    rate = 2 * 8192 ** 3 / statistics.median(ts)
+    del a, b
+    n = 1 << 29  # 1 GiB of bf16
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+        e0.record(); dst.copy_(src); e1.record(); e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    bw = 2 * 2 * n / statistics.median(ts)
+    del src, dst
+    torch.cuda.empty_cache()
+    return rate, bw
+
+
+def time_graph(step, sets, replays):
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for a in sets:
+                step(*a)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for a in sets:
+            step(*a)
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(True), torch.cuda.Event(True)) for _ in range(replays)]
+    for e0, e1 in ev:
+        e0.record(); g.replay(); e1.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(e0.elapsed_time(e1) for e0, e1 in ev) / len(sets)
+    del g
+    return ms
+
+
+def time_eager(step, sets, target_ms, est_ms):
+    import torch
+    for a in sets:
+        step(*a)
+    torch.cuda.synchronize()
+    iters = max(2, int(math.ceil(target_ms / max(est_ms * len(sets), 1e-3))))
+    reps = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            for a in sets:
+                step(*a)
+        torch.cuda.synchronize()
+        reps.append((time.perf_counter() - t0) * 1e3 / (iters * len(sets)))
+    return statistics.median(reps)
+
+
+def make_weights(K, N, ranks, gen):
+    import torch
+    sum_r = sum(ranks)
+    W = (torch.randn(N, K, device="cuda", generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+    A = (torch.randn(sum_r, K, device="cuda", generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+    B = (torch.randn(sum_r, N, device="cuda", generator=gen) / 4).to(torch.bfloat16)
+    return W, A, B
+
+
+def scales_for(ranks):
+    return [2.0 for _ in ranks]  # alpha = 2 r, a common LoRA choice
+
+
+# ------------------------------------------------------------------------- correctness
+def check_correctness(layers):
+    """bf16 fused vs float64 reference, p = 0 and p = 0.1 (same mask), odd segment lengths."""
+    import torch
+    from profiler.kernels import build_plan, multi_lora_linear, reference_forward_backward
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    ranks = [1, 8, 16, 32, 64, 128, 256, 3]
+    segs = [37, 0, 300, 129, 64, 255, 100, 1]
+    for layer in layers:
+        K, N = LAYERS[layer]
+        W, A, B = make_weights(K, N, ranks, gen)
+        M = sum(segs)
+        for p in (0.0, 0.1):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            dy = torch.randn(M, N, device="cuda", generator=gen).to(torch.bfloat16)
+            plan = build_plan(segs, ranks, scales_for(ranks), p, K, N, "cuda")
+            xx, AA, BB = (t.clone().requires_grad_(True) for t in (x, A, B))
+            y = multi_lora_linear(xx, W, AA, BB, plan, seed=77)
+            gx, gA, gB = torch.autograd.grad(y, [xx, AA, BB], dy)
+            ref = reference_forward_backward(x, W, A, B, segs, ranks, scales_for(ranks), dy,
+                                             dropout=p, seed=77)
+            errs = {}
+            for k, v in (("y", y), ("dx", gx), ("dA", gA), ("dB", gB)):
+                r = ref[k]
+                errs[k] = float((v.double() - r).norm() / r.norm())
+                if not torch.isfinite(v).all():
+                    errs[k] = float("nan")
+            ok = all(e < 2e-2 for e in errs.values())
+            out.append({"layer": layer, "p": p, "ok": ok, **errs})
+            print(f"check {layer} p={p}: " + " ".join(f"{k}={v:.2e}" for k, v in errs.items())
+                  + ("  OK" if ok else "  FAIL"), flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------- precompile
+def _precompile_one(key):
+    K, N, ranks, segs, p, cfgj = key
+    cfgd = json.loads(cfgj)
+    import torch
+    from profiler.kernels import KernelConfig
+    from profiler.kernels.baselines import FusedImpl
+    cfg = KernelConfig(**{k: (tuple(v) if k == "bms" else v) for k, v in cfgd.items()})
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    W, A, B = make_weights(K, N, list(ranks), gen)
+    segs = [min(s, 64) for s in segs]
+    M = sum(segs)
+    impl = FusedImpl(W, A, B, segs, list(ranks), scales_for(ranks), p, kernel_config=cfg)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    impl.step(*impl.inputs(x, dy))
+    torch.cuda.synchronize()
+    return True
+
+
+def precompile(keys, workers):
+    import multiprocessing as mp
+    keys = list(dict.fromkeys(keys))
+    if not keys or workers <= 0:
+        return
+    t0 = time.time()
+    try:
+        with mp.get_context("spawn").Pool(min(workers, len(keys))) as pool:
+            pool.map(_precompile_one, keys)
+    except Exception as e:  # the main process compiles lazily anyway
+        print(f"precompile failed: {e!r}", flush=True)
+    print(f"precompiled {len(keys)} fused variants in {time.time() - t0:.1f} s", flush=True)
+
+
+# ------------------------------------------------------------------------------ cases
+def run_case(layer, mix, impls, args, ceil, vers, cfgs):
+    import torch
+    from profiler.kernels.baselines import make_impl
+    K, N = LAYERS[layer]
+    ranks, segs = MIXES[mix]
+    M = sum(segs)
+    gen = torch.Generator(device="cuda").manual_seed(hash((layer, mix)) & 0xFFFF)
+    W, A, B = make_weights(K, N, ranks, gen)
+    sc = scales_for(ranks)
+    sets_xy = [(torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(M, N, device="cuda", generator=gen).to(torch.bfloat16))
+               for _ in range(args.sets)]
+    rate, bw = ceil
+    sum_r = sum(ranks)
+    floor_ms = (4.0 * M * K * N / rate + (2 * (M * K + M * N) + 2 * 2 * sum_r * (K + N)) / bw) * 1e3
+    lora_flops = sum(6.0 * L * r * (K + N) for L, r in zip(segs, ranks))
+    rows, base_ms, base_eager = [], None, None
+    todo = [(name, None) for name in impls if name != "fused"]
+    if "fused" in impls:
+        todo += [("fused", c) for c in (cfgs or [None])]
+    for name, cfg in todo:
+        label = name if cfg is None or len(cfgs or []) <= 1 else f"fused#{cfgs.index(cfg)}"
+        kw = {}
+        if name == "fused" and cfg is not None:
+            from profiler.kernels import KernelConfig
+            kw["kernel_config"] = KernelConfig(**{k: (tuple(v) if k == "bms" else v)
+                                                  for k, v in cfg.items()})
+        try:
+            impl = make_impl(name, W, A, B, segs, ranks, sc, args.dropout, **kw)
+            sets = [impl.inputs(x, dy) for x, dy in sets_xy]
+            ms = time_graph(impl.step, sets, args.replays)
+            ems = time_eager(impl.step, sets, args.eager_ms, ms)
+        except Exception as e:  # record and go on: one failing baseline must not stop the run
+            print(f"  {layer} {mix} {label}: FAILED {e!r}", flush=True)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            continue
+        finally:
+            impl = sets = None
+            torch.cuda.empty_cache()
+        if name == "base":
+            base_ms, base_eager = ms, ems
+        rows.append({
+            "layer": layer, "ranks": _fmt(ranks), "tokens": _fmt(segs), "impl": label,
+            "ms": round(ms, 5), "eager_ms": round(ems, 5), "floor_ms": round(floor_ms, 5),
+            "device": vers["device"], "torch": vers["torch"], "triton": vers["triton"],
+            "mix": mix, "n_adapters": len(ranks), "M": M, "K": K, "N": N,
+            "dropout": args.dropout, "lora_flops_pct": round(100 * lora_flops / (4 * M * K * N), 3),
+            "driver": vers["driver"], "cuda": vers["cuda"],
+            "date": datetime.date.today().isoformat(),
+            "kernel_config": json.dumps(cfg) if (name == "fused" and cfg) else "",
+        })
+    for r in rows:
+        r["ratio_to_base"] = round(r["ms"] / base_ms, 4) if base_ms else ""
+        r["eager_ratio_to_base"] = round(r["eager_ms"] / base_eager, 4) if base_eager else ""
+        r["ratio_to_floor"] = round(r["ms"] / floor_ms, 4)
+        r["base_tflops"] = round(4.0 * M * K * N / (r["ms"] * 1e-3) / 1e12, 1)
+    return rows
+
+
+def write_csv(rows, path):
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    os.replace(tmp, path)
+
+
+def summarize(rows):
+    """Per-mix comparison and the issue's targets; returns (text, dict)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["layer"], r["mix"]), {})[r["impl"]] = r
+    lines = [f"{'layer':<11}{'mix':<9}{'ranks':<26}{'tokens':<17}{'base':>7}{'fused':>14}"
+             f"{'loop':>14}{'padded':>14}{'alone':>14}{'peft':>14}{'vsBest':>7}{'eagerVsLoop':>12}"]
+    res = {"mixes": []}
+    for (layer, mix), d in by.items():
+        if "base" not in d or "fused" not in d:
+            continue
+        b = d["base"]["ms"]
+        f = d["fused"]
+
+        def cell(k):
+            return f"{d[k]['ms']:.3f}({d[k]['ms'] / b:.2f}x)" if k in d else "-"
+        bl = [d[k]["ms"] for k in ("alone", "loop", "padded", "peft") if k in d]
+        best = min(bl) if bl else float("nan")
+        ev = d["loop"]["eager_ms"] / f["eager_ms"] if "loop" in d else float("nan")
+        ranks = d["base"]["ranks"]
+        differ = len(set(ranks.split(","))) > 1
+        lines.append(f"{layer:<11}{mix:<9}{ranks[:25]:<26}{d['base']['tokens'][:16]:<17}{b:>7.3f}"
+                     f"{cell('fused'):>14}{cell('loop'):>14}{cell('padded'):>14}"
+                     f"{cell('alone'):>14}{cell('peft'):>14}{best / f['ms']:>7.2f}{ev:>12.2f}")
+        res["mixes"].append({"layer": layer, "mix": mix, "fused_ratio": f["ms"] / b,
+                             "speedup_vs_best": best / f["ms"], "eager_vs_loop": ev,
+                             "ranks_differ": differ,
+                             "beats_padded": (d["padded"]["ms"] > f["ms"]) if "padded" in d
+                             else None})
+    m = res["mixes"]
+    if m:
+        med = statistics.median
+        t = {
+            "median_fused_ratio": med(x["fused_ratio"] for x in m),
+            "max_fused_ratio": max(x["fused_ratio"] for x in m),
+            "median_speedup_vs_best": med(x["speedup_vs_best"] for x in m),
+            "median_eager_vs_loop": med(x["eager_vs_loop"] for x in m
+                                        if not math.isnan(x["eager_vs_loop"])),
+            "beats_padded_all_differing": all(x["beats_padded"] for x in m
+                                              if x["ranks_differ"] and x["beats_padded"]
+                                              is not None),
+        }
+        t["met"] = {"fused<=1.15x base (median)": t["median_fused_ratio"] <= 1.15,
+                    "fused<=1.3x base (every mix)": t["max_fused_ratio"] <= 1.3,
+                    ">=1.2x vs best baseline (median)": t["median_speedup_vs_best"] >= 1.2,
+                    ">=2x vs loop eager (median)": t["median_eager_vs_loop"] >= 2.0,
+                    "faster than padded (differing ranks)": t["beats_padded_all_differing"]}
+        res["targets"] = t
+        lines.append("targets: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                               for k, v in t.items()}))
+    return "\n".join(lines), res
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("bench/kernels.py needs a CUDA GPU")
+    t_start = time.time()
+    vers = _versions()
+    from profiler.kernels.baselines import peft_available
+    impls = [s for s in args.impls.split(",") if s]
+    if "peft" in impls and not peft_available():
+        print("peft: not installed here; skipping it", flush=True)
+        impls.remove("peft")
+    cases = QUICK if args.quick else CASES
+    if args.layers:
+        keep = set(args.layers.split(","))
+        cases = [c for c in cases if c[0] in keep]
+        if args.mixes:  # explicit layers x mixes
+            cases = [(lay, m) for lay in args.layers.split(",") for m in args.mixes.split(",")]
+    elif args.mixes:
+        keep = set(args.mixes.split(","))
+        cases = [c for c in cases if c[1] in keep]
+    cfgs = json.loads(args.configs) if args.configs else None
+    print(json.dumps(vers), f"peft={'peft' in impls}", flush=True)
+    ceil = measure_ceilings()
+    print(f"ceilings: bf16 mm {ceil[0] / 1e12:.0f} TFLOP/s, copy {ceil[1] / 1e12:.2f} TB/s",
+          flush=True)
+    summary = {"versions": vers, "matrix_tflops": ceil[0] / 1e12, "copy_tbps": ceil[1] / 1e12}
+    if args.check:
+        summary["check"] = check_correctness(sorted({c[0] for c in cases}))
+    if "fused" in impls and args.precompile:
+        from profiler.kernels.multilora import _bucket
+        keys = {}
+        for layer, mix in cases:
+            K, N = LAYERS[layer]
+            ranks, segs = MIXES[mix]
+            bk = frozenset(_bucket(r) for r, L in zip(ranks, segs) if L)
+            for c in (cfgs or [{}]):
+                cj = json.dumps(c, sort_keys=True)
+                keys.setdefault((K, N, bk, cj), (K, N, tuple(ranks), tuple(segs), args.dropout,
+                                                 cj))
+        keys = list(keys.values())
+        precompile(keys, args.precompile)
+    rows = []
+    for layer, mix in cases:
+        if time.time() - t_start > args.budget_s:
+            print(f"time budget reached: skipping {layer} {mix} and the rest", flush=True)
+            break
+        t0 = time.time()
+        rows += run_case(layer, mix, impls, args, ceil, vers, cfgs)
+        write_csv(rows, args.out)
+        last = {r["impl"]: r for r in rows if r["layer"] == layer and r["mix"] == mix}
+        print(f"{layer} {mix}: " + " ".join(f"{k}={v['ms']:.3f}/{v['eager_ms']:.3f}"
+                                           for k, v in last.items())
+              + f"  ({time.time() - t0:.1f} s)", flush=True)
+    text, res = summarize(rows)
+    summary.update(res)
+    summary["elapsed_s"] = time.time() - t_start
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f, indent=1)
+    print(f"wrote {len(rows)} rows to {args.out} in {time.time() - t_start:.0f} s")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
