@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -55,6 +56,7 @@ MIXES = {
     "mixed16": ([2, 4, 8, 16, 32, 64, 128, 2, 4, 8, 16, 32, 64, 128, 16, 16], [256] * 16),
     "odd4": ([32, 8, 128, 16], [1000, 3000, 77, 2048]),
     "128x2": ([128, 128], [2048, 2048]),
+    "tiny": ([2, 16, 64], [50, 0, 70]),   # for --device cpu dry runs
 }
 TABLE = ["16x4", "8-64", "8-128x8", "64x8", "8+128", "16x16"]
 # (layer, mix) in priority order: the reference table first
@@ -96,7 +98,20 @@ def parse_args(argv=None):
     ap.add_argument("--precompile", type=int, default=8,
                     help="worker processes compiling the fused kernels first (0: off)")
     ap.add_argument("--summary", default=None, help="also write a JSON summary here")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: dry run of the harness through the Triton interpreter (no timing"
+                         " value means anything; layers may be any KxN, e.g. 64x48)")
     return ap.parse_args(argv)
+
+
+DEV = "cuda"
+
+
+def _layer(name):
+    if name in LAYERS:
+        return LAYERS[name]
+    k, n = name.lower().split("x")
+    return int(k), int(n)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -107,6 +122,9 @@ def _fmt(v):
 def _versions():
     import torch
     import triton
+    if DEV == "cpu":
+        return {"device": "cpu", "torch": torch.__version__, "triton": triton.__version__,
+                "driver": "", "cuda": ""}
     drv = ""
     try:
         drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -120,8 +138,10 @@ def _versions():
 def measure_ceilings():
     """bf16 matrix rate (8192^3 product, random data) in FLOP/s and copy bandwidth in B/s."""
     import torch
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    if DEV == "cpu":
+        return 1e12, 1e11
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
     ts = []
@@ -132,7 +152,7 @@ def measure_ceilings():
     rate = 2 * 8192 ** 3 / statistics.median(ts)
     del a, b
     n = 1 << 29  # 1 GiB of bf16
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
@@ -149,6 +169,11 @@ def measure_ceilings():
 
 def time_graph(step, sets, replays):
     import torch
+    if DEV == "cpu":
+        t0 = time.perf_counter()
+        for a in sets:
+            step(*a)
+        return (time.perf_counter() - t0) * 1e3 / len(sets)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -172,19 +197,25 @@ def time_graph(step, sets, replays):
     return ms
 
 
+def _sync():
+    import torch
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_eager(step, sets, target_ms, est_ms):
     import torch
     for a in sets:
         step(*a)
-    torch.cuda.synchronize()
-    iters = max(2, int(math.ceil(target_ms / max(est_ms * len(sets), 1e-3))))
+    _sync()
+    iters = 1 if DEV == "cpu" else max(2, int(math.ceil(target_ms / max(est_ms * len(sets), 1e-3))))
     reps = []
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(iters):
             for a in sets:
                 step(*a)
-        torch.cuda.synchronize()
+        _sync()
         reps.append((time.perf_counter() - t0) * 1e3 / (iters * len(sets)))
     return statistics.median(reps)
 
@@ -192,9 +223,9 @@ def time_eager(step, sets, target_ms, est_ms):
 def make_weights(K, N, ranks, gen):
     import torch
     sum_r = sum(ranks)
-    W = (torch.randn(N, K, device="cuda", generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-    A = (torch.randn(sum_r, K, device="cuda", generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-    B = (torch.randn(sum_r, N, device="cuda", generator=gen) / 4).to(torch.bfloat16)
+    W = (torch.randn(N, K, device=DEV, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+    A = (torch.randn(sum_r, K, device=DEV, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+    B = (torch.randn(sum_r, N, device=DEV, generator=gen) / 4).to(torch.bfloat16)
     return W, A, B
 
 
@@ -208,17 +239,17 @@ def check_correctness(layers):
     import torch
     from profiler.kernels import build_plan, multi_lora_linear, reference_forward_backward
     out = []
-    gen = torch.Generator(device="cuda").manual_seed(1234)
+    gen = torch.Generator(device=DEV).manual_seed(1234)
     ranks = [1, 8, 16, 32, 64, 128, 256, 3]
     segs = [37, 0, 300, 129, 64, 255, 100, 1]
     for layer in layers:
-        K, N = LAYERS[layer]
+        K, N = _layer(layer)
         W, A, B = make_weights(K, N, ranks, gen)
         M = sum(segs)
         for p in (0.0, 0.1):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-            dy = torch.randn(M, N, device="cuda", generator=gen).to(torch.bfloat16)
-            plan = build_plan(segs, ranks, scales_for(ranks), p, K, N, "cuda")
+            x = torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16)
+            dy = torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16)
+            plan = build_plan(segs, ranks, scales_for(ranks), p, K, N, DEV)
             xx, AA, BB = (t.clone().requires_grad_(True) for t in (x, A, B))
             y = multi_lora_linear(xx, W, AA, BB, plan, seed=77)
             gx, gA, gB = torch.autograd.grad(y, [xx, AA, BB], dy)
@@ -245,13 +276,13 @@ def _precompile_one(key):
     from profiler.kernels import KernelConfig
     from profiler.kernels.baselines import FusedImpl
     cfg = KernelConfig(**{k: (tuple(v) if k == "bms" else v) for k, v in cfgd.items()})
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     W, A, B = make_weights(K, N, list(ranks), gen)
     segs = [min(s, 64) for s in segs]
     M = sum(segs)
     impl = FusedImpl(W, A, B, segs, list(ranks), scales_for(ranks), p, kernel_config=cfg)
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
     impl.step(*impl.inputs(x, dy))
     torch.cuda.synchronize()
     return True
@@ -275,14 +306,14 @@ def precompile(keys, workers):
 def run_case(layer, mix, impls, args, ceil, vers, cfgs):
     import torch
     from profiler.kernels.baselines import make_impl
-    K, N = LAYERS[layer]
+    K, N = _layer(layer)
     ranks, segs = MIXES[mix]
     M = sum(segs)
-    gen = torch.Generator(device="cuda").manual_seed(hash((layer, mix)) & 0xFFFF)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"{layer}|{mix}".encode()))
     W, A, B = make_weights(K, N, ranks, gen)
     sc = scales_for(ranks)
-    sets_xy = [(torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16),
-                torch.randn(M, N, device="cuda", generator=gen).to(torch.bfloat16))
+    sets_xy = [(torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16),
+                torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16))
                for _ in range(args.sets)]
     rate, bw = ceil
     sum_r = sum(ranks)
@@ -306,12 +337,12 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             ems = time_eager(impl.step, sets, args.eager_ms, ms)
         except Exception as e:  # record and go on: one failing baseline must not stop the run
             print(f"  {layer} {mix} {label}: FAILED {e!r}", flush=True)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
             continue
         finally:
             impl = sets = None
-            torch.cuda.empty_cache()
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
         if name == "base":
             base_ms, base_eager = ms, ems
         rows.append({
@@ -398,10 +429,15 @@ def summarize(rows):
 
 
 def main(argv=None):
+    global DEV
     args = parse_args(argv)
+    DEV = args.device
+    if DEV == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        args.precompile = 0
     import torch
-    if not torch.cuda.is_available():
-        sys.exit("bench/kernels.py needs a CUDA GPU")
+    if DEV == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/kernels.py needs a CUDA GPU (or --device cpu for a dry run)")
     t_start = time.time()
     vers = _versions()
     from profiler.kernels.baselines import peft_available
@@ -430,7 +466,7 @@ def main(argv=None):
         from profiler.kernels.multilora import _bucket
         keys = {}
         for layer, mix in cases:
-            K, N = LAYERS[layer]
+            K, N = _layer(layer)
             ranks, segs = MIXES[mix]
             bk = frozenset(_bucket(r) for r, L in zip(ranks, segs) if L)
             for c in (cfgs or [{}]):

@@ -10,6 +10,16 @@ how a group executes its adapters (DESIGN.md, "Reference measurements"):
   (mLoRA, VLDB'25).
 * ``fused``  - one shared base GEMM plus the fused rank-aware multi-LoRA kernel (tLoRA,
   arXiv 2602.07263; this project's ``profiler/kernels``).
+* ``lorafusion`` - LoRAFusion's fused kernels (arXiv 2510.00206), whose tiles are sized for the
+  largest rank in the group (DESIGN.md: 2x-4x the base layer once any adapter has rank >= 64).
+* ``grouped`` - ALTO's grouped GEMMs over co-located adapters with rank-local adapter
+  parallelism (arXiv 2604.05426): no fusion into the base GEMM's loads.
+
+Two execution knobs refine a plan: ``micro_batches`` B (the group step runs its tokens as B
+sequential micro-batches, each re-reading the frozen weights; activations of one micro-batch are
+live at a time) and ``nano_batches`` N (tLoRA's nano-batching: each micro-batch is split into N
+nano-batches so that LoRA and communication work overlaps the next nano-batch's base GEMMs; only
+for the ``fused``, ``lorafusion`` and ``grouped`` plans).
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from sim.errors import InputError
 
-PLANS = ("alone", "loop", "fused")
+PLANS = ("alone", "loop", "fused", "lorafusion", "grouped")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -52,11 +62,13 @@ class CostModel(Protocol):
 
     name: str
 
-    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
-        """Time of one group step, every member training one micro-batch (s)."""
+    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> float:
+        """Time of one group step, every member training its batch once (s)."""
         ...
 
-    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                     micro_batches: int = 1) -> float:
         """Peak device memory per GPU of the group (bytes)."""
         ...
 

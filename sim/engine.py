@@ -8,6 +8,10 @@ one instant are processed before the policy is asked once (a zero-delay event).
 
 Regroup cost: adding members to a running group pauses the whole group for ``regroup_pause_s``
 (checkpoint/restore of adapter state); a member leaving on completion costs nothing.
+
+Policy timer: a policy with a ``timer_s`` attribute (float, s) is also asked to decide every
+``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning,
+ALTO's early-exit checks).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel
 from sim.jobs import Job
 from sim.placement import FreeGpus, Placement
-from sim.snapshot import AddMembers, GroupView, RemoveMembers, Snapshot, StartGroup
+from sim.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -49,6 +53,8 @@ class _Group:
     version: int = 0
     tok_rate: float = 0.0
     flop_rate: float = 0.0
+    nano_batches: int = 1
+    micro_batches: int = 1
 
 
 @dataclass
@@ -59,6 +65,8 @@ class JobRecord:
     finish_s: float | None = None
     max_group_size: int = 0
     group_changes: int = 0
+    steps_trained: float = 0.0
+    early_exit: bool = False
 
 
 @dataclass
@@ -134,6 +142,8 @@ class Engine:
         self._groups_started = 0
         self._finished = 0
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
+        self._timer_s = getattr(policy, "timer_s", None)
+        self._timer_pending = False
 
     # ---- run -------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -175,13 +185,14 @@ class Engine:
             views[g.gid] = GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
                                      tuple(self.jobs[i] for i in g.members),
                                      tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
-                                     g.step_time_s, g.paused_until_s, g.version)
+                                     g.step_time_s, g.paused_until_s, g.version, g.nano_batches,
+                                     g.micro_batches, g.started_s)
         return Snapshot(now, tuple(self.queue.values()), views, self.free.copy(), self.cluster, self.cost_model)
 
     def _decide(self, _ev=None) -> None:
         self._pending = False
         self._events += 1
-        if not self.queue:
+        if not self.queue and not (self._timer_s and self.groups):
             self._record()
             return
         t0 = time.perf_counter()
@@ -195,11 +206,23 @@ class Engine:
                 self._add_members(a)
             elif isinstance(a, RemoveMembers):
                 self._remove_members(a)
+            elif isinstance(a, StopMembers):
+                self._stop_members(a)
+            elif isinstance(a, SetExecution):
+                self._set_execution(a)
             else:
                 raise InvariantError(f"t={self.env.now:.3f}s: unknown action {a!r}")
         self._record()
         if self.progress is not None:
             self.progress(self.env.now)
+        if self._timer_s and self.groups and not self._timer_pending:
+            self._timer_pending = True
+            self.env.timeout(self._timer_s).callbacks.append(self._on_policy_timer)
+
+    def _on_policy_timer(self, _ev) -> None:
+        self._timer_pending = False
+        if self.groups or self.queue:
+            self._request_decision()
 
     # ---- actions ---------------------------------------------------------------------------
     def _take_from_queue(self, indices: Sequence[int], what: str) -> list[int]:
@@ -227,7 +250,8 @@ class Engine:
             raise InvariantError(f"t={now:.3f}s: StartGroup {idx} double-books GPUs: {e}") from None
         g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
                    {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
-                   started_s=now, last_update_s=now, paused_until_s=now)
+                   started_s=now, last_update_s=now, paused_until_s=now,
+                   nano_batches=a.nano_batches, micro_batches=a.micro_batches)
         self._next_gid += 1
         self._groups_started += 1
         self.groups[g.gid] = g
@@ -273,6 +297,39 @@ class Engine:
         else:
             self._close(g)
 
+    def _stop_members(self, a: StopMembers) -> None:
+        g = self._group(a.group_id, "StopMembers")
+        self._settle(g)
+        for i in a.job_indices:
+            if i not in g.remaining:
+                raise InvariantError(f"t={self.env.now:.3f}s: StopMembers: job index {i} not in group {g.gid}")
+            self.records[i].early_exit = True
+        self._finish(g, list(a.job_indices))
+
+    def _set_execution(self, a: SetExecution) -> None:
+        g = self._group(a.group_id, "SetExecution")
+        if a.nano_batches < 1 or a.micro_batches < 1:
+            raise InvariantError(f"t={self.env.now:.3f}s: SetExecution needs counts >= 1, got {a}")
+        self._settle(g)
+        g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
+        self._retime(g)
+
+    def _finish(self, g: _Group, done: list[int]) -> None:
+        """Members ``done`` leave ``g`` finished now; the group closes when it empties."""
+        now = self.env.now
+        for i in done:
+            g.members.remove(i)
+            rec = self.records[i]
+            if rec.finish_s is not None:
+                raise InvariantError(f"t={now:.3f}s: job {self.jobs[i].job_id} finished twice")
+            rec.steps_trained = self.jobs[i].total_steps - max(g.remaining.pop(i), 0.0)
+            rec.finish_s = now
+            self._finished += 1
+        if g.members:
+            self._retime(g)
+        else:
+            self._close(g)
+
     def _group(self, gid: int, what: str) -> _Group:
         if gid not in self.groups:
             raise InvariantError(f"t={self.env.now:.3f}s: {what} names group {gid}, which is not running")
@@ -300,11 +357,12 @@ class Engine:
         now = self.env.now
         jobs = [self.jobs[i] for i in g.members]
         members = [j.member for j in jobs]
-        mem = self.cost_model.memory_bytes(g.model, self.gpu, members, g.n_gpus, g.plan)
+        mem = self.cost_model.memory_bytes(g.model, self.gpu, members, g.n_gpus, g.plan, g.micro_batches)
         if mem > self.cluster.gpu.memory_bytes:
             raise InvariantError(f"t={now:.3f}s: group {g.gid} ({len(members)} x {g.model} on {g.n_gpus} GPUs) "
                                  f"needs {mem / 2**30:.1f} GiB per GPU > {self.cluster.gpu.memory_bytes / 2**30:.0f} GiB")
-        g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan)
+        g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
+                                                    g.nano_batches, g.micro_batches)
         size = len(g.members)
         for i in g.members:
             r = self.records[i]
@@ -347,18 +405,7 @@ class Engine:
         if not done:
             raise InvariantError(f"t={now:.3f}s: group {g.gid} timer fired but no member finished "
                                  f"(min remaining {min(g.remaining.values()):.3g} steps)")
-        for i in done:
-            g.members.remove(i)
-            del g.remaining[i]
-            rec = self.records[i]
-            if rec.finish_s is not None:
-                raise InvariantError(f"t={now:.3f}s: job {self.jobs[i].job_id} finished twice")
-            rec.finish_s = now
-            self._finished += 1
-        if g.members:
-            self._retime(g)
-        else:
-            self._close(g)
+        self._finish(g, done)
         self._request_decision()
         self._record()
 

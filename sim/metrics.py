@@ -18,7 +18,8 @@ from sim.engine import SimResult
 
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
                "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",
-               "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes"]
+               "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes",
+               "steps_trained", "early_exit"]
 TIMELINE_COLUMNS = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "gpus_total",
                     "tokens_per_s", "model_flops_per_s", "gpu_alloc_util", "gpu_compute_util"]
 PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s"]
@@ -40,6 +41,7 @@ def jobs_table(res: SimResult) -> pd.DataFrame:
         "isolated_runtime_s": [x.isolated_runtime_s for x in j],
         "trace_duration_s": [x.trace_duration_s for x in j],
         "max_group_size": [y.max_group_size for y in r], "group_changes": [y.group_changes for y in r],
+        "steps_trained": [y.steps_trained for y in r], "early_exit": [y.early_exit for y in r],
     })
     df["jct_s"] = df["finish_time_s"] - df["submit_time_s"]
     df["queue_s"] = df["start_time_s"] - df["submit_time_s"]
@@ -70,7 +72,7 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
     jct = jobs["jct_s"].to_numpy()
     n = len(jobs)
     makespan = float(jobs["finish_time_s"].max() - min(jobs["submit_time_s"].min(), 0.0)) if n else 0.0
-    tokens = float((jobs["total_steps"] * jobs["tokens_per_step"]).sum())
+    tokens = float((jobs["steps_trained"] * jobs["tokens_per_step"]).sum())
     held = res.gpu_seconds_held
     pct = (lambda q: float(np.percentile(jct, q))) if n else (lambda q: 0.0)
     return {

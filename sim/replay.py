@@ -120,7 +120,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
         if bar is not None:
             bar.close()
     jobs_df = metrics.jobs_table(res)
-    flops = sum(j.total_steps * cost_model.step_flops(j.model, (j.member,)) for j in jobs)
+    flops = sum(r.steps_trained * cost_model.step_flops(j.model, (j.member,)) for j, r in zip(jobs, res.records))
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped}
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}

@@ -15,7 +15,14 @@ weights replicated per GPU unless they do not fit, then sharded) is the sum of
   activations plus ``LOOP_LAUNCH_S`` per adapter per layer (calibrated on DESIGN.md's reference
   table: 4 x r16 x 2048 tok on 4096x4096 costs +0.42 ms, 16 x r16 x 512 tok +0.91 ms); ``fused``
   pays one more read of X and dY (DESIGN.md: "+8-12%") plus the LoRA FLOPs at
-  ``LORA_EFFICIENCY`` of the matmul rate;
+  ``LORA_EFFICIENCY`` of the matmul rate; ``grouped`` (ALTO) one pass more than ``fused``;
+  ``lorafusion`` pays ``LF_PASSES_BASE + LF_PASSES_PER_RANK x max rank`` passes, its tiles being
+  sized for the largest rank (fitted to DESIGN.md's LoRAFusion column: +0.32 ms at 4 x r16,
+  +1.0 ms at ranks 8-64, +2.2 ms at ranks up to 128, 8192 tokens on 4096x4096), and LoRA FLOPs
+  at the largest rank;
+* micro-batches (B): each re-reads the frozen weights and pays the per-layer launch overhead;
+  nano-batches (N, fused-kernel plans only): base GEMMs run at t/(B N) tokens, N times per
+  micro-batch, while all but 1/N of the LoRA and communication time hides behind them;
 * Adam on the adapters (28 bytes moved per parameter), the ring all-reduce of adapter gradients
   over NVLink (one node) or the network, and a fixed launch/framework overhead per step
   (``STEP_OVERHEAD_S`` + ``LAYER_OVERHEAD_S`` x layers), paid once per group step.
@@ -47,6 +54,10 @@ LORA_EFFICIENCY = 0.3
 ELEMENTWISE_BYTES_PER_TOKEN = lambda m: (12 * m.hidden + 4 * m.ffn) * 2 * 3  # noqa: E731 fwd+bwd, bf16
 LOOP_PASSES = 8
 LOOP_LAUNCH_S = 30e-6
+GROUPED_PASSES = 3
+LF_PASSES_BASE = 2.33
+LF_PASSES_PER_RANK = 0.354
+OVERLAP_PLANS = ("fused", "lorafusion", "grouped")
 FUSED_LAUNCH_S = 4e-6
 STEP_OVERHEAD_S = 5e-3
 LAYER_OVERHEAD_S = 0.5e-3
@@ -83,13 +94,24 @@ class RooflineCostModel:
         return {"name": self.name, "kind": "analytic", "source": "sim/roofline.py",
                 "gemm_curve_tokens": _GEMM_TOKENS.tolist(), "gemm_curve_tflops_h100": _GEMM_TFLOPS.tolist()}
 
-    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
-        """Time of one group step (s); see the module docstring."""
-        return _step_time(model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan))
+    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> float:
+        """Time of one group step (s); see the module docstring.
 
-    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+        Raises:
+            InputError: unknown model, GPU or plan.
+            ValueError: nano_batches or micro_batches below 1, or no members.
+        """
+        if nano_batches < 1 or micro_batches < 1 or not members:
+            raise ValueError(f"need members, nano_batches >= 1, micro_batches >= 1; got {len(members)}, "
+                             f"{nano_batches}, {micro_batches}")
+        return _step_time(model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+                          int(nano_batches), int(micro_batches))
+
+    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                     micro_batches: int = 1) -> float:
         """Peak memory per GPU (bytes); see the module docstring."""
-        return _memory(model, gpu, tuple(sorted(members)), int(n_gpus))
+        return _memory(model, gpu, tuple(sorted(members)), int(n_gpus), int(micro_batches))
 
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (FLOP)."""
@@ -114,26 +136,37 @@ def _flops(model: str, members: tuple[Member, ...]) -> float:
     return base + attn + lora
 
 
-@lru_cache(maxsize=1 << 16)
-def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str) -> float:
+@lru_cache(maxsize=1 << 18)
+def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+               nano: int = 1, micro: int = 1) -> float:
     m, gpu = get_model(model), GPUS[gpu_name]
     bw = gpu.mem_bw_bytes_s
-    t = sum(x.tokens for x in members) / n  # tokens per GPU
+    if plan not in OVERLAP_PLANS:
+        nano = 1
+    t = sum(x.tokens for x in members) / n  # tokens per GPU per step
+    chunks = micro * nano  # base GEMM launches per layer per step
+    tc = t / chunks
     lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
-    rate = gemm_rate(t, gpu)
     weight_bytes = 2 * 2 * lin_params / (n if _base_sharded(m, gpu, n) else 1)  # read in fwd and bwd
-    base = max(4.0 * lin_params * t / rate, weight_bytes / bw)
+    base = chunks * max(4.0 * lin_params * tc / gemm_rate(tc, gpu), weight_bytes / bw)
     attn = sum(6.0 * x.batch_size * x.seq_len**2 * m.heads * m.head_dim * m.layers for x in members)
     attn /= n * ATTN_EFFICIENCY * gpu.matmul_flops
     elementwise = t * m.layers * ELEMENTWISE_BYTES_PER_TOKEN(m) / bw
     dims = m.lora_dims_per_rank  # Σ (d_in + d_out) over all targeted layers
-    if plan == "fused":
-        lora = 2.0 * t * dims / bw  # one more bf16 read of X and of dY per layer
-        lora += sum(6.0 * x.tokens * m.lora_params(x.rank) for x in members) / (n * LORA_EFFICIENCY * gpu.matmul_flops)
-        lora += FUSED_LAUNCH_S * 2 * m.layers * len(m.linear_shapes)
+    launches = m.layers * len(m.linear_shapes)
+    lora_flops = sum(6.0 * x.tokens * m.lora_params(x.rank) for x in members)
+    if plan in ("fused", "grouped"):
+        passes = 2.0 if plan == "fused" else GROUPED_PASSES
+        lora = passes * t * dims / bw + lora_flops / (n * LORA_EFFICIENCY * gpu.matmul_flops)
+        lora_launch = FUSED_LAUNCH_S * 2 * launches * chunks
+    elif plan == "lorafusion":
+        r_max = max(x.rank for x in members)
+        lora = (LF_PASSES_BASE + LF_PASSES_PER_RANK * r_max) * t * dims / bw
+        lora += sum(6.0 * x.tokens * m.lora_params(r_max) for x in members) / (n * LORA_EFFICIENCY * gpu.matmul_flops)
+        lora_launch = FUSED_LAUNCH_S * 2 * launches * chunks
     else:  # alone / loop: unfused per-adapter passes and launches
         lora = sum(LOOP_PASSES * 2.0 * (x.tokens / n) * dims / bw for x in members)
-        lora += LOOP_LAUNCH_S * len(members) * m.layers * len(m.linear_shapes)
+        lora_launch = LOOP_LAUNCH_S * len(members) * launches * micro
     adapter_params = sum(m.lora_params(x.rank) for x in members)
     optimizer = ADAM_BYTES_PER_PARAM * adapter_params / bw
     comm = 0.0
@@ -141,18 +174,19 @@ def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, p
         link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
         comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + ALLREDUCE_LATENCY_S * m.layers
         if _base_sharded(m, gpu, n):  # all-gather the frozen weights in forward and backward
-            comm += 2.0 * (n - 1) / n * 2 * lin_params / link
-    overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers
-    return base + attn + elementwise + lora + optimizer + comm + overhead
+            comm += micro * 2.0 * (n - 1) / n * 2 * lin_params / link
+    hidden = (lora + comm) / nano  # nano-batching hides all but one nano-batch's share
+    overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers * micro
+    return base + attn + elementwise + hidden + lora_launch + optimizer + overhead
 
 
-@lru_cache(maxsize=1 << 16)
-def _memory(model: str, gpu_name: str, members: tuple[Member, ...], n: int) -> float:
+@lru_cache(maxsize=1 << 18)
+def _memory(model: str, gpu_name: str, members: tuple[Member, ...], n: int, micro: int = 1) -> float:
     m, gpu = get_model(model), GPUS[gpu_name]
     weights = 2.0 * m.params / (n if _base_sharded(m, gpu, n) else 1)
     adapters = ADAPTER_STATE_BYTES_PER_PARAM * sum(m.lora_params(x.rank) for x in members)
-    t = sum(x.tokens for x in members) / n
-    t_max = max((x.tokens for x in members), default=0) / n
+    t = sum(x.tokens for x in members) / n / micro  # one micro-batch's activations are live
+    t_max = max((x.tokens for x in members), default=0) / n / micro
     activations = 2.0 * t * m.hidden * m.layers  # checkpointed layer inputs, bf16
     activations += 2.0 * t_max * (10 * m.hidden + 4 * m.ffn)  # one layer live (members run in one step)
     activations += 4.0 * t_max * m.vocab  # fp32 logits of the largest micro-batch

@@ -6,7 +6,7 @@ decisions over a read-only snapshot"). The engine validates and applies the acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from sim.cluster import ClusterSpec
@@ -29,7 +29,10 @@ class GroupView:
         remaining_steps: steps each member still has to train (same order as ``members``).
         step_time_s: current group step time (s).
         paused_until_s: the group makes no progress before this time (regroup pause).
-        version: changes whenever the membership changes (policies may key memos on it).
+        version: changes whenever the membership or execution knobs change (memo key for policies).
+        nano_batches: tLoRA nano-batches per micro-batch (``sim.costmodel``).
+        micro_batches: sequential micro-batches per group step.
+        started_s: when the group started (s).
     """
 
     group_id: int
@@ -42,6 +45,9 @@ class GroupView:
     step_time_s: float
     paused_until_s: float
     version: int = 0
+    nano_batches: int = 1
+    micro_batches: int = 1
+    started_s: float = 0.0
 
     @property
     def adapters(self) -> tuple[Member, ...]:
@@ -86,6 +92,8 @@ class StartGroup:
     job_indices: tuple[int, ...]
     placement: Placement
     plan: str
+    nano_batches: int = 1
+    micro_batches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +112,24 @@ class RemoveMembers:
     job_indices: tuple[int, ...]
 
 
-Action = StartGroup | AddMembers | RemoveMembers
+@dataclass(frozen=True, slots=True)
+class StopMembers:
+    """End members early (e.g. ALTO's early exit of a weak configuration): they finish now,
+    having trained fewer than their total steps."""
+
+    group_id: int
+    job_indices: tuple[int, ...]
 
 
-@dataclass
-class Decision:
-    """A policy's answer: actions plus an optional wake-up time for a policy timer (s)."""
+@dataclass(frozen=True, slots=True)
+class SetExecution:
+    """Change a running group's nano-batch / micro-batch counts (no pause: same members)."""
 
-    actions: list[Action] = field(default_factory=list)
-    wake_at_s: float | None = None
+    group_id: int
+    nano_batches: int = 1
+    micro_batches: int = 1
+
+
+Action = StartGroup | AddMembers | RemoveMembers | StopMembers | SetExecution
+
+

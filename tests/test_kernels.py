@@ -27,7 +27,7 @@ BF16_TOL = 2e-2
 
 
 def _rel(a, b):
-    b = b.double()
+    a, b = a.detach(), b.detach().double()
     den = b.norm()
     return float((a.double() - b).norm() / (den if den > 0 else 1.0))
 

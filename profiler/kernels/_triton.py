@@ -59,6 +59,15 @@ def _keep(rows, cols, K, seed):
     return (h >> 8).to(tl.int32)
 
 
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr):
+    """tl.dot; PREC "interp" (CPU interpreter, whose dot mishandles bf16) computes it in fp32."""
+    if PREC == "interp":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
 def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
@@ -80,7 +89,7 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
             keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(a.to(x.dtype)), acc, input_precision=PREC)
+        acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
     offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
     tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
 
@@ -151,7 +160,7 @@ def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
         cols = nb * BN + tl.arange(0, BN)
         cm = cols < N
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        y = tl.dot(ps, b.to(ps.dtype), input_precision=PREC)
+        y = _dot(ps, b.to(ps.dtype), None, PREC)
         if HAS_BIAS:
             y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
         tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
@@ -224,7 +233,7 @@ def _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
         cm = cols < N
         dy = tl.load(drow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        acc = tl.dot(dy, tl.trans(b.to(dy.dtype)), acc, input_precision=PREC)
+        acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
     offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
     tl.store(Qpart + offs, acc, mask=rmask[:, None] & rkm[None, :])
@@ -245,7 +254,7 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
                     mask=rmask[:, None] & rkm[None, :], other=0.0)
         dy = tl.load(DY + rows.to(tl.int64)[:, None] * sdm + cols[None, :],
                      mask=rmask[:, None] & cm[None, :], other=0.0)
-        acc = tl.dot(tl.trans(p.to(dy.dtype)), dy, acc, input_precision=PREC)
+        acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
     acc = acc * scale
     tl.atomic_add(GB + (roff + rr).to(tl.int64)[:, None] * N + cols[None, :], acc,
                   mask=rkm[:, None] & cm[None, :])
@@ -355,12 +364,12 @@ def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
             keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
             x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
-            d = tl.dot(qb, a, input_precision=PREC)
+            d = _dot(qb, a, None, PREC)
             if DROPOUT:
                 d = tl.where(keep, d * inv_keep, 0.0)
             tl.store(DXL + rows.to(tl.int64)[:, None] * sdxm + cols[None, :],
                      d.to(DXL.dtype.element_ty), mask=xm)
-        acc = tl.dot(tl.trans(qb), x, acc, input_precision=PREC)
+        acc = _dot(tl.trans(qb), x, acc, PREC)
     acc = acc * inv_keep
     tl.atomic_add(GA + (roff + rr).to(tl.int64)[:, None] * K + cols[None, :], acc,
                   mask=rkm[:, None] & cm[None, :])

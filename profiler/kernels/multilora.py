@@ -223,7 +223,10 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
 
 
 def _prec(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """Dot mode: fp32 inputs exact ("ieee"); under the CPU interpreter, bf16/fp16 dots in fp32."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "interp" if os.environ.get("TRITON_INTERPRET") == "1" else "tf32"
 
 
 def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on: bool,
