@@ -98,6 +98,8 @@ def parse_args(argv=None):
     ap.add_argument("--precompile", type=int, default=8,
                     help="worker processes compiling the fused kernels first (0: off)")
     ap.add_argument("--summary", default=None, help="also write a JSON summary here")
+    ap.add_argument("--profile", action="store_true",
+                    help="print a per-kernel GPU time breakdown of base and fused on each case")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: dry run of the harness through the Triton interpreter (no timing"
                          " value means anything; layers may be any KxN, e.g. 64x48)")
@@ -258,7 +260,7 @@ def check_correctness(layers):
             errs = {}
             for k, v in (("y", y), ("dx", gx), ("dA", gA), ("dB", gB)):
                 r = ref[k]
-                errs[k] = float((v.double() - r).norm() / r.norm())
+                errs[k] = float((v.detach().double() - r).norm() / r.norm())
                 if not torch.isfinite(v).all():
                     errs[k] = float("nan")
             ok = all(e < 2e-2 for e in errs.values())
@@ -302,6 +304,33 @@ def precompile(keys, workers):
     print(f"precompiled {len(keys)} fused variants in {time.time() - t0:.1f} s", flush=True)
 
 
+def profile_step(impl, sets, label):
+    """Per-kernel GPU time (us per step) of ``impl`` with torch.profiler, eager steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    for a in sets:
+        impl.step(*a)
+    torch.cuda.synchronize()
+    n = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            for a in sets:
+                impl.step(*a)
+        torch.cuda.synchronize()
+    tot = 0.0
+    items = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0.0)
+        if t > 0 and e.count > 0:
+            items.append((t / (n * len(sets)), e.count // (n * len(sets)), e.key))
+    items.sort(reverse=True)
+    for t, c, k in items[:12]:
+        tot += t
+        print(f"    prof {label:<8} {t:9.1f} us x{c:<3} {k[:90]}", flush=True)
+
+
 # ------------------------------------------------------------------------------ cases
 def run_case(layer, mix, impls, args, ceil, vers, cfgs):
     import torch
@@ -333,6 +362,8 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
         try:
             impl = make_impl(name, W, A, B, segs, ranks, sc, args.dropout, **kw)
             sets = [impl.inputs(x, dy) for x, dy in sets_xy]
+            if args.profile and name in ("base", "fused") and DEV == "cuda":
+                profile_step(impl, sets, label)
             ms = time_graph(impl.step, sets, args.replays)
             ems = time_eager(impl.step, sets, args.eager_ms, ms)
         except Exception as e:  # record and go on: one failing baseline must not stop the run
@@ -380,25 +411,28 @@ def summarize(rows):
     by = {}
     for r in rows:
         by.setdefault((r["layer"], r["mix"]), {})[r["impl"]] = r
-    lines = [f"{'layer':<11}{'mix':<9}{'ranks':<26}{'tokens':<17}{'base':>7}{'fused':>14}"
-             f"{'loop':>14}{'padded':>14}{'alone':>14}{'peft':>14}{'vsBest':>7}{'eagerVsLoop':>12}"]
+    lines = [f"{'layer':<11}{'mix':<9}{'ranks':<21}{'tokens':<15}{'base':>8}{'fused':>15}"
+             f"{'loop':>15}{'padded':>15}{'alone':>15}{'peft':>15}{'vsBest':>7}{'eagVsLoop':>10}"]
     res = {"mixes": []}
     for (layer, mix), d in by.items():
+        tuned = [k for k in d if k.startswith("fused#")]
+        if "fused" not in d and tuned:  # --configs: the best configuration stands for fused
+            d["fused"] = min((d[k] for k in tuned), key=lambda r: r["ms"])
         if "base" not in d or "fused" not in d:
             continue
         b = d["base"]["ms"]
         f = d["fused"]
 
         def cell(k):
-            return f"{d[k]['ms']:.3f}({d[k]['ms'] / b:.2f}x)" if k in d else "-"
+            return f" {d[k]['ms']:.3f}({d[k]['ms'] / b:.2f}x)" if k in d else "-"
         bl = [d[k]["ms"] for k in ("alone", "loop", "padded", "peft") if k in d]
         best = min(bl) if bl else float("nan")
         ev = d["loop"]["eager_ms"] / f["eager_ms"] if "loop" in d else float("nan")
         ranks = d["base"]["ranks"]
         differ = len(set(ranks.split(","))) > 1
-        lines.append(f"{layer:<11}{mix:<9}{ranks[:25]:<26}{d['base']['tokens'][:16]:<17}{b:>7.3f}"
-                     f"{cell('fused'):>14}{cell('loop'):>14}{cell('padded'):>14}"
-                     f"{cell('alone'):>14}{cell('peft'):>14}{best / f['ms']:>7.2f}{ev:>12.2f}")
+        lines.append(f"{layer:<11}{mix:<9}{ranks[:20]:<21}{d['base']['tokens'][:14]:<15}{b:>8.3f}"
+                     f"{cell('fused'):>15}{cell('loop'):>15}{cell('padded'):>15}"
+                     f"{cell('alone'):>15}{cell('peft'):>15}{best / f['ms']:>7.2f}{ev:>10.2f}")
         res["mixes"].append({"layer": layer, "mix": mix, "fused_ratio": f["ms"] / b,
                              "speedup_vs_best": best / f["ms"], "eager_vs_loop": ev,
                              "ranks_differ": differ,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from sim.jobs import Job
 from sim.placement import Placement
-from sim.snapshot import Action, AddMembers, Snapshot, StartGroup
+from sim.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup
 
 
 @dataclass
@@ -24,17 +24,26 @@ class PlannedGroup:
     placement: Placement
     members: list[Job]
     added: list[Job] = field(default_factory=list)
+    nano_batches: int = 1
+    removed: list[Job] = field(default_factory=list)
     _cached: tuple = field(default=(), repr=False)
 
     def step_time_s(self, snap: Snapshot, plan: str, extra: Job | None = None) -> float:
         """Predicted step time with ``extra`` added (s); the value without ``extra`` is cached."""
         if extra is None:
             if not self._cached or self._cached[0] != len(self.members):
-                t = snap.step_time_s(self.model, [j.member for j in self.members], self.n_gpus, plan)
+                t = snap.step_time_s(self.model, [j.member for j in self.members], self.n_gpus, plan,
+                                     self.nano_batches)
                 bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
                 self._cached = (len(self.members), t, bound)
             return self._cached[1]
-        return snap.step_time_s(self.model, [j.member for j in self.members] + [extra.member], self.n_gpus, plan)
+        return snap.step_time_s(self.model, [j.member for j in self.members] + [extra.member], self.n_gpus, plan,
+                                self.nano_batches)
+
+    def step_time_with(self, snap: Snapshot, plan: str, extra: list[Job]) -> float:
+        """Predicted step time with all of ``extra`` added (s)."""
+        return snap.step_time_s(self.model, [j.member for j in self.members + extra], self.n_gpus, plan,
+                                self.nano_batches)
 
     def slowdown_bound_s(self, snap: Snapshot, plan: str) -> float:
         """Largest step time every current member tolerates: min_i max_slowdown_i x T_iso,i (s)."""
@@ -55,9 +64,11 @@ class Planner:
         self.free = snap.free.copy()
         self.groups: list[PlannedGroup] = []
         self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
-        self.version = 0  # bumped by every planned start or join
+        self.version = 0  # bumped by every planned start, join or merge
+        self.removed_groups: list[PlannedGroup] = []
         for g in snap.groups.values():
-            self._add(PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members)))
+            self._add(PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members),
+                                   nano_batches=g.nano_batches))
 
     def _add(self, g: PlannedGroup) -> None:
         self.groups.append(g)
@@ -83,9 +94,24 @@ class Planner:
         group.added.append(job)
         self.version += 1
 
+    def merge(self, src: PlannedGroup, dst: PlannedGroup) -> None:
+        """Plan moving every member of running group ``src`` into ``dst`` (``src`` closes, its GPUs free)."""
+        if src.group_id is None or src.added:
+            raise ValueError("only unchanged running groups can be merged away")
+        dst.members.extend(src.members)
+        dst.added.extend(src.members)
+        src.removed = list(src.members)
+        src.members = []
+        self.free.apply(src.placement, +1)
+        self.groups.remove(src)
+        self._by_kind[(src.model, src.n_gpus)].remove(src)
+        self.removed_groups.append(src)
+        self.version += 1
+
     def actions(self) -> list[Action]:
-        """The engine actions that realise the plan (starts first, in plan order)."""
-        out: list[Action] = []
+        """The engine actions that realise the plan (removals, then starts, then joins)."""
+        out: list[Action] = [RemoveMembers(g.group_id, tuple(j.index for j in g.removed))
+                             for g in self.removed_groups]
         for g in self.groups:
             if g.group_id is None:
                 out.append(StartGroup(tuple(j.index for j in g.members), g.placement, self.plan))

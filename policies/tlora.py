@@ -1,30 +1,48 @@
 """``tlora``: residual-capacity-aware grouping into elastic shared super-models (tLoRA,
-arXiv 2602.07263) - the first version: greedy joins, no nano-batching or tiers yet.
+arXiv 2602.07263), with rank-aware nano-batching.
 
-Every running group has residual capacity: how much its step time may still grow before some
-member exceeds its tolerated slowdown (``Job.max_slowdown``, step time in the group over the
-job's isolated step time). For each queued job, in arrival order:
+State a policy sees per job: its isolated step time, its tolerated slowdown (``Job.max_slowdown``:
+step time in a group over isolated step time) and its urgency (``policies.ordering``). A running
+group's *residual capacity* is how much its step time may still grow before its tightest member
+exceeds its bound: min_i max_slowdown_i x T_iso,i - T_group.
 
-1. It may join a running or just-planned group with the same base model and GPU count when,
-   with it added, every member stays within its slowdown bound, the group fits in memory, and
-   the group's predicted collective throughput rises: Σ_i T_iso,i / T_group (isolated-speed
-   units of progress per second) must exceed the group's current value plus what the job would
-   do on its own now (1 if free GPUs can host it, else 0). Among such groups it takes the one
-   with the largest gain.
-2. Otherwise it starts alone (plan ``fused``) if its GPUs are free and every earlier job that
-   needed GPUs got them (GPU admission stays FIFO, so joins, which take no GPUs, never delay the
-   queue head).
+Each decision:
+
+1. **Queue order**: by urgency, then residual capacity (``ordering="urgency"``).
+2. **Grouping from the head**: for the first unplaced job, candidates are the later queued jobs
+   with the same base model and GPU count (grouping never mixes base models). A *binary-cut
+   search* over the candidate prefix finds the largest k such that the head plus the first k
+   candidates, merged into the target, keep every member within its slowdown bound, fit in GPU
+   memory, and raise predicted collective throughput. The target is the running group with the
+   most residual capacity that can take the head (an elastic join: the group pauses for the
+   regroup cost), else a new group on free GPUs if GPU admission is still open (GPU admission
+   follows the queue order; a head that cannot get GPUs closes it, so joins never delay it).
+   Collective throughput is Σ_i T_iso,i / T_group, progress in isolated-speed units per second;
+   a merge must beat what the parts would do apart: the group's current value plus 1 for each
+   joining job that could start alone on free GPUs now.
+3. **Tiers, bottom-up**: on each policy tick, running groups of one base model and GPU count
+   are merged pairwise where the merge keeps every bound and the merged throughput plus the
+   value of the freed GPUs (1 if the queue holds a job that fits them) beats the two apart;
+   pairs on one node are tried first, then within a rack, then across the cluster.
+4. **Nano-batching**: each group's nano-batch count follows ``NanoBatchTuner`` (the published
+   AIMD rule N <- N + 4 / N <- max(1, N // 2), fixed to compare against the best time seen and to
+   re-probe), measured on the group's cost-model step time once per tick.
+
+With ``grouping=False`` only the ordering and the fused kernel remain: every job runs alone
+(the ablation that separates the gain of grouping from the gain of ordering).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.nanobatch import NanoBatchTuner
+from policies.ordering import order_queue
 from policies.planner import Planner, PlannedGroup
 from policies.registry import register
 from sim.errors import InputError
 from sim.jobs import Job
-from sim.snapshot import Action, Snapshot
+from sim.snapshot import Action, SetExecution, Snapshot
 
 
 @dataclass(frozen=True)
@@ -34,95 +52,235 @@ class TLoRAConfig:
     Attributes:
         max_group_size: most adapters per super-model.
         min_gain: smallest rise of collective throughput (isolated-speed units) worth a regroup.
+        ordering: queue ordering (``policies.ordering``).
+        window: candidates examined after the head (bounds decision time).
+        grouping: co-locate at all (False = the ordering-only ablation).
+        nano_batching: tune nano-batch counts.
+        consolidate: merge running groups on policy ticks (node, rack, cluster tiers).
+        tick_s: policy tick (s): nano-batch measurements and consolidation.
     """
 
     max_group_size: int = 16
     min_gain: float = 0.05
+    ordering: str = "urgency"
+    window: int = 64
+    grouping: bool = True
+    nano_batching: bool = True
+    consolidate: bool = True
+    tick_s: float = 600.0
 
 
-@register("tlora", TLoRAConfig, "tLoRA: residual-capacity-aware grouping within each job's tolerated slowdown")
+@register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
+                                 "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
 class TLoRA:
-    """Greedy residual-capacity-aware grouping (see module docstring)."""
+    """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
     plan = "fused"
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
-        # Memo of pure cost-model answers: group id -> (version, {member: (step with it, fits)}).
-        self._memo: dict[int, tuple[int, dict]] = {}
-        if self.config.max_group_size < 1:
-            raise InputError("tlora max_group_size must be >= 1", field="max_group_size")
+        if self.config.max_group_size < 1 or self.config.window < 0 or self.config.tick_s <= 0:
+            raise InputError("tlora needs max_group_size >= 1, window >= 0, tick_s > 0", field="tlora")
+        order_queue([], self.config.ordering, 0.0)  # validate the ordering name
+        self.timer_s = self.config.tick_s if (self.config.grouping or self.config.nano_batching) else None
+        self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
+        self._memo: dict[int, tuple[tuple, dict]] = {}
+        self._last_tick = float("-inf")
 
-    def collective_rate(self, snap: Snapshot, members: list[Job], step_s: float) -> float:
+    # ---- predicates (pure) -------------------------------------------------------------------
+    @staticmethod
+    def collective_rate(members: list[Job], step_s: float) -> float:
         """Σ isolated step time / group step time: progress in isolated-speed units per second."""
         return sum(j.isolated_step_time_s for j in members) / step_s
 
-    def within_slowdown(self, members: list[Job], step_s: float) -> bool:
+    @staticmethod
+    def within_slowdown(members: list[Job], step_s: float) -> bool:
         """Every member's step time in the group within its tolerated slowdown."""
         return all(step_s <= j.max_slowdown * j.isolated_step_time_s * (1 + 1e-12) for j in members)
 
-    def join_gain(self, snap: Snapshot, g: PlannedGroup, job: Job, alone_rate: float) -> float | None:
-        """Throughput gain of adding ``job`` to ``g``, or None if a constraint fails."""
-        if len(g.members) >= self.config.max_group_size:
-            return None
-        # Residual capacity: the step time only grows when a member joins, so a group already at
-        # (or past) its tightest member's bound, or at the newcomer's, cannot take it.
-        now_step = g.step_time_s(snap, self.plan)
-        bound = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s)
-        if now_step >= bound:
-            return None
-        new_step, fits = self._with(snap, g, job)
-        if not fits or new_step > bound * (1 + 1e-12):
-            return None
-        now_rate = self.collective_rate(snap, g.members, now_step)
-        gain = self.collective_rate(snap, g.members + [job], new_step) - now_rate - alone_rate
-        return gain if gain > self.config.min_gain else None
+    def merge_ok(self, snap: Snapshot, g: PlannedGroup, extra: list[Job], apart_rate: float) -> bool:
+        """Whether ``extra`` may join ``g``: size, every bound, memory, and throughput above ``apart_rate``.
 
-    def _with(self, snap: Snapshot, g: PlannedGroup, job: Job) -> tuple[float, bool]:
-        """(step time, fits in memory) of ``g`` with ``job`` added, memoised for unchanged running groups."""
+        Cheap tests first: a group's step time only grows as members join, so a group already at
+        the tightest bound of its members or of the newcomers cannot take them.
+        """
+        members = g.members + extra
+        if len(members) > self.config.max_group_size:
+            return False
+        bound = min(g.slowdown_bound_s(snap, self.plan),
+                    min(j.max_slowdown * j.isolated_step_time_s for j in extra))
+        if g.step_time_s(snap, self.plan) >= bound:
+            return False
+        step, fits = self._merged(snap, g, extra)
+        if step > bound * (1 + 1e-12) or not fits:
+            return False
+        return self.collective_rate(members, step) > apart_rate + self.config.min_gain
+
+    def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job]) -> tuple[float, bool]:
+        """(step time, fits in memory) of ``g`` plus ``extra``; memoised per running group version
+        (the cost model is pure, so the memo never changes an answer)."""
         memo = None
+        key = tuple(j.member for j in extra)
         if g.group_id is not None and not g.added:
             ver, memo = self._memo.get(g.group_id, (None, None))
-            if ver != g.version:
+            if ver != (g.version, g.nano_batches):
                 memo = {}
-                self._memo[g.group_id] = (g.version, memo)
-            hit = memo.get(job.member)
+                self._memo[g.group_id] = ((g.version, g.nano_batches), memo)
+            hit = memo.get(key)
             if hit is not None:
                 return hit
-        out = (g.step_time_s(snap, self.plan, job), g.fits(snap, self.plan, job))
+        members = [j.member for j in g.members] + list(key)
+        out = (snap.step_time_s(g.model, members, g.n_gpus, self.plan, g.nano_batches),
+               snap.fits_memory(g.model, members, g.n_gpus, self.plan))
         if memo is not None:
-            memo[job.member] = out
+            memo[key] = out
         return out
 
-    def decide(self, snap: Snapshot) -> list[Action]:
-        """Join where throughput rises within every bound, else start alone in FIFO order."""
-        plan = Planner(snap, self.plan)
-        self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
-        fifo_open = True
-        # A job of the same shape as one that found no group, with nothing planned since, finds none either.
-        no_group: dict[tuple, int] = {}
-        for job in snap.queue:
-            can_start = fifo_open and plan.free.find(job.num_gpus) is not None
-            shape = (job.model, job.num_gpus, job.rank, job.batch_size, job.seq_len, job.max_slowdown,
-                     job.isolated_step_time_s, can_start)
-            if no_group.get(shape) == plan.version:
-                if not can_start:
-                    fifo_open = False
-                    continue
-                plan.start(job)
-                continue
-            best, best_gain = None, 0.0
-            for g in plan.candidates(job):
-                gain = self.join_gain(snap, g, job, 1.0 if can_start else 0.0)
-                if gain is not None and gain > best_gain:
-                    best, best_gain = g, gain
-            if best is not None:
-                plan.join(best, job)
-                continue
-            no_group[shape] = plan.version
-            if can_start:
-                plan.start(job)
+    def binary_cut(self, snap: Snapshot, g: PlannedGroup, cands: list[Job], base_rate: float,
+                   can_start: dict[int, bool]) -> int:
+        """Largest k such that the first k of ``cands`` may join ``g`` (0 if none).
+
+        Feasibility shrinks as k grows (each member adds step time), so the search halves the
+        interval: O(log len(cands)) cost-model calls.
+        """
+        def ok(k: int) -> bool:
+            apart = base_rate + sum(1.0 for j in cands[:k] if can_start.get(j.index))
+            return self.merge_ok(snap, g, cands[:k], apart)
+
+        lo, hi = 0, min(len(cands), self.config.max_group_size - len(g.members))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ok(mid):
+                lo = mid
             else:
-                fifo_open = False
-        return plan.actions()
+                hi = mid - 1
+        return lo
+
+    # ---- decision ------------------------------------------------------------------------------
+    def decide(self, snap: Snapshot) -> list[Action]:
+        """Order, group from the head, consolidate and tune nano-batches (see module docstring)."""
+        plan = Planner(snap, self.plan)
+        if len(self._memo) > 2 * len(snap.groups) + 64:
+            self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
+        queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
+        tick = snap.now_s - self._last_tick >= self.config.tick_s
+        if tick:
+            self._last_tick = snap.now_s
+            if self.config.grouping and self.config.consolidate:
+                self._consolidate(snap, plan, queue)
+        self._group_queue(snap, plan, queue)
+        actions = plan.actions()
+        if self.config.nano_batching:
+            changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.groups if g.added}
+            actions += self._tune(snap, tick, skip=changed)
+        return actions
+
+    def _group_queue(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
+        placed: set[int] = set()
+        admission_open = True
+        buckets: dict[tuple[str, int], list[Job]] = {}
+        for j in queue:
+            buckets.setdefault((j.model, j.num_gpus), []).append(j)
+        cursor = {k: 0 for k in buckets}
+        # A job shaped like one that found no target, with nothing planned since, finds none either.
+        no_target: dict[tuple, int] = {}
+        for head in queue:
+            if head.index in placed:
+                continue
+            kind = (head.model, head.num_gpus)
+            can_start = admission_open and plan.free.find(head.num_gpus) is not None
+            if not self.config.grouping:
+                if can_start:
+                    plan.start(head)
+                else:
+                    admission_open = False
+                continue
+            shape = (head.member, head.num_gpus, head.model, head.max_slowdown, head.isolated_step_time_s, can_start)
+            target = None
+            if no_target.get(shape) != plan.version:
+                target = self._join_target(snap, plan, head, can_start)
+                if target is None:
+                    no_target[shape] = plan.version
+            if target is None:
+                if not can_start:
+                    admission_open = False
+                    continue
+                target = plan.start(head)
+            else:
+                plan.join(target, head)
+            placed.add(head.index)
+            bucket, c = buckets[kind], cursor[kind]
+            while c < len(bucket) and bucket[c].index in placed:
+                c += 1
+            cursor[kind] = c
+            cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
+            if cands:
+                free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
+                base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
+                k = self.binary_cut(snap, target, cands, base, free_now)
+                for j in cands[:k]:
+                    plan.join(target, j)
+                    placed.add(j.index)
+
+    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
+        """The running or planned group with the most residual capacity that ``job`` may join."""
+        best, best_slack = None, 0.0
+        for g in plan.candidates(job):
+            step = g.step_time_s(snap, self.plan)
+            slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
+            if slack <= 0 or slack <= best_slack:
+                continue
+            apart = self.collective_rate(g.members, step) + (1.0 if can_start else 0.0)
+            if self.merge_ok(snap, g, [job], apart):
+                best, best_slack = g, slack
+        return best
+
+    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
+        """Merge running groups pairwise; each group tries partners on its node, then its rack,
+        then the cluster (smaller groups move into larger ones)."""
+        cluster = snap.cluster
+
+        def tier(a: PlannedGroup, b: PlannedGroup) -> int:
+            na, nb = a.placement[0][0], b.placement[0][0]
+            return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
+
+        smallest_wait = min((j.num_gpus for j in queue), default=None)
+        groups = sorted((g for g in plan.groups if g.group_id is not None and not g.added),
+                        key=lambda g: (len(g.members), g.group_id))
+        for src in groups:
+            if src not in plan.groups or src.added or not src.members:
+                continue
+            src_step = src.step_time_s(snap, self.plan)
+            rate_src = self.collective_rate(src.members, src_step)
+            freed_value = 1.0 if smallest_wait is not None and smallest_wait <= src.n_gpus else 0.0
+            partners = [d for d in plan.candidates(src.members[0])
+                        if d is not src and d.group_id is not None and len(d.members) >= len(src.members)]
+            partners.sort(key=lambda d: (tier(src, d), -len(d.members), d.group_id))
+            for dst in partners:
+                rate_dst = self.collective_rate(dst.members, dst.step_time_s(snap, self.plan))
+                if self.merge_ok(snap, dst, list(src.members), rate_src + rate_dst - freed_value):
+                    plan.merge(src, dst)
+                    break
+
+    def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
+        """One AIMD step per group per tick, on its current cost-model step time (groups in
+        ``skip`` change membership in this decision and are measured next tick)."""
+        out: list[Action] = []
+        live = {}
+        for g in snap.groups.values():
+            if g.group_id in skip:
+                continue
+            members = tuple(j.index for j in g.members)
+            tuner, last, seen_members = self._tuners.get(g.group_id, (NanoBatchTuner(n=g.nano_batches), -1.0, members))
+            if seen_members != members:
+                tuner.reset()
+                tuner.n = g.nano_batches
+            if tick and g.paused_until_s <= snap.now_s:
+                nxt = tuner.observe(g.step_time_s)
+                if nxt != g.nano_batches:
+                    out.append(SetExecution(g.group_id, nano_batches=nxt, micro_batches=g.micro_batches))
+                last = snap.now_s
+            live[g.group_id] = (tuner, last, members)
+        self._tuners = live
+        return out

@@ -1,7 +1,9 @@
 """``tlora-sim``: replay cluster traces of LoRA fine-tuning jobs under grouping policies.
 
 Errors in the input print one line naming the file, row and field, and exit with status 2
-(no traceback); an impossible simulation state exits with status 3.
+(no traceback); an impossible simulation state (an invariant violation) exits with status 3 and
+prints the events that led to it; SIGINT/SIGTERM/SIGHUP exit with 128 + the signal number and leave
+every output file complete or absent (no half-written file, no temp file).
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="pause of a group when members join or are preempted, s (default: %(default)s)")
     p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
-    p.add_argument("--strict", action="store_true", help="turn documented skips (oversized jobs) into errors")
+    p.add_argument("--strict", action="store_true",
+                   help="turn documented skips into errors: jobs larger than the cluster or its GPU memory, "
+                        "rows a trace reader drops (zero duration, Philly exact duplicates)")
+    p.add_argument("--no-invariants", action="store_true",
+                   help="do not check simulation invariants while running (for benchmarks; results are identical)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip figures (replay only)")
 
@@ -86,8 +92,15 @@ def _options(items: list[str], policies: list[str]) -> dict[str, dict]:
 
 
 def _base_config(args, policy: str):
+    import math
+
     from sim.replay import ReplayConfig
     from traces.generic_csv import parse_column_mapping
+
+    if not (math.isfinite(args.regroup_pause) and args.regroup_pause >= 0):
+        raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
+    if args.seed < 0:
+        raise InputError(f"must be >= 0, got {args.seed}", field="--seed")
 
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
@@ -104,7 +117,7 @@ def _run(args) -> int:
         from dataclasses import replace
 
         s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
-                   plots=not args.no_plots)
+                   plots=not args.no_plots, check_invariants=not args.no_invariants)
         print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
               f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
               f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
@@ -115,7 +128,8 @@ def _run(args) -> int:
         if not policies:
             raise InputError("no policies given", field="--policies")
         table = compare(_base_config(args, policies[0]), policies, args.out, workers=args.workers,
-                        progress=not args.no_progress, policy_options=_options(args.option, policies))
+                        progress=not args.no_progress, policy_options=_options(args.option, policies),
+                        check_invariants=not args.no_invariants)
         cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
                 "gpu_alloc_util", "gpu_compute_util"]
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -143,15 +157,20 @@ def _run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tlora-sim`` console script; returns the exit status."""
+    from sim.rundir import signals_raise_interrupt
+
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        with signals_raise_interrupt():
+            return _run(args)
     except InputError as e:
         print(f"tlora-sim: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("tlora-sim: interrupted; finished files are complete, unfinished ones were not written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)  # plain KeyboardInterrupt: SIGINT
+        print(f"tlora-sim: interrupted (signal {signum}); finished files are complete, unfinished ones were "
+              f"not written", file=sys.stderr)
+        return 128 + signum
     except Exception as e:  # an engine invariant or a bug: one line, the class says which
         from sim.engine import InvariantError
 

@@ -12,6 +12,10 @@ Regroup cost: adding members to a running group pauses the whole group for ``reg
 Policy timer: a policy with a ``timer_s`` attribute (float, s) is also asked to decide every
 ``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning,
 ALTO's early-exit checks).
+
+Invariants (``sim.invariants``) are checked at every state change unless ``check_invariants=False``;
+policy actions the engine cannot apply are always rejected. Both raise :class:`InvariantError`
+(a violation found by the checker carries the recent event history).
 """
 
 from __future__ import annotations
@@ -26,15 +30,14 @@ import simpy
 from sim.cluster import ClusterSpec
 from sim.costmodel import CostModel
 from sim.jobs import Job
+from sim.invariants import InvariantChecker, InvariantError, InvariantViolation
 from sim.placement import FreeGpus, Placement
 from sim.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
 
-
-class InvariantError(RuntimeError):
-    """The simulation reached an impossible state (a policy or engine bug); names the event."""
+__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "SimResult"]
 
 
 @dataclass
@@ -105,14 +108,20 @@ class Engine:
         policy: object with ``decide(Snapshot) -> list[Action]``.
         regroup_pause_s: pause of a group when members join (s).
         progress: optional callback ``progress(now_s)`` called after each decision.
+        check_invariants: check ``sim.invariants`` at every state change (default True; switch off
+            for benchmarks).
 
     Raises:
-        InvariantError: a policy action that double-books GPUs, overfills GPU memory, mixes base
-            models, names a job not in the queue; or jobs left unfinished when events run out.
+        ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
+        InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
+            models, a job not queued, a group not running), or jobs left unfinished when events
+            run out; with ``check_invariants``, any violation of ``sim.invariants``
+            (:class:`InvariantViolation`, with the recent event history).
     """
 
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
-                 *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None) -> None:
+                 *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
+                 check_invariants: bool = True) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -122,6 +131,8 @@ class Engine:
         self.cost_model = cost_model
         self.policy = policy
         self.regroup_pause_s = float(regroup_pause_s)
+        if not 0.0 <= self.regroup_pause_s < float("inf"):
+            raise ValueError(f"regroup_pause_s must be finite and >= 0, got {regroup_pause_s!r}")
         self.progress = progress
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
@@ -144,6 +155,13 @@ class Engine:
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
         self._timer_s = getattr(policy, "timer_s", None)
         self._timer_pending = False
+        self._chk = InvariantChecker(self.jobs, cluster, cost_model) if check_invariants else None
+
+    def _fail(self, message: str) -> None:
+        """Reject an impossible state: InvariantViolation with history when checking, else InvariantError."""
+        if self._chk is not None:
+            self._chk.fail("action", message)
+        raise InvariantError(f"t={self.env.now:.6f}s: {message}")
 
     # ---- run -------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -153,8 +171,10 @@ class Engine:
         self.env.run()
         if self._finished != len(self.jobs):
             left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
-            raise InvariantError(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
-                                 f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
+            self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
+                       f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
+        if self._chk is not None:
+            self._chk.final(self.timeline, self.records)
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
                          self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started)
 
@@ -164,9 +184,12 @@ class Engine:
             t = jobs[i].submit_time_s
             if t > env.now:
                 yield env.timeout(t - env.now)
+            first = i
             while i < len(jobs) and jobs[i].submit_time_s <= env.now:
                 self.queue[i] = jobs[i]
                 i += 1
+            if self._chk is not None:
+                self._chk.arrive(env.now, range(first, i))
             self._events += 1
             self._request_decision()
 
@@ -199,6 +222,8 @@ class Engine:
         actions = self.policy.decide(self.snapshot())
         self._decision_time += time.perf_counter() - t0
         self._decisions += 1
+        if self._chk is not None:
+            self._chk.decision(self.env.now, actions)
         for a in actions:
             if isinstance(a, StartGroup):
                 self._start_group(a)
@@ -211,7 +236,7 @@ class Engine:
             elif isinstance(a, SetExecution):
                 self._set_execution(a)
             else:
-                raise InvariantError(f"t={self.env.now:.3f}s: unknown action {a!r}")
+                self._fail(f"unknown action {a!r}")
         self._record()
         if self.progress is not None:
             self.progress(self.env.now)
@@ -227,12 +252,12 @@ class Engine:
     # ---- actions ---------------------------------------------------------------------------
     def _take_from_queue(self, indices: Sequence[int], what: str) -> list[int]:
         if not indices:
-            raise InvariantError(f"t={self.env.now:.3f}s: {what} with no jobs")
+            self._fail(f"{what} with no jobs")
         for i in indices:
             if i not in self.queue:
-                raise InvariantError(f"t={self.env.now:.3f}s: {what} names job index {i}, which is not queued")
+                self._fail(f"{what} names job index {i}, which is not queued")
         if len(set(indices)) != len(indices):
-            raise InvariantError(f"t={self.env.now:.3f}s: {what} names a job twice: {indices}")
+            self._fail(f"{what} names a job twice: {indices}")
         for i in indices:
             del self.queue[i]
         return list(indices)
@@ -242,12 +267,12 @@ class Engine:
         idx = self._take_from_queue(a.job_indices, "StartGroup")
         models = {self.jobs[i].model for i in idx}
         if len(models) != 1:
-            raise InvariantError(f"t={now:.3f}s: StartGroup mixes base models {sorted(models)}")
+            self._fail(f"StartGroup mixes base models {sorted(models)}")
         n = sum(k for _, k in a.placement)
         try:
             self.free.apply(a.placement, -1)
-        except RuntimeError as e:
-            raise InvariantError(f"t={now:.3f}s: StartGroup {idx} double-books GPUs: {e}") from None
+        except (RuntimeError, IndexError, TypeError) as e:
+            self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
         g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
                    {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
                    started_s=now, last_update_s=now, paused_until_s=now,
@@ -256,6 +281,8 @@ class Engine:
         self._groups_started += 1
         self.groups[g.gid] = g
         self._gpus_alloc += n
+        if self._chk is not None:
+            self._chk.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
         for i in idx:
             r = self.records[i]
             if r.start_s is None:
@@ -267,9 +294,11 @@ class Engine:
         idx = self._take_from_queue(a.job_indices, "AddMembers")
         bad = [self.jobs[i].job_id for i in idx if self.jobs[i].model != g.model]
         if bad:
-            raise InvariantError(f"t={self.env.now:.3f}s: AddMembers puts jobs {bad} on a {g.model} group")
+            self._fail(f"AddMembers puts jobs {bad} on a {g.model} group")
         self._settle(g)
         now = self.env.now
+        if self._chk is not None:
+            self._chk.join(g.gid, idx)
         for i in idx:
             g.members.append(i)
             g.remaining[i] = self.remaining_queued.pop(i, float(self.jobs[i].total_steps))
@@ -282,10 +311,11 @@ class Engine:
 
     def _remove_members(self, a: RemoveMembers) -> None:
         g = self._group(a.group_id, "RemoveMembers")
+        self._check_members(g, a.job_indices, "RemoveMembers")
         self._settle(g)
+        if self._chk is not None:
+            self._chk.leave(g.gid, a.job_indices)
         for i in a.job_indices:
-            if i not in g.remaining:
-                raise InvariantError(f"t={self.env.now:.3f}s: RemoveMembers: job index {i} not in group {g.gid}")
             g.members.remove(i)
             self.remaining_queued[i] = g.remaining.pop(i)
             self.queue[i] = self.jobs[i]
@@ -296,20 +326,33 @@ class Engine:
             self._retime(g)
         else:
             self._close(g)
+        # The preempted jobs are queued again but are not in the snapshot the policy just decided
+        # on: ask again at this instant (with no other event pending they would wait forever).
+        self._request_decision()
+
+    def _check_members(self, g: _Group, indices: Sequence[int], what: str) -> None:
+        if not indices:
+            self._fail(f"{what} on group {g.gid} with no jobs")
+        if len(set(indices)) != len(indices):
+            self._fail(f"{what} names a job twice: {indices}")
+        for i in indices:
+            if i not in g.remaining:
+                self._fail(f"{what}: job index {i} not in group {g.gid}")
 
     def _stop_members(self, a: StopMembers) -> None:
         g = self._group(a.group_id, "StopMembers")
+        self._check_members(g, a.job_indices, "StopMembers")
         self._settle(g)
         for i in a.job_indices:
-            if i not in g.remaining:
-                raise InvariantError(f"t={self.env.now:.3f}s: StopMembers: job index {i} not in group {g.gid}")
             self.records[i].early_exit = True
         self._finish(g, list(a.job_indices))
+        # GPUs or group capacity may have been freed: let the queue use them now.
+        self._request_decision()
 
     def _set_execution(self, a: SetExecution) -> None:
         g = self._group(a.group_id, "SetExecution")
         if a.nano_batches < 1 or a.micro_batches < 1:
-            raise InvariantError(f"t={self.env.now:.3f}s: SetExecution needs counts >= 1, got {a}")
+            self._fail(f"SetExecution needs counts >= 1, got {a}")
         self._settle(g)
         g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
         self._retime(g)
@@ -318,10 +361,12 @@ class Engine:
         """Members ``done`` leave ``g`` finished now; the group closes when it empties."""
         now = self.env.now
         for i in done:
+            if self._chk is not None:
+                self._chk.finish(g.gid, i, early=self.records[i].early_exit)
             g.members.remove(i)
             rec = self.records[i]
             if rec.finish_s is not None:
-                raise InvariantError(f"t={now:.3f}s: job {self.jobs[i].job_id} finished twice")
+                self._fail(f"job {self.jobs[i].job_id} finished twice")
             rec.steps_trained = self.jobs[i].total_steps - max(g.remaining.pop(i), 0.0)
             rec.finish_s = now
             self._finished += 1
@@ -332,7 +377,7 @@ class Engine:
 
     def _group(self, gid: int, what: str) -> _Group:
         if gid not in self.groups:
-            raise InvariantError(f"t={self.env.now:.3f}s: {what} names group {gid}, which is not running")
+            self._fail(f"{what} names group {gid}, which is not running")
         return self.groups[gid]
 
     # ---- progress --------------------------------------------------------------------------
@@ -345,24 +390,23 @@ class Engine:
         """Bring the members' remaining steps up to now."""
         now = self.env.now
         if now < g.last_update_s:
-            raise InvariantError(f"time ran backwards in group {g.gid}: {now} < {g.last_update_s}")
+            self._fail(f"time ran backwards in group {g.gid}: {now} < {g.last_update_s}")
         done = self._progress_steps(g, now)
         if done:
             for i in g.members:
                 g.remaining[i] -= done
+            if self._chk is not None:
+                self._chk.progress(g.members, done)
         g.last_update_s = now
 
     def _retime(self, g: _Group) -> None:
         """Recompute step time, memory check, rates, and reschedule the group's next completion."""
         now = self.env.now
-        jobs = [self.jobs[i] for i in g.members]
-        members = [j.member for j in jobs]
-        mem = self.cost_model.memory_bytes(g.model, self.gpu, members, g.n_gpus, g.plan, g.micro_batches)
-        if mem > self.cluster.gpu.memory_bytes:
-            raise InvariantError(f"t={now:.3f}s: group {g.gid} ({len(members)} x {g.model} on {g.n_gpus} GPUs) "
-                                 f"needs {mem / 2**30:.1f} GiB per GPU > {self.cluster.gpu.memory_bytes / 2**30:.0f} GiB")
+        members = [self.jobs[i].member for i in g.members]
         g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
                                                     g.nano_batches, g.micro_batches)
+        if self._chk is not None:  # memory fits, step time finite and > 0
+            self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, g.step_time_s, g.micro_batches)
         size = len(g.members)
         for i in g.members:
             r = self.records[i]
@@ -391,6 +435,8 @@ class Engine:
         if g is None or g.version != version:
             return
         self._events += 1
+        if self._chk is not None:
+            self._chk.at(self.env.now, "resume", gid)
         self._set_rates(g, active=True)
         self._record()
 
@@ -399,12 +445,14 @@ class Engine:
         if g is None or g.version != version:
             return  # stale: the group changed since this timer was set
         self._events += 1
+        if self._chk is not None:
+            self._chk.at(self.env.now, "timer", gid)
         self._settle(g)
         now = self.env.now
         done = [i for i in g.members if g.remaining[i] <= _STEP_EPS + 1e-9 * self.jobs[i].total_steps]
         if not done:
-            raise InvariantError(f"t={now:.3f}s: group {g.gid} timer fired but no member finished "
-                                 f"(min remaining {min(g.remaining.values()):.3g} steps)")
+            self._fail(f"group {g.gid} timer fired but no member finished "
+                       f"(min remaining {min(g.remaining.values()):.3g} steps)")
         self._finish(g, done)
         self._request_decision()
         self._record()
@@ -416,6 +464,10 @@ class Engine:
         self._gpu_seconds += g.n_gpus * (self.env.now - g.started_s)
         g.version += 1
         del self.groups[g.gid]
+        if not self.groups:  # no float drift of the running sums into an idle cluster
+            self._tok_rate = self._flop_rate = 0.0
+        if self._chk is not None:
+            self._chk.close(g.gid, self.free.free)
 
     def _record(self) -> None:
         now = self.env.now

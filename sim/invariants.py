@@ -53,6 +53,17 @@ class InvariantError(RuntimeError):
             text += f"\nlast {len(self.history)} event(s), oldest first:\n  " + "\n  ".join(self.history)
         super().__init__(text)
 
+    def __reduce__(self):
+        # Rebuild with the same attributes after pickling (a compare worker process raises it).
+        return (_rebuild, (type(self), dict(self.__dict__), self.args))
+
+
+def _rebuild(cls: type, state: dict, args: tuple) -> "InvariantError":
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 class InvariantViolation(InvariantError):
     """An invariant of :mod:`sim.invariants` failed; ``check`` names which one.
@@ -139,8 +150,9 @@ class InvariantChecker:
                               f"without time advancing (livelock)")
 
     # ---- jobs and GPUs ------------------------------------------------------------------------
-    def arrive(self, indices: Sequence[int]) -> None:
-        """Jobs entered the queue."""
+    def arrive(self, now: float, indices: Sequence[int]) -> None:
+        """Jobs ``indices`` entered the queue at ``now`` (s)."""
+        self.at(now, "arrive", list(indices))
         for i in indices:
             if i in self.where or self.finished[i]:
                 self.fail("jobs", f"job index {i} arrived twice")
@@ -173,10 +185,12 @@ class InvariantChecker:
             self.fail("gpus", f"group {gid}: placement {tuple(placement)} does not hold {n_gpus} GPUs")
         self.group_nodes[gid] = tuple(placement)
         self._check_nodes(engine_free, placement)
-        self.join(gid, members)
+        self.join(gid, members, started=True)
 
-    def join(self, gid: int, members: Sequence[int]) -> None:
-        """Queued jobs joined group ``gid``."""
+    def join(self, gid: int, members: Sequence[int], *, started: bool = False) -> None:
+        """Queued jobs joined group ``gid`` (``started``: as its first members)."""
+        if not started:
+            self.note("add", f"group {gid} jobs={list(members)}")
         for i in members:
             w = self.where.get(i)
             if w != -1:
@@ -204,9 +218,12 @@ class InvariantChecker:
 
     # ---- groups -------------------------------------------------------------------------------
     def retime(self, gid: int, model: str, n_gpus: int, plan: str, members: Sequence[Any],
-               member_indices: Sequence[int], step_time_s: float) -> None:
-        """A group's membership or timing changed: memory, step time and the isolation flag."""
-        mem = self.cost_model.memory_bytes(model, self.gpu, members, n_gpus, plan)
+               member_indices: Sequence[int], step_time_s: float, micro_batches: int = 1) -> None:
+        """A group's membership or execution changed: memory, step time and the isolation flag."""
+        if micro_batches == 1:
+            mem = self.cost_model.memory_bytes(model, self.gpu, members, n_gpus, plan)
+        else:
+            mem = self.cost_model.memory_bytes(model, self.gpu, members, n_gpus, plan, micro_batches)
         if mem > self.memory_cap:
             self.fail("memory", f"group {gid} ({len(members)} x {model} on {n_gpus} GPU(s), plan {plan}) needs "
                                 f"{mem / 2**30:.1f} GiB per GPU > {self.memory_cap / 2**30:.0f} GiB")
@@ -226,10 +243,11 @@ class InvariantChecker:
         for i in member_indices:
             t[i] += steps
 
-    def finish(self, gid: int, i: int) -> None:
-        """Job ``i`` finished in group ``gid`` at the current time."""
+    def finish(self, gid: int, i: int, *, early: bool = False) -> None:
+        """Job ``i`` finished in group ``gid`` at the current time (``early``: stopped by the policy
+        before its total steps, e.g. ALTO's early exit; then it must not have trained more)."""
         job = self.jobs[i]
-        self.note("finish", f"job {job.job_id} (index {i}) in group {gid}")
+        self.note("stop" if early else "finish", f"job {job.job_id} (index {i}) in group {gid}")
         if self.finished[i]:
             self.fail("jobs", f"job {job.job_id} finished twice")
         if self.where.get(i) != gid:
@@ -238,7 +256,13 @@ class InvariantChecker:
         self.n_finished += 1
         del self.where[i]
         total = job.total_steps
-        if abs(self.trained[i] - total) > REL_TOL * total + ABS_TOL_STEPS:
+        tol = REL_TOL * total + ABS_TOL_STEPS
+        if early:
+            if self.trained[i] > total + tol:
+                self.fail("work", f"job {job.job_id} stopped early after {self.trained[i]:.6f} trained steps, "
+                                  f"more than its total {total}")
+            return
+        if abs(self.trained[i] - total) > tol:
             self.fail("work", f"job {job.job_id} finished after {self.trained[i]:.6f} trained steps, "
                               f"expected its total {total}")
         if self.solo[i]:
@@ -249,11 +273,13 @@ class InvariantChecker:
                                        f"{jct:.6f} s is below its isolated runtime {floor:.6f} s")
 
     # ---- end of run ---------------------------------------------------------------------------
-    def final(self, timeline: Sequence[tuple]) -> None:
+    def final(self, timeline: Sequence[tuple], records: Sequence[Any] = ()) -> None:
         """After the last event: every job finished once, no GPU held, tokens match the timeline.
 
         Args:
             timeline: the engine's rows ``(time_s, running, queued, groups, gpus, tokens_per_s, flops_per_s)``.
+            records: the engine's ``JobRecord`` per job; ``steps_trained`` (when present) must match the
+                steps this checker credited.
         """
         self.note("end", f"{self.n_finished}/{len(self.jobs)} finished")
         if self.n_finished != len(self.jobs):
@@ -261,9 +287,15 @@ class InvariantChecker:
             self.fail("jobs", f"{len(self.jobs) - self.n_finished} job(s) never finished (first: {left})")
         if any(self.alloc) or self.group_nodes:
             self.fail("gpus", f"GPUs still held after the last job finished: {self.alloc}")
-        expected = math.fsum(j.total_steps * j.tokens_per_step for j in self.jobs)
+        for i, r in enumerate(records):
+            st = getattr(r, "steps_trained", None)
+            if st is not None and abs(st - self.trained[i]) > REL_TOL * self.jobs[i].total_steps + ABS_TOL_STEPS:
+                self.fail("work", f"job {self.jobs[i].job_id}: the engine reports {st:.6f} trained steps, "
+                                  f"the checker counted {self.trained[i]:.6f}")
+        expected = math.fsum(t * j.tokens_per_step for t, j in zip(self.trained, self.jobs))
         done = math.fsum(r0[5] * (r1[0] - r0[0]) for r0, r1 in zip(timeline, timeline[1:]))
-        if timeline and timeline[-1][5] > 0:
+        peak = max((r[5] for r in timeline), default=0.0)
+        if timeline and timeline[-1][5] > 1e-9 * peak:
             self.fail("work", f"token rate {timeline[-1][5]:.6g}/s after the last event")
         if abs(done - expected) > 1e-5 * expected + 1.0:
             self.fail("work", f"timeline integrates to {done:.6g} trained tokens; the jobs hold {expected:.6g}")

@@ -10,7 +10,9 @@ per policy and ``figures/``.
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import platform
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +24,8 @@ import pandas as pd
 from sim import metrics
 from sim.cluster import parse_cluster
 from sim.engine import Engine
-from sim.rundir import write_csv, write_json
+from sim.errors import InputError
+from sim.rundir import Interrupted, write_csv, write_json
 from sim.roofline import RooflineCostModel
 from sim.workload import build_jobs
 
@@ -41,7 +44,9 @@ class ReplayConfig:
         regroup_pause_s: pause when a running group changes membership (s).
         csv_columns: column mapping for the ``csv`` format.
         time_unit: time unit of the ``csv`` format (s, ms, min, h).
-        strict: turn documented skips into errors.
+        strict: turn documented skips into errors: a job the cluster cannot host (``oversized``,
+            ``memory``) and rows a trace reader dropped by a documented rule (``zero_duration``,
+            ``duplicate``).
     """
 
     trace: str
@@ -74,13 +79,20 @@ def load_workload(cfg: ReplayConfig):
         (jobs, cluster, cost_model, trace_frame, distribution, skipped counts).
 
     Raises:
-        InputError: bad trace, cluster spec or distribution.
+        InputError: bad trace, cluster spec or distribution; with ``cfg.strict``, any documented skip.
     """
     from traces import read_trace
     from traces.lora import assign_lora, load_distribution
 
     cluster = parse_cluster(cfg.cluster)
     frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit)
+    if cfg.strict:
+        dropped = {k: int(v) for k, v in frame.attrs.get("skipped", {}).items() if v}
+        if dropped:
+            reason, n = next(iter(dropped.items()))
+            raise InputError(f"the reader skipped {n} row(s) by the documented rule {reason!r} "
+                             f"(traces/README.md); --strict makes every skip an error",
+                             file=frame.attrs.get("path"), field="duration" if reason == "zero_duration" else None)
     dist = load_distribution(cfg.lora_dist)
     frame = assign_lora(frame, dist, np.random.default_rng(cfg.seed))
     cost_model = RooflineCostModel()
@@ -90,8 +102,11 @@ def load_workload(cfg: ReplayConfig):
 
 
 def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
-           position: int = 0) -> dict:
+           position: int = 0, check_invariants: bool = True) -> dict:
     """Simulate one configuration and write its run directory.
+
+    ``check_invariants`` (default True) checks ``sim.invariants`` while simulating; switch it off
+    for benchmarks only (results are identical, the checks cost a few per cent).
 
     Returns:
         The summary dict (also written to ``summary.json``).
@@ -113,7 +128,8 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     })
     bar = _progress_bar(jobs, cfg.policy, position) if progress else None
     engine = Engine(jobs, cluster, cost_model, policy, regroup_pause_s=cfg.regroup_pause_s,
-                    progress=(lambda now: bar.update(min(now / 3600.0, bar.total) - bar.n)) if bar else None)
+                    progress=(lambda now: bar.update(min(now / 3600.0, bar.total) - bar.n)) if bar else None,
+                    check_invariants=check_invariants)
     try:
         res = engine.run()
     finally:
@@ -127,7 +143,8 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     write_csv(out / "jobs.csv", jobs_df)
     write_csv(out / "timeline.csv", metrics.timeline_table(res, cluster))
     write_json(out / "summary.json", summary)
-    write_json(out / "perf.json", {**perf, "jobs": len(jobs), "machine": platform.machine(), "python": platform.python_version()})
+    write_json(out / "perf.json", {**perf, "jobs": len(jobs), "machine": platform.machine(),
+                                   "python": platform.python_version(), "invariants_checked": check_invariants})
     if plots:
         from sim.plots import plot_run
 
@@ -144,14 +161,53 @@ def _progress_bar(jobs, label: str, position: int):
                                             "[{elapsed}<{remaining}]")
 
 
+_IN_TASK = False  # a compare worker is inside a replay (signals then unwind it instead of exiting)
+
+
+def _worker_signal(signum: int, _frame) -> None:
+    if _IN_TASK:
+        raise Interrupted(signum)
+    os._exit(128 + signum)  # idle worker: nothing to clean up, no traceback noise
+
+
+def _worker_init() -> None:
+    """Compare worker: the parent handles Ctrl-C and stops workers with SIGTERM, which unwinds a
+    running replay (temp files removed) or ends an idle worker quietly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_signal)
+
+
 def _replay_row(args) -> dict:
-    cfg, out, progress, position = args
-    return replay(cfg, out, progress=progress, position=position)
+    global _IN_TASK
+    cfg, out, progress, position, check = args
+    _IN_TASK = True
+    try:
+        return replay(cfg, out, progress=progress, position=position, check_invariants=check)
+    finally:
+        _IN_TASK = False
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel queued replays, stop running ones with SIGTERM (they clean up), wait for the workers."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, workers: int = 1,
-            progress: bool = True, policy_options: dict[str, dict] | None = None) -> pd.DataFrame:
+            progress: bool = True, policy_options: dict[str, dict] | None = None,
+            check_invariants: bool = True) -> pd.DataFrame:
     """Replay ``base`` under each policy; write ``OUT/summary.csv``, ``OUT/<policy>/`` and ``OUT/figures/``.
+
+    With ``workers`` > 1 the policies run in worker processes; an error or interrupt in any of them
+    stops the others (each leaves only complete files) and is raised here.
 
     Returns:
         The summary table (one row per policy, in the given order).
@@ -163,10 +219,15 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
         make_policy(p, (policy_options or {}).get(p))
     cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": (policy_options or {}).get(p, {})})
             for p in policies]
-    tasks = [(c, out / c.policy, progress, i) for i, c in enumerate(cfgs)]
+    tasks = [(c, out / c.policy, progress, i, check_invariants) for i, c in enumerate(cfgs)]
     if workers > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as ex:
+        ex = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_init)
+        try:
             rows = list(ex.map(_replay_row, tasks))
+        except BaseException:
+            _stop_pool(ex)
+            raise
+        ex.shutdown()
     else:
         rows = [_replay_row(t) for t in tasks]
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "skipped"} | {"skipped": sum(r["skipped"].values())}

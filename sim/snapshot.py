@@ -75,13 +75,16 @@ class Snapshot:
     cluster: ClusterSpec
     cost_model: CostModel
 
-    def step_time_s(self, model: str, members: Sequence[Member], n_gpus: int, plan: str) -> float:
+    def step_time_s(self, model: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> float:
         """Cost-model step time on this cluster's GPU type (s)."""
-        return self.cost_model.step_time_s(model, self.cluster.gpu.name, members, n_gpus, plan)
+        return self.cost_model.step_time_s(model, self.cluster.gpu.name, members, n_gpus, plan,
+                                           nano_batches, micro_batches)
 
-    def fits_memory(self, model: str, members: Sequence[Member], n_gpus: int, plan: str) -> bool:
+    def fits_memory(self, model: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    micro_batches: int = 1) -> bool:
         """Whether the group fits in each GPU's memory under the cost model."""
-        mem = self.cost_model.memory_bytes(model, self.cluster.gpu.name, members, n_gpus, plan)
+        mem = self.cost_model.memory_bytes(model, self.cluster.gpu.name, members, n_gpus, plan, micro_batches)
         return mem <= self.cluster.gpu.memory_bytes
 
 

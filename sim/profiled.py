@@ -1,0 +1,510 @@
+"""The profiled cost model: predictions from measurements of real GPUs (no torch needed).
+
+An *artifact* (``profiler/data/costmodel_<gpu>.json``, written by ``tlora-sim costmodel fit``
+from the CSVs of ``tlora-sim profile``) holds, per base model, measured tables and fitted
+coefficients of one decoder layer on one GPU:
+
+* ``l0``: the frozen layer without its attention block (forward + dX), ms by tokens; interpolated
+  piecewise-linearly in log-log space between the measured token counts;
+* ``attn``: the attention block (rotary + causal SDPA, forward + backward), ms by sequence length
+  and number of sequences, interpolated the same way (one SDPA call per distinct length);
+* ``head``: embedding + final norm + LM head + fp32 cross-entropy, ms and peak bytes by tokens;
+* ``plans``: the adapters' extra time per plan family (``loop``, also ``alone``; ``fused``),
+  ``sum(coef_k x feature_k)`` over the mix features ``FEATURES`` (non-negative least squares on
+  the measured mixes, relative error), optionally bounded below by a host launch floor
+  ``cpu0 + cpu_n x adapters`` (eager per-adapter loops become launch-bound); and the layer's
+  peak working memory per plan, linear in the same features;
+* ``optimizer``: fused AdamW ms = a + b x params + c x tensors.
+
+Group step on ``n`` GPUs (data parallel; each GPU trains every member on tokens / n), with ``B``
+micro-batches and ``N`` nano-batches::
+
+    step = B x (layers x layer(mix per GPU per micro-batch) + head(tokens per GPU / B))
+           + AdamW(all adapter parameters) + communication
+
+* measured: ``layer`` (= l0 + attention + plan term), ``head``, AdamW;
+* analytic (``sim/roofline.py``'s formulas): the all-reduce of adapter gradients and the
+  all-gather of sharded frozen weights between GPUs; nano-batching's overlap (the plan term of
+  fused-kernel plans shrinks by N, the base curve runs N times at tokens / N, as in the roofline);
+  plans that were not measured (``lorafusion``, ``grouped``) are the ``fused`` prediction scaled by
+  the roofline's ratio of the two. No fixed per-step framework overhead is added: the measured
+  eager steps already include kernel-launch and Python time (data loading is not modelled).
+* ``alone`` with several members is the members' isolated steps one after another.
+
+Outside the measured grid (tokens, ranks, adapters, sequence lengths beyond what was profiled)
+each table is continued with the roofline's shape from its nearest edge (e.g. ``l0(T) =
+l0(T_max) x roofline(T) / roofline(T_max)``) and the prediction is *flagged*: counted in
+``describe()["extrapolated"]`` and reported per call by ``predict``. For a GPU type without an
+artifact (or a model missing from it) ``default_cost_model`` / the model fall back to the
+analytic ``RooflineCostModel``, whose ceilings are scaled from datasheets (sim/cluster.py).
+
+Memory per GPU (bytes): frozen weights (bf16, sharded as in the roofline) + adapter state
+(fp32 weights, grads and Adam moments, 16 B/param, as in the roofline) + checkpointed layer inputs
+(bf16, ``tokens x hidden x layers``) + one layer's measured peak working set + the head's measured
+peak + a 2 GiB workspace: the roofline's conventions with the live terms measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from sim import roofline as rf
+from sim.cluster import GPUS
+from sim.costmodel import Member, check_plan
+from sim.errors import InputError
+from sim.models import get_model
+
+SCHEMA = "tlora-sim/costmodel/1"
+FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens", "max_rank_tokens")
+BUCKETS = (16, 32, 64, 128, 256)  # the fused kernel's rank buckets (profiler/kernels: tiles per bucket)
+PLAN_FAMILY = {"alone": "loop", "loop": "loop", "fused": "fused"}
+MEASURED_PLANS = ("alone", "loop", "fused")
+LINEARS_PER_LAYER = 7
+
+
+# ------------------------------------------------------------------------------------ artifacts
+def data_dir() -> Path:
+    """``profiler/data`` (package data; torch-free)."""
+    try:
+        from importlib.resources import files
+
+        p = Path(str(files("profiler") / "data"))
+        if p.is_dir():
+            return p
+    except Exception:  # noqa: BLE001
+        pass
+    return Path(__file__).resolve().parent.parent / "profiler" / "data"
+
+
+def artifact_path(gpu: str, directory: str | Path | None = None) -> Path:
+    """Where the artifact of GPU type ``gpu`` lives: ``costmodel_<gpu lower>.json``."""
+    return Path(directory or data_dir()) / f"costmodel_{gpu.lower()}.json"
+
+
+def load_artifact(path: str | Path) -> dict:
+    """Read and check an artifact. Raises InputError on a missing file or wrong schema."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read cost-model artifact: {e.strerror}", file=str(p)) from None
+    try:
+        art = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise InputError(f"cost-model artifact is not JSON ({e.msg})", file=str(p), row=e.lineno) from None
+    if art.get("schema") != SCHEMA:
+        raise InputError(f"cost-model artifact has schema {art.get('schema')!r}, expected {SCHEMA!r}", file=str(p))
+    art["_path"], art["_sha256"] = str(p), hashlib.sha256(raw).hexdigest()
+    return art
+
+
+def default_cost_model(gpu_name: str, directory: str | Path | None = None):
+    """The profiled model where ``profiler/data`` has an artifact for ``gpu_name``, else the
+    analytic ``RooflineCostModel``."""
+    p = artifact_path(gpu_name, directory)
+    if p.is_file():
+        return ProfiledCostModel(load_artifact(p))
+    return rf.RooflineCostModel()
+
+
+# ------------------------------------------------------------------------------ interpolation
+def _loglog(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear interpolation in log-log space (xs sorted ascending, inside the range)."""
+    if len(xs) == 1:
+        return float(ys[0])
+    return float(np.exp(np.interp(math.log(x), np.log(xs), np.log(ys))))
+
+
+def _roof_l0_ms(m, gpu, t: float) -> float:
+    """Roofline shape of the attention-free layer at t tokens (ms): linear layers + elementwise."""
+    t = max(t, 1e-6)
+    p = m.block_linear_params
+    base = max(4.0 * p * t / rf.gemm_rate(t, gpu), 2 * 2 * p / gpu.mem_bw_bytes_s)
+    return 1e3 * (base + t * rf.ELEMENTWISE_BYTES_PER_TOKEN(m) / gpu.mem_bw_bytes_s)
+
+
+def _roof_head_ms(m, gpu, t: float) -> float:
+    t = max(t, 1e-6)
+    p = m.vocab * m.hidden
+    return 1e3 * (max(4.0 * p * t / rf.gemm_rate(t, gpu), 2 * 2 * p / gpu.mem_bw_bytes_s)
+                  + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
+
+
+class Tables:
+    """The measured tables of one model in an artifact, with roofline-shaped continuation.
+
+    Every lookup returns ``(value, extrapolated)``."""
+
+    def __init__(self, model: str, gpu: str, entry: dict):
+        self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
+        l0 = entry["l0"]
+        self.l0_t, self.l0_ms = list(l0["tokens"]), list(l0["ms"])
+        h = entry["head"]
+        self.h_t, self.h_ms, self.h_peak = list(h["tokens"]), list(h["ms"]), list(h.get("peak_bytes") or [])
+        self.attn = {int(s): (list(v["seqs"]), list(v["ms"])) for s, v in entry["attn"].items()}
+        self.attn_s = sorted(self.attn)
+
+    def l0(self, t: float) -> tuple[float, bool]:
+        lo, hi = self.l0_t[0], self.l0_t[-1]
+        if lo <= t <= hi:
+            return _loglog(t, self.l0_t, self.l0_ms), False
+        edge, v = (lo, self.l0_ms[0]) if t < lo else (hi, self.l0_ms[-1])
+        return v * _roof_l0_ms(self.m, self.gpu, t) / _roof_l0_ms(self.m, self.gpu, edge), True
+
+    def head(self, t: float) -> tuple[float, bool]:
+        lo, hi = self.h_t[0], self.h_t[-1]
+        if lo <= t <= hi:
+            return _loglog(t, self.h_t, self.h_ms), False
+        edge, v = (lo, self.h_ms[0]) if t < lo else (hi, self.h_ms[-1])
+        return v * _roof_head_ms(self.m, self.gpu, t) / _roof_head_ms(self.m, self.gpu, edge), True
+
+    def head_peak(self, t: float) -> float:
+        """Peak bytes of the head step at t tokens (proportional to tokens beyond the grid)."""
+        if not self.h_peak:
+            return 3 * 4.0 * t * self.m.vocab
+        if t < self.h_t[0]:
+            return self.h_peak[0] * t / self.h_t[0]
+        if t > self.h_t[-1]:
+            return self.h_peak[-1] * t / self.h_t[-1]
+        return float(np.interp(t, self.h_t, self.h_peak))
+
+    def _attn_at(self, s: int, b: float) -> tuple[float, bool]:
+        bs, ms = self.attn[s]
+        if bs[0] <= b <= bs[-1]:
+            return _loglog(b, bs, ms), False
+        edge, v = (bs[0], ms[0]) if b < bs[0] else (bs[-1], ms[-1])
+        return v * b / edge, True  # time per sequence constant beyond the grid
+
+    def attn_ms(self, s: float, b: float) -> tuple[float, bool]:
+        """Attention block of b sequences of s tokens (one SDPA call), ms."""
+        if b <= 0:
+            return 0.0, False
+        ss = self.attn_s
+        if s in self.attn:
+            return self._attn_at(int(s), b)
+        if s < ss[0] or s > ss[-1]:
+            edge = ss[0] if s < ss[0] else ss[-1]
+            v, _ = self._attn_at(edge, b)
+            return v * (s / edge) ** 2, True
+        j = int(np.searchsorted(ss, s))
+        s0, s1 = ss[j - 1], ss[j]
+        (v0, e0), (v1, e1) = self._attn_at(s0, b), self._attn_at(s1, b)
+        w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return math.exp((1 - w) * math.log(v0) + w * math.log(v1)), e0 or e1
+
+
+# ---------------------------------------------------------------------------------- features
+def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
+    """Features of a per-GPU mix, members (rank, sequences, tokens per sequence)."""
+    t = [b * s for _, b, s in members]
+    return {"const": 1.0, "adapters": float(len(members)), "tokens": float(sum(t)),
+            "rank_tokens": float(sum(r * ti for (r, _, _), ti in zip(members, t))),
+            "ranks": float(sum(r for r, _, _ in members)),
+            "bucket_rank_tokens": float(sum(_bucket(r) * ti for (r, _, _), ti in zip(members, t))),
+            "max_rank_tokens": float(max(r for r, _, _ in members) * sum(t))}
+
+
+def _bucket(r: int) -> int:
+    for b in BUCKETS:
+        if r <= b:
+            return b
+    return r
+
+
+def attention_ms(tab: Tables, members) -> tuple[float, bool]:
+    """Attention of a mix: one SDPA call per distinct sequence length."""
+    groups: dict[int, float] = {}
+    for _, b, s in members:
+        groups[int(s)] = groups.get(int(s), 0.0) + b
+    tot, ext = 0.0, False
+    for s, b in sorted(groups.items()):
+        v, e = tab.attn_ms(s, b)
+        tot, ext = tot + v, ext or e
+    return tot, ext
+
+
+def plan_term_ms(pe: dict, members) -> float:
+    """The fitted adapter term of a plan family (ms), before the host floor."""
+    f = mix_features(members)
+    return float(sum(pe["coef"].get(k, 0.0) * f[k] for k in FEATURES))
+
+
+def layer_ms(tab: Tables, pe: dict, members, nano: int = 1) -> tuple[float, bool]:
+    """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms).
+
+    ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano and the adapter term (all
+    but its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline)."""
+    T = sum(b * s for _, b, s in members)
+    if nano > 1:
+        l0, e0 = tab.l0(T / nano)
+        l0 *= nano
+    else:
+        l0, e0 = tab.l0(T)
+    at, e1 = attention_ms(tab, members)
+    term = plan_term_ms(pe, members)
+    if nano > 1:
+        c = pe["coef"].get("const", 0.0)
+        term = c * nano + (term - c) / nano
+    gpu = l0 + at + term
+    cpu = pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * len(members)
+    val = max(gpu, cpu)
+    cov = pe.get("coverage", {})
+    e2 = bool(cov) and (len(members) > cov["adapters_max"] or T < cov["tokens_min"] or T > cov["tokens_max"]
+                        or min(r for r, _, _ in members) < cov["rank_min"]
+                        or max(r for r, _, _ in members) > cov["rank_max"])
+    corr = pe.get("correction")
+    if corr:
+        val *= _correction(corr, members)
+    return val, e0 or e1 or e2
+
+
+def _corr_point(members) -> np.ndarray:
+    f = mix_features(members)
+    n, T = f["adapters"], f["tokens"]
+    return np.array([math.log(T), math.log(n), math.log(f["rank_tokens"] / T)])
+
+
+def _correction(corr: dict, members) -> float:
+    """Multiplicative residual correction: a Gaussian-kernel average of the measured/fitted
+    log-ratios of nearby training mixes (``corr``: points, log ratios, bandwidth, prior weight)."""
+    pts = np.asarray(corr["points"], dtype=float)
+    if not len(pts):
+        return 1.0
+    x = _corr_point(members)
+    d2 = (((pts - x) / np.asarray(corr["scale"])) ** 2).sum(axis=1)
+    w = np.exp(-0.5 * d2)
+    return float(math.exp((w * np.asarray(corr["log_ratio"])).sum() / (w.sum() + corr["prior"])))
+
+
+# ------------------------------------------------------------------------------------ the model
+@dataclass(frozen=True)
+class Prediction:
+    """One prediction: step time (s), memory (bytes), and whether any term left the grid."""
+
+    step_time_s: float
+    extrapolated: bool
+    reasons: tuple[str, ...]
+
+
+_ARTS: dict[str, dict] = {}
+_STATS: dict[str, dict] = {}
+
+
+class ProfiledCostModel:
+    """Cost model from a profiled artifact (see the module docstring).
+
+    Args:
+        artifact: a loaded artifact (``load_artifact``) or a path to one.
+    """
+
+    name = "profiled"
+
+    def __init__(self, artifact: dict | str | Path):
+        art = load_artifact(artifact) if not isinstance(artifact, dict) else artifact
+        if art.get("schema") != SCHEMA:
+            raise InputError(f"not a cost-model artifact (schema {art.get('schema')!r})")
+        self.key = f"{art['id']}:{art.get('_sha256', id(art))}"
+        _ARTS[self.key] = art
+        _STATS.setdefault(self.key, {"predictions": 0, "extrapolated": 0, "roofline_fallback": 0,
+                                     "analytic_plan": 0, "reasons": {}})
+        self.artifact = art
+        self.gpu = art["gpu"]
+        self.roofline = rf.RooflineCostModel()
+
+    def __getstate__(self):
+        return {"artifact": self.artifact}
+
+    def __setstate__(self, st):
+        self.__init__(st["artifact"])
+
+    # -- protocol
+    def describe(self) -> dict:
+        """Identity, provenance, held-out error and extrapolation counters (config.json)."""
+        a = self.artifact
+        return {"name": self.name, "kind": "profiled", "artifact": a["id"], "version": a.get("version"),
+                "gpu": a["gpu"], "path": _rel(a.get("_path", "")), "sha256": a.get("_sha256"),
+                "created": a.get("created"), "source": a.get("source", {}), "heldout": a.get("heldout", {}),
+                "models": sorted(a["models"]), "measured_plans": list(MEASURED_PLANS),
+                "terms": a.get("terms", TERMS), "fallback": "roofline (sim/roofline.py) for other GPU types and "
+                                                           "models missing from the artifact",
+                **{k: v for k, v in _STATS[self.key].items()}}
+
+    def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> float:
+        """Time of one group step (s); see the module docstring.
+
+        Raises:
+            InputError: unknown model, GPU or plan.
+            ValueError: nano_batches or micro_batches below 1, or no members.
+        """
+        return self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).step_time_s
+
+    def predict(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                nano_batches: int = 1, micro_batches: int = 1) -> Prediction:
+        """Step time with its extrapolation flag and reasons."""
+        if nano_batches < 1 or micro_batches < 1 or not members or n_gpus < 1:
+            raise ValueError(f"need members, n_gpus >= 1, nano_batches >= 1, micro_batches >= 1; got {len(members)}, "
+                             f"{n_gpus}, {nano_batches}, {micro_batches}")
+        get_model(model)
+        if gpu not in GPUS:
+            raise InputError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}", field="gpu")
+        return _predict(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+                        int(nano_batches), int(micro_batches))
+
+    def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                     micro_batches: int = 1) -> float:
+        """Peak memory per GPU (bytes); see the module docstring."""
+        if micro_batches < 1 or not members or n_gpus < 1:
+            raise ValueError("need members, n_gpus >= 1 and micro_batches >= 1")
+        get_model(model)
+        return _memory(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+                       int(micro_batches))
+
+    def step_flops(self, model: str, members: Sequence[Member]) -> float:
+        """Model FLOPs of one group step (analytic, as the roofline) (FLOP)."""
+        return self.roofline.step_flops(model, members)
+
+    def isolated_step_time_s(self, model: str, gpu: str, member: Member, n_gpus: int) -> float:
+        """One job alone on its ``n_gpus`` GPUs with eager LoRA (plan ``alone``) (s)."""
+        return self.step_time_s(model, gpu, (member,), n_gpus, "alone")
+
+    # -- extras
+    def layer_ms(self, model: str, members: Sequence[tuple], plan: str, nano: int = 1) -> tuple[float, bool]:
+        """One layer (forward + backward) of a one-GPU mix of (rank, sequences, seq_len) (ms, flag)."""
+        entry = self.artifact["models"][model]
+        return layer_ms(_tables(self.key, model), entry["plans"][PLAN_FAMILY[plan]], members, nano)
+
+
+TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + attention + adapter term)",
+                      "embedding + LM head + loss", "AdamW step", "layer and head peak working memory"],
+         "analytic": ["gradient all-reduce and sharded-weight all-gather (sim/roofline.py formulas)",
+                      "nano-batch overlap", "plans lorafusion/grouped (fused x roofline ratio)",
+                      "frozen weights, adapter state (16 B/param), checkpointed layer inputs, 2 GiB workspace"]}
+
+
+def _rel(p: str) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path(__file__).resolve().parent.parent))
+    except Exception:  # noqa: BLE001
+        return p
+
+
+@lru_cache(maxsize=64)
+def _tables(key: str, model: str) -> Tables:
+    art = _ARTS[key]
+    return Tables(model, art["gpu"], art["models"][model])
+
+
+def _flag(key: str, reasons: list[str]):
+    st = _STATS[key]
+    st["predictions"] += 1
+    if reasons:
+        st["extrapolated"] += 1
+        for r in reasons:
+            st["reasons"][r] = st["reasons"].get(r, 0) + 1
+
+
+def _opt_ms(art: dict, params: float, tensors: float) -> float:
+    c = art["optimizer"]["coef"]
+    return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
+
+
+def _comm_s(m, gpu, members, n: int, micro: int) -> float:
+    """Communication per step (s): sim/roofline.py's all-reduce and all-gather terms."""
+    if n <= 1:
+        return 0.0
+    link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
+    adapter_params = sum(m.lora_params(x.rank) for x in members)
+    comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + rf.ALLREDUCE_LATENCY_S * m.layers
+    if rf._base_sharded(m, gpu, n):
+        lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
+        comm += micro * 2.0 * (n - 1) / n * 2 * lin_params / link
+    return comm
+
+
+def _per_gpu(members: tuple[Member, ...], div: float) -> list[tuple[int, float, int]]:
+    return [(x.rank, x.batch_size / div, x.seq_len) for x in members]
+
+
+@lru_cache(maxsize=1 << 18)
+def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+             nano: int, micro: int) -> Prediction:
+    art = _ARTS[key]
+    if gpu_name != art["gpu"] or model not in art["models"]:
+        _STATS[key]["roofline_fallback"] += 1
+        why = "gpu" if gpu_name != art["gpu"] else "model"
+        _flag(key, [f"roofline:{why}"])
+        return Prediction(rf._step_time(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",))
+    if plan == "alone" and len(members) > 1:
+        parts = [_predict(key, model, gpu_name, (x,), n, plan, nano, micro) for x in members]
+        reasons = tuple(sorted({r for p in parts for r in p.reasons}))
+        _flag(key, list(reasons))
+        return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons)
+    if plan not in MEASURED_PLANS:  # lorafusion, grouped: fused x roofline ratio
+        base = _predict(key, model, gpu_name, members, n, "fused", nano, micro)
+        ratio = (rf._step_time(model, gpu_name, members, n, plan, nano, micro)
+                 / rf._step_time(model, gpu_name, members, n, "fused", nano, micro))
+        _STATS[key]["analytic_plan"] += 1
+        reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
+        _flag(key, list(reasons))
+        return Prediction(base.step_time_s * ratio, True, reasons)
+    m, gpu = get_model(model), GPUS[gpu_name]
+    entry = art["models"][model]
+    tab = _tables(key, model)
+    pe = entry["plans"][PLAN_FAMILY[plan]]
+    if plan not in ("fused",):
+        nano = 1
+    mix = _per_gpu(members, n * micro)
+    t_gpu = sum(b * s for _, b, s in mix)
+    lay, e_layer = layer_ms(tab, pe, mix, nano)
+    head, e_head = tab.head(t_gpu)
+    n_tensors = 2 * LINEARS_PER_LAYER * m.layers * (1 if plan == "fused" else len(members))
+    params = sum(m.lora_params(x.rank) for x in members)
+    opt = _opt_ms(art, params, n_tensors)
+    comm = _comm_s(m, gpu, members, n, micro)
+    if nano > 1:
+        comm /= nano
+    step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3 + comm
+    reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
+    _flag(key, reasons)
+    return Prediction(step, bool(reasons), tuple(reasons))
+
+
+def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Member], n: int, plan: str,
+                     micro: int = 1, checkpointing: bool = True) -> dict:
+    """Memory terms per GPU (bytes). ``checkpointing=False``: every layer keeps its measured saved
+    activations instead (the end-to-end check's configuration), adapter state as measured there
+    (bf16 weights, grads and AdamW moments: 8 B/param)."""
+    m, gpu = get_model(model), GPUS[gpu_name]
+    entry = art["models"][model]
+    pe = entry["plans"][PLAN_FAMILY.get(plan, "fused")]
+    mix = _per_gpu(tuple(members), n * micro)
+    t_gpu = sum(b * s for _, b, s in mix)
+    f = mix_features(mix)
+    live = max(0.0, sum(pe["memory"]["peak"].get(k, 0.0) * f[k] for k in FEATURES))
+    saved = max(0.0, sum(pe["memory"]["saved"].get(k, 0.0) * f[k] for k in FEATURES))
+    tab = Tables(model, art["gpu"], entry)
+    weights = 2.0 * m.params / (n if rf._base_sharded(m, gpu, n) else 1)
+    params = sum(m.lora_params(x.rank) for x in members)
+    if checkpointing:
+        return {"weights": weights, "adapters": rf.ADAPTER_STATE_BYTES_PER_PARAM * params,
+                "checkpoints": 2.0 * t_gpu * m.hidden * m.layers, "layer_live": live,
+                "head": tab.head_peak(t_gpu), "workspace": float(rf.WORKSPACE_BYTES)}
+    return {"weights": weights, "adapters": 8.0 * params, "activations": m.layers * saved,
+            "layer_live": max(0.0, live - saved), "head": tab.head_peak(t_gpu)}
+
+
+@lru_cache(maxsize=1 << 18)
+def _memory(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int) -> float:
+    art = _ARTS[key]
+    if gpu_name != art["gpu"] or model not in art["models"]:
+        return rf._memory(model, gpu_name, members, n, micro)
+    return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro).values()))

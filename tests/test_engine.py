@@ -1,0 +1,275 @@
+"""The SimPy engine: rate-based progress, regroup pauses, stale timers, preemption, completion."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import CM, cluster, make_job, policy, reindex, run_engine
+from sim.engine import Engine, InvariantError
+from sim.snapshot import AddMembers, RemoveMembers, StartGroup
+
+
+class Scripted:
+    """A test policy: ``script(snapshot) -> actions``; records every snapshot it saw."""
+
+    name = "scripted"
+    plan = "fused"
+
+    def __init__(self, script):
+        self.script = script
+        self.seen = []
+
+    def decide(self, snap):
+        self.seen.append(snap)
+        return list(self.script(snap))
+
+
+def start_all_together(snap):
+    """Start every queued job in one group on node 0 (all share its GPU count)."""
+    if not snap.queue or snap.groups:
+        return []
+    n = snap.queue[0].num_gpus
+    return [StartGroup(tuple(j.index for j in snap.queue), ((0, n),), "fused")]
+
+
+def approx(x, rel=1e-12):
+    return pytest.approx(x, rel=rel, abs=1e-9)
+
+
+# ---- rate-based progress ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus, spec", [(1, "1x8xH100"), (4, "1x8xH100"), (16, "4x8xH100")])
+def test_single_job_alone_finishes_at_submit_plus_isolated_runtime(gpus, spec, reliability):
+    job = make_job(0, submit=123.5, gpus=gpus, steps=777, rank=16, batch=4, seq=2048)
+    res = run_engine([job], policy("independent"), spec)
+    rec = res.records[0]
+    assert rec.start_s == 123.5
+    assert rec.finish_s == approx(123.5 + 777 * job.isolated_step_time_s)
+    assert rec.steps_trained == approx(777)
+    assert rec.max_group_size == 1 and rec.group_changes == 0
+    reliability("invariant_cases")
+
+
+def test_two_jobs_in_one_group_progress_at_the_group_step_time(reliability):
+    a = make_job(0, steps=100, rank=8)
+    b = make_job(1, steps=250, rank=16, batch=4)
+    res = run_engine([a, b], Scripted(start_all_together), "1x8xH100")
+    t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
+    t1 = CM.step_time_s("llama3-8b", "H100", [b.member], 1, "fused")
+    assert t2 > t1  # the pair is slower per step than b alone
+    assert res.records[0].finish_s == approx(100 * t2)
+    # b trained 100 steps at the pair's pace, then its last 150 alone (no pause: a member leaving is free)
+    assert res.records[1].finish_s == approx(100 * t2 + 150 * t1)
+    assert res.records[0].max_group_size == res.records[1].max_group_size == 2
+    # the timeline's token rate equals the members' tokens over the group step time
+    first = res.timeline[0]
+    assert first[5] == approx((a.tokens_per_step + b.tokens_per_step) / t2)
+    reliability("invariant_cases")
+
+
+def join_on_arrival(snap):
+    """Start the first job alone; add later arrivals to the running group."""
+    if snap.groups:
+        gid = next(iter(snap.groups))
+        return [AddMembers(gid, tuple(j.index for j in snap.queue))] if snap.queue else []
+    return [StartGroup((snap.queue[0].index,), ((0, 1),), "fused")] if snap.queue else []
+
+
+@pytest.mark.parametrize("pause", [0.0, 7.25, 300.0])
+def test_regroup_pause_delays_completion_by_exactly_the_pause(pause, reliability):
+    a = make_job(0, steps=1000)
+    b = make_job(1, submit=50.0, steps=400, rank=4)
+    base = run_engine([a, b], Scripted(join_on_arrival), "1x8xH100", pause=0.0)
+    paused = run_engine([a, b], Scripted(join_on_arrival), "1x8xH100", pause=pause)
+    for i in (0, 1):
+        assert paused.records[i].finish_s == approx(base.records[i].finish_s + pause, rel=1e-11)
+        assert paused.records[i].steps_trained == approx([1000, 400][i], rel=1e-9)
+    # and the analytic value: a trains alone until b arrives, pauses, then shares the group
+    t1 = CM.step_time_s("llama3-8b", "H100", [a.member], 1, "fused")
+    t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
+    done_a = 50.0 / t1
+    finish_b = 50.0 + pause + 400 * t2
+    assert paused.records[1].finish_s == approx(finish_b, rel=1e-11)
+    assert paused.records[0].finish_s == approx(finish_b + (1000 - done_a - 400) * t1, rel=1e-11)
+    assert paused.records[0].group_changes == 1
+    reliability("invariant_cases", 2)
+
+
+def test_pause_shows_as_zero_token_rate_in_the_timeline():
+    a = make_job(0, steps=1000)
+    b = make_job(1, submit=50.0, steps=400)
+    res = run_engine([a, b], Scripted(join_on_arrival), "1x8xH100", pause=100.0)
+    rows = {round(r[0], 6): r for r in res.timeline}
+    assert rows[50.0][5] == 0.0 and rows[50.0][1] == 2  # two members, paused
+    assert rows[150.0][5] > 0.0  # resumed
+
+
+def test_stale_timers_are_ignored_and_every_job_finishes_once(reliability):
+    a = make_job(0, steps=1000)
+    b = make_job(1, submit=50.0, steps=400)
+    eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), regroup_pause_s=30.0)
+    finishes = []
+    original = eng._chk.finish
+
+    def spy(gid, i, early=False):
+        finishes.append((eng.env.now, i))
+        original(gid, i, early=early)
+
+    eng._chk.finish = spy
+    res = eng.run()
+    # a's first timer (at 1000 x T alone) fired after the regroup and was ignored: exactly one finish each
+    assert sorted(i for _, i in finishes) == [0, 1]
+    alone_finish = 1000 * CM.step_time_s("llama3-8b", "H100", [a.member], 1, "fused")
+    assert res.records[0].finish_s > alone_finish
+    assert all(t != pytest.approx(alone_finish) for t, _ in finishes)
+    reliability("invariant_cases")
+
+
+def test_a_stale_timer_called_directly_changes_nothing():
+    a = make_job(0, steps=100)
+    eng = Engine([a], cluster("1x8xH100"), CM, policy("independent"))
+    eng.env.process(eng._arrivals())
+    eng.env.run(until=1.0)
+    (g,) = eng.groups.values()
+    before = dict(g.remaining), g.version, eng._events
+    eng._on_timer(g.gid, g.version - 1, None)  # an old version
+    eng._on_timer(g.gid + 99, g.version, None)  # a group that does not exist
+    assert (dict(g.remaining), g.version, eng._events) == before
+
+
+# ---- whole runs --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["independent", "mlora", "tlora"])
+def test_every_job_finishes_exactly_once_with_its_total_steps(name, synthetic_jobs, reliability):
+    jobs, spec = synthetic_jobs
+    res = run_engine(jobs, policy(name), spec)
+    assert len(res.records) == len(jobs)
+    for j, r in zip(jobs, res.records):
+        assert r.start_s is not None and r.finish_s is not None
+        assert j.submit_time_s <= r.start_s <= r.finish_s
+        assert r.steps_trained == pytest.approx(j.total_steps, rel=1e-6, abs=1e-3)
+        assert not r.early_exit
+    times = [row[0] for row in res.timeline]
+    assert times == sorted(times)
+    assert res.timeline[-1][1:6] == (0, 0, 0, 0, 0.0)  # empty, idle cluster at the end
+    reliability("invariant_cases")
+
+
+def test_independent_never_beats_isolated_runtime(synthetic_jobs, reliability):
+    jobs, spec = synthetic_jobs
+    res = run_engine(jobs, policy("independent"), spec)
+    for j, r in zip(jobs, res.records):
+        assert r.finish_s - j.submit_time_s >= j.isolated_runtime_s * (1 - 1e-12)
+        assert r.finish_s - r.start_s == pytest.approx(j.isolated_runtime_s, rel=1e-9)
+    reliability("invariant_cases")
+
+
+def test_invariants_off_gives_identical_results(synthetic_jobs):
+    jobs, spec = synthetic_jobs
+    on = run_engine(jobs, policy("tlora"), spec, check=True)
+    off = run_engine(jobs, policy("tlora"), spec, check=False)
+    assert on.records == off.records and on.timeline == off.timeline
+
+
+@pytest.fixture(scope="module")
+def synthetic_jobs():
+    """60 synthetic jobs (seed 0) on a 4x8 H100 cluster."""
+    from sim.replay import ReplayConfig, load_workload
+
+    jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=60,seed=3", policy="independent", cluster="4x8xH100"))
+    return jobs, "4x8xH100"
+
+
+# ---- preemption ----------------------------------------------------------------------------------
+class NewestFirst:
+    """Preempts the running job when a newer one waits (one GPU), then starts the newest queued job."""
+
+    name = "newest-first"
+    plan = "alone"
+
+    def decide(self, snap):
+        if not snap.queue:
+            return []
+        if snap.free.total == 0:
+            (g,) = snap.groups.values()
+            newest = max(j.submit_time_s for j in snap.queue)
+            if newest > g.members[0].submit_time_s:
+                return [RemoveMembers(g.group_id, (g.members[0].index,))]
+            return []
+        j = max(snap.queue, key=lambda j: j.submit_time_s)
+        return [StartGroup((j.index,), snap.free.find(1), "alone")]
+
+
+def test_preemption_keeps_progress_and_the_engine_asks_again(reliability):
+    a = make_job(0, steps=1000)
+    t_a = a.isolated_step_time_s
+    b = make_job(1, submit=300.5 * t_a, steps=200, rank=4)
+    res = run_engine([a, b], NewestFirst(), "1x1xH100", pause=30.0)
+    # b starts as soon as a is preempted (the engine asks the policy again at the same instant)
+    assert res.records[1].start_s == approx(b.submit_time_s)
+    finish_b = b.submit_time_s + 200 * b.isolated_step_time_s
+    assert res.records[1].finish_s == approx(finish_b, rel=1e-11)
+    # a resumes with the 699.5 steps it had left (progress kept; its group closed, so no pause)
+    assert res.records[0].finish_s == approx(finish_b + (1000 - 300.5) * t_a, rel=1e-11)
+    assert res.records[0].steps_trained == approx(1000, rel=1e-9)
+    assert res.records[0].group_changes == 1
+    reliability("invariant_cases")
+
+
+def test_preempting_part_of_a_group_pauses_the_rest():
+    a, b = make_job(0, steps=500), make_job(1, steps=500)
+    state = {"done": False}
+
+    def script(snap):
+        if not snap.groups and len(snap.queue) == 2 and not state["done"]:
+            return [StartGroup((0, 1), ((0, 1),), "fused")]
+        if snap.groups and not state["done"] and snap.now_s > 0:
+            state["done"] = True
+            (g,) = snap.groups.values()
+            return [RemoveMembers(g.group_id, (1,))]
+        if snap.queue and snap.free.total:
+            return [StartGroup((snap.queue[0].index,), snap.free.find(1), "fused")]
+        return []
+
+    c = make_job(2, submit=10.0, steps=1)  # an arrival at t=10 triggers the preemption
+    res = run_engine([a, b, c], Scripted(script), "1x2xH100", pause=20.0)
+    t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
+    t1 = CM.step_time_s("llama3-8b", "H100", [a.member], 1, "fused")
+    # a: 10 s in the pair, 20 s paused, the rest alone
+    assert res.records[0].finish_s == approx(10.0 + 20.0 + (500 - 10.0 / t2) * t1, rel=1e-11)
+    assert all(r.steps_trained == approx(j.total_steps, rel=1e-9) for j, r in zip([a, b, c], res.records))
+
+
+# ---- bad actions are rejected ----------------------------------------------------------------------
+@pytest.mark.parametrize("actions, match", [
+    ([StartGroup((0,), ((0, 9),), "fused")], "double-books"),
+    ([StartGroup((0,), ((5, 1),), "fused")], "double-books"),
+    ([StartGroup((0, 0), ((0, 1),), "fused")], "twice"),
+    ([StartGroup((7,), ((0, 1),), "fused")], "not queued"),
+    ([StartGroup((), ((0, 1),), "fused")], "no jobs"),
+    ([StartGroup((0, 1), ((0, 1),), "fused")], "mixes base models"),
+    ([AddMembers(3, (0,))], "not running"),
+    ([RemoveMembers(3, (0,))], "not running"),
+    (["not an action"], "unknown action"),
+])
+@pytest.mark.parametrize("check", [True, False])
+def test_impossible_actions_raise_invariant_error(actions, match, check):
+    jobs = [make_job(0), make_job(1, model="qwen3-8b")]
+    with pytest.raises(InvariantError, match=match):
+        run_engine(jobs, Scripted(lambda snap: actions), "1x8xH100", check=check)
+
+
+def test_engine_rejects_bad_construction():
+    with pytest.raises(ValueError, match="index"):
+        Engine([make_job(1)], cluster(), CM, policy("independent"))
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="regroup_pause_s"):
+            Engine([make_job(0)], cluster(), CM, policy("independent"), regroup_pause_s=bad)
+
+
+def test_same_time_arrivals_are_one_decision_in_index_order():
+    jobs = reindex([make_job(i, submit=5.0, job_id=f"x{i}") for i in range(4)])
+    pol = Scripted(lambda snap: [StartGroup((j.index,), snap.free.take(1), "alone") for j in snap.queue])
+    run_engine(jobs, pol, "1x8xH100")
+    first = pol.seen[0]
+    assert first.now_s == 5.0 and [j.index for j in first.queue] == [0, 1, 2, 3]
