@@ -23,9 +23,11 @@ class MLoRAConfig:
 
     Attributes:
         concurrency_num: most adapters per shared base model (mLoRA's ``concurrency_num``).
+        grouping: co-locate at all (False = the FIFO-only ablation: every job alone).
     """
 
     concurrency_num: int = 4
+    grouping: bool = True
 
 
 @register("mlora", MLoRAConfig, "mLoRA: FIFO packing of same-base-model jobs up to concurrency_num, no slowdown check")
@@ -46,7 +48,7 @@ class MLoRA:
         """Pack or start queued jobs in arrival order until one can do neither."""
         plan = Planner(snap, self.plan)
         for job in snap.queue:
-            group = next((g for g in plan.candidates(job)
+            group = None if not self.config.grouping else next((g for g in plan.candidates(job)
                           if len(g.members) < self.config.concurrency_num and g.fits(snap, self.plan, job)), None)
             if group is not None:
                 plan.join(group, job)

@@ -61,21 +61,43 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
         InputError: unknown policy, unknown option or an option of the wrong type.
     """
     _load_builtin()
-    if name not in _REGISTRY:
-        raise InputError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}", field="--policy")
-    entry = _REGISTRY[name]
     options = dict(options or {})
+    ablation = name.endswith(ABLATION_SUFFIX) and name[: -len(ABLATION_SUFFIX)] in _REGISTRY
+    base = name[: -len(ABLATION_SUFFIX)] if ablation else name
+    if base not in _REGISTRY:
+        known = ", ".join(list(_REGISTRY) + [e.name + ABLATION_SUFFIX for e in _REGISTRY.values()
+                                             if _has_grouping(e)])
+        raise InputError(f"unknown policy {name!r}; known: {known}", field="--policy")
+    entry = _REGISTRY[base]
+    if ablation:
+        if not _has_grouping(entry):
+            raise InputError(f"policy {base!r} has no grouping to turn off", field="--policy")
+        options["grouping"] = False
     fields = {f.name: f for f in dataclasses.fields(entry.config_cls)}
     for key, val in options.items():
         if key not in fields:
             raise InputError(f"policy {name!r} has no option {key!r}; options: {', '.join(fields)}", field=key)
         default = getattr(entry.config_cls(), key)
-        if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(default, bool) and isinstance(val, str):
+            if val.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise InputError(f"option {key!r} of policy {name!r} must be true or false, got {val!r}", field=key)
+            options[key] = val.lower() in ("true", "1", "yes")
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
             try:
                 options[key] = type(default)(val)
             except (TypeError, ValueError):
                 raise InputError(f"option {key!r} of policy {name!r} must be a number, got {val!r}", field=key) from None
-    return entry.factory(entry.config_cls(**options))
+    policy = entry.factory(entry.config_cls(**options))
+    policy.name = name
+    return policy
+
+
+ABLATION_SUFFIX = "-nogroup"
+"""``<policy>-nogroup``: the policy's queue ordering with grouping turned off (``grouping=False``)."""
+
+
+def _has_grouping(entry: Entry) -> bool:
+    return any(f.name == "grouping" for f in dataclasses.fields(entry.config_cls))
 
 
 def config_of(policy: Policy) -> dict:
@@ -86,4 +108,7 @@ def config_of(policy: Policy) -> dict:
 
 def _load_builtin() -> None:
     # Importing the modules runs their @register decorators.
-    from policies import independent, mlora, tlora  # noqa: F401
+    import importlib
+
+    for module in ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead"):
+        importlib.import_module(f"policies.{module}")

@@ -81,6 +81,27 @@ def _rotate_half(x):
 _GQA_OK: dict = {}
 
 
+def choose_gqa(device) -> str:
+    """On a GPU, use SDPA's ``enable_gqa`` only if a fused backend (flash / memory-efficient)
+    takes it, else expand k/v first (``repeat_kv``, as older Hugging Face code does) so that
+    attention never silently falls to the math backend. Returns the choice."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "enable_gqa"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 8, 256, 128, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 256, 128, device=dev, dtype=torch.bfloat16)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+        _GQA_OK[dev.type] = True
+        return "enable_gqa (flash/efficient)"
+    except Exception:  # noqa: BLE001
+        _GQA_OK[dev.type] = False
+        return "repeat_kv"
+
+
 def _sdpa(q, k, v):
     """Causal SDPA with grouped-query attention (``enable_gqa`` where supported, else repeat_kv)."""
     key = q.device.type

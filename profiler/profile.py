@@ -193,9 +193,11 @@ def quick_mixes(model: str, t_max: int, n_random: int = 20, seed: int = 0) -> li
     while len(rand) < n_random and tries < 10000:
         tries += 1
         n = rng.choice((2, 3, 4, 5, 6, 8, 10, 12, 16))
-        mem = [(rng.choice(RANKS), rng.choice(BATCHES), rng.choice(SEQS)) for _ in range(n)]
-        t = sum(b * s for _, b, s in mem)
-        if t > t_max or mix_key(mem) in seen:
+        shapes_ok = [(b, s) for b in BATCHES for s in SEQS if b * s <= t_max // n]
+        if not shapes_ok:
+            continue
+        mem = [(rng.choice(RANKS), *rng.choice(shapes_ok)) for _ in range(n)]
+        if mix_key(mem) in seen:
             continue
         seen.add(mix_key(mem))
         rand.append(mem)
@@ -572,7 +574,8 @@ class Profiler:
             del lora, sets, opt
             return True
         except Exception as e:  # noqa: BLE001
-            if impl == "fused" and self.fused_ok is None:
+            oom = "out of memory" in str(e).lower()
+            if impl == "fused" and self.fused_ok is None and not oom:
                 self.fused_ok = False
                 log("the fused kernel failed on its first mix; fused rows use the labelled torch fallback "
                     "(padded bmm) from here on")
@@ -685,6 +688,10 @@ def run(args) -> int:
     meta = {"provenance": prov, "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     e2e_done = not (args.e2e or args.e2e_only)
+    from profiler.layer import choose_gqa
+
+    meta["sdpa_gqa"] = choose_gqa(device)
+    log(f"SDPA grouped-query attention: {meta['sdpa_gqa']}")
     try:
         if not args.e2e_only:
             meta["ceilings"] = prof.ceilings()

@@ -37,6 +37,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="pause of a group when members join or are preempted, s (default: %(default)s)")
     p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
+    p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
+                   help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
+                        "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")
     p.add_argument("--strict", action="store_true",
                    help="turn documented skips into errors: jobs larger than the cluster or its GPU memory, "
                         "rows a trace reader drops (zero duration, Philly exact duplicates)")
@@ -105,7 +108,7 @@ def _base_config(args, policy: str):
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
-                        time_unit=args.time_unit, strict=args.strict)
+                        time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps)
 
 
 def _run(args) -> int:

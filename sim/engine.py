@@ -169,12 +169,12 @@ class Engine:
         t0 = time.perf_counter()
         self.env.process(self._arrivals())
         self.env.run()
+        if self._chk is not None:  # every job finished once, GPUs released, work adds up
+            self._chk.final(self.timeline, self.records)
         if self._finished != len(self.jobs):
             left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
                        f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
-        if self._chk is not None:
-            self._chk.final(self.timeline, self.records)
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
                          self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started)
 

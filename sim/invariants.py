@@ -284,7 +284,8 @@ class InvariantChecker:
         self.note("end", f"{self.n_finished}/{len(self.jobs)} finished")
         if self.n_finished != len(self.jobs):
             left = [self.jobs[i].job_id for i in range(len(self.jobs)) if not self.finished[i]][:5]
-            self.fail("jobs", f"{len(self.jobs) - self.n_finished} job(s) never finished (first: {left})")
+            self.fail("jobs", f"{len(self.jobs) - self.n_finished} job(s) never finished when no events remained "
+                              f"(first: {left}); the policy left them queued")
         if any(self.alloc) or self.group_nodes:
             self.fail("gpus", f"GPUs still held after the last job finished: {self.alloc}")
         for i, r in enumerate(records):

@@ -59,6 +59,7 @@ class ReplayConfig:
     csv_columns: dict[str, str] | None = None
     time_unit: str = "s"
     strict: bool = False
+    sweeps: str | None = None
 
 
 def versions() -> dict[str, str]:
@@ -93,8 +94,14 @@ def load_workload(cfg: ReplayConfig):
             raise InputError(f"the reader skipped {n} row(s) by the documented rule {reason!r} "
                              f"(traces/README.md); --strict makes every skip an error",
                              file=frame.attrs.get("path"), field="duration" if reason == "zero_duration" else None)
+    from traces.sweeps import expand_sweeps, parse_sweeps
+
     dist = load_distribution(cfg.lora_dist)
-    frame = assign_lora(frame, dist, np.random.default_rng(cfg.seed))
+    rng = np.random.default_rng(cfg.seed)
+    frame = assign_lora(frame, dist, rng)
+    sweeps = parse_sweeps(cfg.sweeps)
+    if sweeps is not None:
+        frame = expand_sweeps(frame, rng, sweeps[0], sweeps[1], dist.ranks)
     cost_model = RooflineCostModel()
     jobs, skipped = build_jobs(frame, cluster, cost_model, strict=cfg.strict)
     skipped = {**dict(frame.attrs.get("skipped", {})), **skipped}

@@ -48,7 +48,11 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     jobs: list[Job] = []
     skipped = {"oversized": 0, "memory": 0}
     cols = [frame[c].to_numpy() for c in REQUIRED]
-    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant) in enumerate(zip(*cols), start=1):
+    n = len(frame)
+    sweep_ids = frame["sweep_id"].to_numpy() if "sweep_id" in frame.columns else [None] * n
+    floors = frame["loss_floor"].to_numpy() if "loss_floor" in frame.columns else [0.0] * n
+    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor) in enumerate(
+            zip(*cols, sweep_ids, floors), start=1):
         ngpu = int(ngpu)
         if ngpu > cluster.total_gpus:
             if strict:
@@ -72,5 +76,6 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
             continue
         steps = max(1, int(round(float(dur) / iso)))
         jobs.append(Job(len(jobs), str(jid), float(sub), ngpu, str(model), int(rank), int(bs), int(seq), steps,
-                        float(dur), iso, float(slow), str(tenant)))
+                        float(dur), iso, float(slow), str(tenant),
+                        None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor)))
     return jobs, {k: v for k, v in skipped.items() if v}

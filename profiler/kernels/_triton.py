@@ -47,16 +47,27 @@ META_F = 2  # fp32: scale, 1/(1-p)
 
 
 @triton.jit
-def _keep(rows, cols, K, seed):
-    """uint32 hash of (seed, rows*K + cols) (lowbias32 finaliser); caller compares its top 24 bits."""
-    idx = rows.to(tl.uint32) * K.to(tl.uint32) + cols.to(tl.uint32)
+def _hash(idx, seed):
+    """lowbias32 finaliser of idx xor seed (uint32)."""
     h = idx ^ seed.to(tl.uint32)
     h ^= h >> 16
     h *= 0x7FEB352D
     h ^= h >> 15
     h *= 0x846CA68B
     h ^= h >> 16
-    return (h >> 8).to(tl.int32)
+    return h
+
+
+@triton.jit
+def _keep(rows, c0, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
+    """(BM, BK) keep mask of rows x columns c0 .. c0+BK-1 (c0 even): one 32-bit hash per pair of
+    columns, (row, k) kept iff 16-bit half (k & 1) of hash(row * ceil(K/2) + k // 2) >= thresh."""
+    kh = (K + 1) // 2
+    c2 = c0 // 2 + tl.arange(0, BK // 2)
+    idx = rows.to(tl.uint32)[:, None] * kh.to(tl.uint32) + c2.to(tl.uint32)[None, :]
+    h = _hash(idx, seed)
+    v = tl.reshape(tl.join(h & 0xFFFF, h >> 16), (BM, BK))
+    return v.to(tl.int32) >= thresh
 
 
 @triton.jit
@@ -86,7 +97,7 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
         cm = cols < K
         x = tl.load(xrow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
         if DROPOUT:
-            keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
@@ -218,8 +229,7 @@ def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, s
 
 # ----------------------------------------------------------------------------------------- b1
 @triton.jit
-def _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff, poff,
-              nb0, nb1, scale, s,
+def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
               R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
@@ -235,8 +245,8 @@ def _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
-    offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
-    tl.store(Qpart + offs, acc, mask=rmask[:, None] & rkm[None, :])
+    offs = poff + (rows - start)[:, None] * rank + rr[None, :]
+    tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :])
 
 
 @triton.jit
@@ -260,9 +270,9 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["part_stride", "nsplit", "nb_per", "n_q", "n_nb"])
-def _b1_kernel(DY, B, Psave, Qpart, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
-               part_stride, nsplit, nb_per, n_q, n_nb,
+@triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
+def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+               nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
@@ -282,24 +292,24 @@ def _b1_kernel(DY, B, Psave, Qpart, GB, tiles, chunks, meta_i, meta_f, N, sdm, s
         nb1 = tl.minimum(nb0 + nb_per, n_nb)
         if BUCKETS & 1:
             if bucket == 0:
-                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, s, 16, BM0, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, 16, BM0, BN, PREC)
         if BUCKETS & 2:
             if bucket == 1:
-                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, s, 32, BM1, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, 32, BM1, BN, PREC)
         if BUCKETS & 4:
             if bucket == 2:
-                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, s, 64, BM2, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, 64, BM2, BN, PREC)
         if BUCKETS & 8:
             if bucket == 3:
-                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, s, 128, BM3, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, 128, BM3, BN, PREC)
         if BUCKETS & 16:
             if bucket == 4:
-                _b1q_body(DY, B, Qpart, sdm, sbm, part_stride, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, s, 256, BM4, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
+                          poff, nb0, nb1, scale, 256, BM4, BN, PREC)
     else:  # dB over a token chunk and an N block
         q = pid - n_q
         c = q // n_nb
@@ -337,7 +347,7 @@ def _b1_kernel(DY, B, Psave, Qpart, GB, tiles, chunks, meta_i, meta_f, N, sdm, s
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
+def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K,
              m0, m1, start, rank, roff, poff, kb, seed, thresh, inv_keep,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
@@ -354,14 +364,11 @@ def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
         rmask = rows < m1
         qm = rmask[:, None] & rkm[None, :]
         qoffs = poff + (rows - start)[:, None] * rank + rr[None, :]
-        q = tl.zeros((BM, R), dtype=tl.float32)
-        for s in range(0, nsplit):
-            q += tl.load(Qpart + s * part_stride + qoffs, mask=qm, other=0.0)
-        qb = q.to(X.dtype.element_ty)
+        qb = tl.load(Q + qoffs, mask=qm, other=0.0).to(X.dtype.element_ty)
         xm = rmask[:, None] & cm[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
         if DROPOUT:
-            keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
             d = _dot(qb, a, None, PREC)
@@ -375,9 +382,8 @@ def _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["part_stride", "nsplit", "n_kb", "seed"])
-def _b2_kernel(X, A, Qpart, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, part_stride,
-               nsplit, n_kb, seed,
+@triton.jit(do_not_specialize=["n_kb", "seed"])
+def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
                WRITE_DX: tl.constexpr, PREC: tl.constexpr):
@@ -396,27 +402,27 @@ def _b2_kernel(X, A, Qpart, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, 
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
         if bucket == 0:
-            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
                      rank, roff, poff, kb, seed, thresh, inv_keep, 16, BM0, BK, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 2:
         if bucket == 1:
-            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
                      rank, roff, poff, kb, seed, thresh, inv_keep, 32, BM1, BK, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 4:
         if bucket == 2:
-            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
                      rank, roff, poff, kb, seed, thresh, inv_keep, 64, BM2, BK, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 8:
         if bucket == 3:
-            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
                      rank, roff, poff, kb, seed, thresh, inv_keep, 128, BM3, BK, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 16:
         if bucket == 4:
-            _b2_body(X, A, Qpart, DXL, GA, sxm, sam, sdxm, part_stride, nsplit, K, m0, m1, start,
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
                      rank, roff, poff, kb, seed, thresh, inv_keep, 256, BM4, BK, DROPOUT,
                      WRITE_DX, PREC)
 
@@ -427,6 +433,6 @@ def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """Materialise the keep mask (1 = kept) that _f1/_b2 use, for tests and references."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
-    keep = _keep(rows[:, None], cols[None, :], K, seed) >= thresh
+    keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
     tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
              mask=(rows < M)[:, None] & (cols < K)[None, :])

@@ -36,7 +36,7 @@ class KernelConfig:
     bk / bn: columns of X / of Y per tile (powers of two >= 16); waves: target programs per SM
     used to choose the K/N splits and token chunks; num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2)."""
-    bms: tuple = (64, 64, 128, 128, 64)
+    bms: tuple = (64, 64, 128, 64, 64)
     bk: int = 64
     bn: int = 64
     waves: float = 2.0
@@ -74,8 +74,9 @@ def mix_seed(seed: int) -> int:
 
 
 def keep_threshold(p: float) -> int:
-    """Element kept iff (hash >> 8) >= round(p * 2**24): keep probability 1 - p to 2**-24."""
-    return int(round(float(p) * (1 << 24)))
+    """Element kept iff its 16-bit hash half >= round(p * 2**16): keep probability 1 - p to
+    within 2**-17 (see ``reference.keep_mask``)."""
+    return int(round(float(p) * (1 << 16)))
 
 
 def _bucket(r: int) -> int:
@@ -229,16 +230,22 @@ def _prec(dtype: torch.dtype) -> str:
     return "interp" if os.environ.get("TRITON_INTERPRET") == "1" else "tf32"
 
 
+def _gbuf_numel(plan: LoRAPlan) -> int:
+    """fp32 workspace of the backward: dA (sum_r x K), dB (sum_r x N), Q (compact, p_size)."""
+    return plan.sum_r * (plan.in_features + plan.out_features) + plan.p_size
+
+
 def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on: bool,
                   need_grads: bool):
-    """Run _f1 and _f2: returns (y_lora(+bias), psave, gbuf); y then receives x W^T (cuBLAS)."""
+    """Run _f1 and _f2: returns (y_lora(+bias), psave, gbuf); y then receives x W^T (cuBLAS).
+    With ``need_grads`` _f2 also zeroes gbuf, which the backward accumulates into."""
     M, Kf = x.shape
     Nf = plan.out_features
     cfg = plan.cfg
     dev = x.device
     y = torch.empty(M, Nf, dtype=x.dtype, device=dev)
     psave = torch.empty(max(plan.p_size, 1), dtype=x.dtype, device=dev)
-    g_numel = plan.sum_r * (Kf + Nf) if need_grads else 0
+    g_numel = _gbuf_numel(plan) if need_grads else 0
     gbuf = torch.empty(max(g_numel, 1), dtype=torch.float32, device=dev)
     if plan.n_tiles == 0:  # every segment empty (then M == 0)
         if g_numel:
@@ -268,7 +275,8 @@ def _nodrop_meta_f(plan: LoRAPlan) -> torch.Tensor:
 
 def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int,
                    dropout_on: bool, write_dx: bool):
-    """Run _b1 and _b2: returns dX_lora (M, K) or None; gbuf receives dA^T (sum_r x K) then dB."""
+    """Run _b1 and _b2: returns dX_lora (M, K) or None; gbuf (zeroed) receives dA^T
+    (sum_r x K), dB (sum_r x N) and, on the way, Q = s dY B^T."""
     M, Kf = x.shape
     Nf = plan.out_features
     cfg = plan.cfg
@@ -278,22 +286,21 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
         return dxl
     dropout = dropout_on and plan.has_dropout
     meta_f = plan.meta_f if dropout else _nodrop_meta_f(plan)
-    qpart = torch.empty(max(plan.nsplit * plan.p_size, 1), dtype=torch.float32, device=dev)
     gA = gbuf[: plan.sum_r * Kf]
-    gB = gbuf[plan.sum_r * Kf:]
+    gB = gbuf[plan.sum_r * Kf: plan.sum_r * (Kf + Nf)]
+    q = gbuf[plan.sum_r * (Kf + Nf):]
     prec = _prec(x.dtype)
     n_nb = _cdiv(Nf, cfg.bn)
     n_q = plan.n_tiles * plan.nsplit
     K_._b1_kernel[(n_q + plan.n_chunks * n_nb,)](
-        dy, lora_B, psave, qpart, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
-        dy.stride(0), lora_B.stride(0), plan.p_size, plan.nsplit, plan.nb_per, n_q, n_nb,
+        dy, lora_B, psave, q, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
+        dy.stride(0), lora_B.stride(0), plan.nsplit, plan.nb_per, n_q, n_nb,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, PREC=prec,
         num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
     n_kb = _cdiv(Kf, cfg.bk)
     K_._b2_kernel[(plan.n_chunks * n_kb,)](
-        x, lora_A, qpart, dxl if write_dx else x, gA, plan.chunks, plan.meta_i, meta_f, Kf,
-        x.stride(0), lora_A.stride(0), dxl.stride(0) if write_dx else 0, plan.p_size,
-        plan.nsplit, n_kb, seed,
+        x, lora_A, q, dxl if write_dx else x, gA, plan.chunks, plan.meta_i, meta_f, Kf,
+        x.stride(0), lora_A.stride(0), dxl.stride(0) if write_dx else 0, n_kb, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
         num_warps=cfg.warps_b2, num_stages=cfg.stages_b2)
     return dxl
@@ -305,9 +312,9 @@ class _MultiLoRAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_A, lora_B, plan, seed, dropout_on):
-        need_lora_grads = lora_A.requires_grad or lora_B.requires_grad
+        need_grads = any(ctx.needs_input_grad[i] for i in (0, 3, 4))
         y, psave, gbuf = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
-                                       need_lora_grads)
+                                       need_grads)
         y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
         ctx.plan, ctx.seed, ctx.dropout_on = plan, seed, dropout_on
         ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf)
@@ -322,9 +329,6 @@ class _MultiLoRAFunction(torch.autograd.Function):
         need_x, need_w, need_b, need_A, need_B = ctx.needs_input_grad[:5]
         write_dx = need_x
         if need_A or need_B or write_dx:
-            if not (need_A or need_B):  # gbuf was not zeroed in the forward
-                gbuf = torch.zeros(plan.sum_r * (x.shape[1] + plan.out_features),
-                                   dtype=torch.float32, device=x.device)
             dxl = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan, ctx.seed,
                                  ctx.dropout_on, write_dx)
         else:
@@ -333,10 +337,11 @@ class _MultiLoRAFunction(torch.autograd.Function):
         dA = dB = None
         if need_A or need_B:
             Kf = x.shape[1]
+            ng = plan.sum_r * (Kf + plan.out_features)
             gA = gbuf[: plan.sum_r * Kf].view(plan.sum_r, Kf)
-            gB = gbuf[plan.sum_r * Kf:].view(plan.sum_r, plan.out_features)
+            gB = gbuf[plan.sum_r * Kf: ng].view(plan.sum_r, plan.out_features)
             if lora_A.dtype != torch.float32:  # one cast launch for both
-                g = gbuf.to(lora_A.dtype)
+                g = gbuf[:ng].to(lora_A.dtype)
                 gA = g[: plan.sum_r * Kf].view(plan.sum_r, Kf)
                 gB = g[plan.sum_r * Kf:].view(plan.sum_r, plan.out_features)
             dA = gA if need_A else None

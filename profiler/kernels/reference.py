@@ -17,18 +17,22 @@ __all__ = ["keep_mask", "reference_forward_backward"]
 def keep_mask(M: int, K: int, seed: int, p: float, device="cpu") -> torch.Tensor:
     """(M, K) bool keep mask of the fused kernels, rebuilt in torch (int64 arithmetic mod 2**32).
 
-    Element (m, k) is kept iff lowbias32((m*K + k) mod 2**32 xor mix_seed(seed)) >> 8 >=
-    round(p * 2**24), the same hash as ``_triton._keep``; P(kept) = 1 - p to within 2**-24."""
+    One 32-bit hash per pair of columns: h = lowbias32((m * ceil(K/2) + k // 2) xor
+    mix_seed(seed)); element (m, k) is kept iff 16-bit half (k & 1) of h (low half for even k)
+    is >= round(p * 2**16), as in ``_triton._keep``. P(kept) = 1 - p to within 2**-17."""
     m32 = 0xFFFFFFFF
-    idx = (torch.arange(M, dtype=torch.int64, device=device)[:, None] * K
-           + torch.arange(K, dtype=torch.int64, device=device)[None, :]) & m32
+    kh = (K + 1) // 2
+    k = torch.arange(K, dtype=torch.int64, device=device)
+    idx = (torch.arange(M, dtype=torch.int64, device=device)[:, None] * kh
+           + (k >> 1)[None, :]) & m32
     h = idx ^ mix_seed(seed)
     h ^= h >> 16
     h = (h * 0x7FEB352D) & m32
     h ^= h >> 15
     h = (h * 0x846CA68B) & m32
     h ^= h >> 16
-    return (h >> 8) >= keep_threshold(p)
+    half = (h >> (16 * (k & 1))[None, :]) & 0xFFFF
+    return half >= keep_threshold(p)
 
 
 def reference_forward_backward(x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tensor,

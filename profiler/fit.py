@@ -1,0 +1,335 @@
+"""Fit a cost-model artifact from profile CSVs, and measure its held-out error (no torch).
+
+``fit_artifact(rows, gpu)`` builds the artifact that ``sim.profiled`` reads (its docstring says
+what each table and coefficient means). ``validate(rows, gpu, k)`` splits the measured *mixes*
+(not repeats) of each model deterministically: mixes sorted by their canonical key
+(``r:b:s|...``), every k-th held out with every plan measured on it; the component grids
+(base curve, attention, head, optimizer) stay in the training part. It fits on the rest and
+reports the absolute percentage error of the predicted layer step (forward + backward) on the
+held-out rows, by model, plan and mix size.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, nnls
+
+from sim.errors import InputError
+from sim.profiled import (FEATURES, PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms,
+                          mix_features)
+
+PLAN_FEATURES = {"loop": ("const", "adapters", "tokens", "rank_tokens", "ranks"),
+                 "fused": ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens")}
+MEM_FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks")
+SIZE_BINS = ((1, 1, "1"), (2, 3, "2-3"), (4, 7, "4-7"), (8, 16, "8-16"), (17, 10**9, ">16"))
+
+
+# ------------------------------------------------------------------------------------- reading
+def read_rows(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Concatenate profile CSVs (files, or directories holding ``profile_*.csv``); rows that
+    recorded an error or no time are dropped. Raises InputError when nothing is readable."""
+    frames = []
+    for p in paths:
+        p = Path(p)
+        files = sorted(p.glob("profile_*.csv")) if p.is_dir() else [p]
+        for f in files:
+            try:
+                frames.append(pd.read_csv(f, dtype={"ranks": str, "batch_sizes": str, "seq_lens": str,
+                                                    "git_commit": str, "error": str}, keep_default_na=False))
+            except (OSError, pd.errors.ParserError) as e:
+                raise InputError(f"cannot read profile CSV: {e}", file=str(f)) from None
+    if not frames:
+        raise InputError(f"no profile CSVs under {', '.join(str(p) for p in paths)}")
+    df = pd.concat(frames, ignore_index=True)
+    for c in ("tokens", "params", "tensors", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "p10_ms", "p90_ms",
+              "saved_bytes", "peak_bytes", "static_bytes", "n_adapters"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    ok = (df["error"].astype(str).str.len() == 0) & df["step_ms"].notna() & (df["step_ms"] > 0)
+    return df[ok].reset_index(drop=True)
+
+
+def members_of(row) -> list[tuple[int, int, int]]:
+    """(rank, sequences, seq_len) per adapter of a mix row."""
+    rs = [int(v) for v in str(row["ranks"]).split(";")]
+    bs = [int(v) for v in str(row["batch_sizes"]).split(";")]
+    ss = [int(v) for v in str(row["seq_lens"]).split(";")]
+    return list(zip(rs, bs, ss))
+
+
+def mix_key(members) -> str:
+    return "|".join(f"{r}:{b}:{s}" for r, b, s in sorted(members))
+
+
+# ------------------------------------------------------------------------------------- fitting
+def _median_by(df: pd.DataFrame, key: str, val: str) -> tuple[list, list]:
+    g = df.groupby(key)[val].median().sort_index()
+    return [float(v) for v in g.index], [float(v) for v in g.values]
+
+
+def build_tables(dm: pd.DataFrame) -> dict:
+    """The measured tables of one model (its rows of kinds noattn, head, attn)."""
+    l0 = dm[dm.kind == "noattn"]
+    head = dm[dm.kind == "head"]
+    attn = dm[dm.kind == "attn"]
+    if l0.empty or head.empty or attn.empty:
+        raise InputError(f"model {dm.model.iloc[0]!r}: the profile lacks noattn, head or attn rows")
+    t, ms = _median_by(l0, "tokens", "step_ms")
+    ht, hms = _median_by(head, "tokens", "step_ms")
+    _, hpk = _median_by(head, "tokens", "peak_bytes")
+    a = {}
+    for s, g in attn.assign(b=pd.to_numeric(attn.batch_sizes), s=pd.to_numeric(attn.seq_lens)).groupby("s"):
+        bs, v = _median_by(g, "b", "step_ms")
+        a[str(int(s))] = {"seqs": bs, "ms": v}
+    _, lpk = _median_by(l0, "tokens", "peak_bytes")
+    return {"l0": {"tokens": t, "ms": ms, "peak_bytes": lpk}, "head": {"tokens": ht, "ms": hms, "peak_bytes": hpk},
+            "attn": a}
+
+
+def _design(mixes: list, feats: tuple) -> np.ndarray:
+    return np.array([[mix_features(m)[k] for k in feats] for m in mixes], dtype=float)
+
+
+def fit_plan(tab: Tables, rows: pd.DataFrame, family: str, cpu_floor: bool = True) -> dict:
+    """Coefficients of one plan family from its mix rows: the adapter term by non-negative least
+    squares on relative error, then (``cpu_floor``) a joint refinement with the host launch floor
+    ``max(gpu, cpu0 + cpu_n x adapters)`` in log space."""
+    feats = PLAN_FEATURES[family]
+    mixes = [members_of(r) for _, r in rows.iterrows()]
+    y = rows["step_ms"].to_numpy(float)
+    base = np.array([tab.l0(sum(b * s for _, b, s in m))[0] + attention_ms(tab, m)[0] for m in mixes])
+    X = _design(mixes, feats)
+    scale = np.maximum(X.max(axis=0), 1e-12)
+    c, _ = nnls((X / scale) / y[:, None], (y - base) / y)
+    coef = c / scale
+    pe = {"features": list(feats), "coef": {k: float(v) for k, v in zip(feats, coef)}, "cpu0": 0.0, "cpu_n": 0.0}
+    if cpu_floor and len(rows) > len(feats) + 2:
+        n = X[:, feats.index("adapters")]
+
+        def resid(theta):
+            gpu = base + (X / scale) @ theta[:-2]
+            pred = np.maximum(gpu, theta[-2] + theta[-1] * n)
+            return np.log(np.maximum(pred, 1e-9)) - np.log(y)
+
+        th0 = np.concatenate([c, [0.0, 0.0]])
+        try:
+            sol = least_squares(resid, th0, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac")
+            th = sol.x
+            if np.median(np.abs(resid(th))) <= np.median(np.abs(resid(th0))):
+                pe["coef"] = {k: float(v) for k, v in zip(feats, th[:-2] / scale)}
+                pe["cpu0"], pe["cpu_n"] = float(th[-2]), float(th[-1])
+        except (ValueError, np.linalg.LinAlgError):
+            pass
+    T = np.array([sum(b * s for _, b, s in m) for m in mixes])
+    ranks = [r for m in mixes for r, _, _ in m]
+    pe["coverage"] = {"adapters_max": int(max(len(m) for m in mixes)), "tokens_min": float(T.min()),
+                      "tokens_max": float(T.max()), "rank_min": int(min(ranks)), "rank_max": int(max(ranks)),
+                      "mixes": len(rows)}
+    pe["memory"] = {}
+    for col in ("peak", "saved"):
+        v = rows[f"{col}_bytes"].to_numpy(float)
+        good = np.isfinite(v) & (v > 0)
+        if good.sum() >= len(MEM_FEATURES):
+            Xm = _design([m for m, g in zip(mixes, good) if g], MEM_FEATURES)
+            sc = np.maximum(Xm.max(axis=0), 1e-12)
+            cm, _ = nnls((Xm / sc) / v[good][:, None], np.ones(good.sum()))
+            pe["memory"][col] = {k: float(x) for k, x in zip(MEM_FEATURES, cm / sc)}
+        else:
+            pe["memory"][col] = {k: 0.0 for k in MEM_FEATURES}
+    return pe
+
+
+def add_correction(tab: Tables, pe: dict, rows: pd.DataFrame, prior: float = 1.0,
+                   scale=(0.35, 0.5, 0.7)) -> dict:
+    """Attach the residual correction: log(measured / fitted) of every training mix, smoothed
+    by a Gaussian kernel over (log tokens, log adapters, log mean rank) at predict time."""
+    pts, lr = [], []
+    pe = {**pe, "correction": None}
+    for _, r in rows.iterrows():
+        m = members_of(r)
+        pred, _ = layer_ms(tab, pe, m)
+        pts.append(_corr_point(m).tolist())
+        lr.append(math.log(r["step_ms"] / pred))
+    pe["correction"] = {"points": pts, "log_ratio": lr, "scale": list(scale), "prior": prior}
+    return pe
+
+
+def fit_optimizer(df: pd.DataFrame) -> dict:
+    o = df[df.kind == "opt"]
+    if len(o) < 3:
+        raise InputError("the profile lacks optimizer (opt) rows")
+    X = np.column_stack([np.ones(len(o)), o.params.to_numpy(float) / 1e6, o.tensors.to_numpy(float)])
+    y = o.step_ms.to_numpy(float)
+    c, _ = nnls(X / y[:, None], np.ones(len(o)))
+    return {"coef": {"const": float(c[0]), "per_mparam": float(c[1]), "per_tensor": float(c[2])},
+            "form": "ms = const + per_mparam x params/1e6 + per_tensor x tensors (fused AdamW, bf16)"}
+
+
+def _uniq(df: pd.DataFrame, col: str) -> list:
+    return sorted({str(v) for v in df[col] if str(v)})
+
+
+def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: dict | None = None) -> dict:
+    """Fit every model present in ``df`` (rows of one GPU type). Raises InputError."""
+    d = df[df.gpu.astype(str).str.upper() == gpu.upper()]
+    if d.empty:
+        raise InputError(f"no profile rows for GPU {gpu!r} (found: {', '.join(_uniq(df, 'gpu'))})")
+    models = {}
+    for model, dm in d[d.model.astype(str).str.len() > 0].groupby("model"):
+        from sim.models import MODELS
+
+        if model not in MODELS:
+            continue
+        entry = build_tables(dm)
+        tab = Tables(model, gpu, entry)
+        entry["plans"] = {}
+        mix = dm[dm.kind == "mix"]
+        for fam in ("loop", "fused"):
+            rows = mix[mix.plan.map(PLAN_FAMILY) == fam]
+            if len(rows) < len(PLAN_FEATURES[fam]) + 1:
+                continue
+            pe = fit_plan(tab, rows, fam)
+            if correction:
+                pe = add_correction(tab, pe, rows)
+            entry["plans"][fam] = pe
+        if set(entry["plans"]) != {"loop", "fused"}:
+            raise InputError(f"model {model!r}: too few mix rows to fit both plan families "
+                             f"(have {sorted(entry['plans'])})")
+        entry["rows"] = {k: int(v) for k, v in dm.kind.value_counts().items()}
+        entry["variants"] = {p: _uniq(mix[mix.plan == p], "kernel_variant") for p in sorted(set(mix.plan))}
+        base = dm[dm.kind == "base"]
+        entry["base_check"] = [{"tokens": float(r.tokens), "seq_len": int(r.seq_lens), "measured_ms": float(r.step_ms),
+                                "l0_plus_attn_ms": float(tab.l0(r.tokens)[0]
+                                                         + tab.attn_ms(int(r.seq_lens), r.tokens / int(r.seq_lens))[0])}
+                               for r in base.itertuples()]
+        models[model] = entry
+    if not models:
+        raise InputError(f"no catalog model in the profile rows of {gpu!r}")
+    ceil = {str(r.plan): float(r.step_ms) for r in d[d.kind == "ceiling"].itertuples()}
+    src = {c: _uniq(d, c) for c in ("gpu_name", "driver", "cuda", "torch", "triton", "git_commit", "git_dirty",
+                                    "profile_id", "mode")}
+    src["kernel_variants"] = _uniq(d[d.kind == "mix"], "kernel_variant")
+    src["rows"] = int(len(d))
+    src["measured"] = [min(_uniq(d, "timestamp") or [""]), max(_uniq(d, "timestamp") or [""])]
+    art = {"schema": SCHEMA, "version": 1, "gpu": gpu.upper(),
+           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "source": src, "ceilings": ceil, "heldout": heldout or {}, "terms": TERMS,
+           "conventions": {"layer_ms": "one decoder layer, forward + backward (dX, adapter grads), eager, median",
+                           "dtype": "bf16 weights, activations and adapters; fp32 cross-entropy",
+                           "dropout": 0.1, "lora_targets": "q,k,v,o,gate,up,down", "correction": bool(correction)},
+           "optimizer": fit_optimizer(d), "models": models}
+    h = hashlib.sha256(json.dumps({k: v for k, v in art.items() if k != "created"}, sort_keys=True).encode())
+    art["id"] = f"{gpu.lower()}-{art['created'][:10]}-{h.hexdigest()[:8]}"
+    return art
+
+
+# ---------------------------------------------------------------------------------- validation
+def heldout_mask(df: pd.DataFrame, k: int = 4) -> pd.Series:
+    """True for mix rows held out: per model, mixes sorted by key, every k-th (index % k == k-1)."""
+    mask = pd.Series(False, index=df.index)
+    mix = df[df.kind == "mix"]
+    keys = mix.apply(lambda r: mix_key(members_of(r)), axis=1)
+    for model in sorted(set(mix.model)):
+        ks = sorted(set(keys[mix.model == model]))
+        out = {key for i, key in enumerate(ks) if i % k == k - 1}
+        mask.loc[mix.index[(mix.model == model) & keys.isin(out)]] = True
+    return mask
+
+
+def predict_rows(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
+    """Predicted layer step (ms) and extrapolation flag for mix rows."""
+    out = []
+    tabs = {m: Tables(m, art["gpu"], e) for m, e in art["models"].items()}
+    for _, r in rows.iterrows():
+        m = members_of(r)
+        e = art["models"].get(r["model"])
+        if e is None:
+            continue
+        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m)
+        out.append({"model": r["model"], "plan": r["plan"], "adapters": len(m), "mix": mix_key(m),
+                    "tokens": sum(b * s for _, b, s in m), "measured_ms": float(r["step_ms"]), "predicted_ms": pred,
+                    "ape": abs(pred - r["step_ms"]) / r["step_ms"], "extrapolated": ext})
+    return pd.DataFrame(out)
+
+
+def _size_bin(n: int) -> str:
+    for lo, hi, name in SIZE_BINS:
+        if lo <= n <= hi:
+            return name
+    return "?"
+
+
+def summarize(pred: pd.DataFrame) -> dict:
+    a = pred["ape"].to_numpy()
+    return {"rows": int(len(a)), "mixes": int(pred.groupby(["model", "mix"]).ngroups),
+            "median_ape": float(np.median(a)), "p90_ape": float(np.quantile(a, 0.9)), "mape": float(a.mean()),
+            "max_ape": float(a.max())}
+
+
+def validate(df: pd.DataFrame, gpu: str, k: int = 4, correction: bool = False) -> tuple[pd.DataFrame, dict]:
+    """Fit on all but every k-th mix, predict those; returns (per-row predictions, summary)."""
+    d = df[df.gpu.astype(str).str.upper() == gpu.upper()]
+    ho = heldout_mask(d, k)
+    art = fit_artifact(d[~ho], gpu, correction=correction)
+    pred = predict_rows(art, d[ho])
+    if pred.empty:
+        raise InputError("no held-out mixes to validate on")
+    s = summarize(pred)
+    s["split"] = f"per model, mixes sorted by key, every {k}th held out (all plans of that mix)"
+    s["k"] = k
+    return pred, s
+
+
+def error_table(pred: pd.DataFrame) -> pd.DataFrame:
+    """Median / p90 APE and counts by model and mix size, then by plan."""
+    p = pred.assign(size=pred.adapters.map(_size_bin))
+    rows = []
+    for keys, g in [(("all", "all"), p)] + list(p.groupby(["model", "size"])) + \
+            [((f"plan:{pl}", "all"), g) for pl, g in p.groupby("plan")]:
+        rows.append({"model": keys[0], "adapters": keys[1], "rows": len(g), "median_ape": g.ape.median(),
+                     "p90_ape": g.ape.quantile(0.9), "max_ape": g.ape.max()})
+    return pd.DataFrame(rows)
+
+
+def e2e_table(cm, e2e: pd.DataFrame) -> pd.DataFrame:
+    """Predicted vs measured full-model steps (one GPU) for the rows of an e2e CSV."""
+    from sim.costmodel import Member
+
+    out = []
+    for _, r in e2e.iterrows():
+        if str(r.get("error", "")).startswith(("OutOfMemory", "RuntimeError")) or not r["step_ms"] > 0:
+            continue
+        mem = [Member(a, b, s) for a, b, s in members_of(r)]
+        p = cm.predict(r["model"], cm.gpu, mem, 1, r["plan"])
+        out.append({"model": r["model"], "plan": r["plan"], "adapters": len(mem), "tokens": int(r["tokens"]),
+                    "measured_ms": float(r["step_ms"]), "predicted_ms": p.step_time_s * 1e3,
+                    "error": p.step_time_s * 1e3 / float(r["step_ms"]) - 1.0, "extrapolated": p.extrapolated,
+                    "peak_gib": float(r["peak_bytes"]) / 2**30 if r["peak_bytes"] > 0 else float("nan")})
+    return pd.DataFrame(out)
+
+
+def build(paths: list, gpu: str, out_dir: str | Path, k: int = 4, correction: bool = False) -> tuple[Path, dict]:
+    """Validate (held-out error), fit on every row, write ``costmodel_<gpu>.json`` and the merged
+    measurements ``profile_<gpu>.csv`` to ``out_dir``. Returns (artifact path, held-out summary)."""
+    df = read_rows(paths)
+    _, s = validate(df, gpu, k, correction)
+    art = fit_artifact(df, gpu, correction=correction, heldout=s)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / f"costmodel_{gpu.lower()}.json"
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(art, indent=1, sort_keys=False) + "\n")
+    tmp.replace(p)
+    csvp = out / f"profile_{gpu.lower()}.csv"
+    merged = df[df.gpu.astype(str).str.upper() == gpu.upper()]
+    if Path(csvp).resolve() not in {Path(x).resolve() for x in paths}:
+        tmpc = csvp.with_suffix(".csv.tmp")
+        merged.to_csv(tmpc, index=False)
+        tmpc.replace(csvp)
+    return p, s

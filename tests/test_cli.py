@@ -1,0 +1,265 @@
+"""The ``tlora-sim`` command line: help, bad inputs (one stderr line, exit 2, no traceback), outputs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ITP02, ROOT, needs_itp
+from sim.cli import build_parser, main
+
+SUMMARY_COLUMNS = ["policy", "jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg_queue_s",
+                   "makespan_s", "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util"]
+RUN_FILES = ["config.json", "jobs.csv", "timeline.csv", "summary.json", "perf.json"]
+EXE = [sys.executable, "-m", "sim.cli"]
+ITP_HEADER = "job_id,submission_time,duration,num_gpu\n"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``tlora-sim`` in a fresh interpreter (as a user would)."""
+    return subprocess.run([*EXE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# ---- help ------------------------------------------------------------------------------------------
+def test_top_level_help_lists_every_subcommand():
+    r = cli("--help")
+    assert r.returncode == 0 and r.stderr == ""
+    for sub in ("replay", "compare", "traces", "policies", "plot"):
+        assert sub in r.stdout
+
+
+@pytest.mark.parametrize("sub", [["replay"], ["compare"], ["traces"], ["traces", "describe"], ["policies"],
+                                 ["plot"]])
+def test_each_subcommand_has_help(sub, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*sub, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: tlora-sim " + " ".join(sub))
+    if sub[0] in ("replay", "compare"):
+        for flag in ("--trace", "--cluster", "--seed", "--out", "--strict", "--no-invariants"):
+            assert flag in out
+
+
+def test_policies_lists_name_and_description_per_line():
+    r = cli("policies")
+    assert r.returncode == 0
+    lines = r.stdout.strip().splitlines()
+    names = [ln.split("\t")[0] for ln in lines]
+    assert {"independent", "mlora", "tlora"} <= set(names)
+    for ln in lines:
+        name, desc = ln.split("\t", 1)
+        assert name and desc.strip() and " " not in name
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------
+def _files(tmp: Path) -> dict[str, Path]:
+    """Small broken (and one good) trace files, by name."""
+    def w(name, text):
+        p = tmp / name
+        p.write_text(text, encoding="utf-8")
+        return p
+
+    files = {
+        "good": w("good.csv", ITP_HEADER + "a,0,3600,1\nb,60,7200,2\n"),
+        "missing_col": w("missing.csv", "job_id,submission_time,num_gpu\na,0,1\n"),
+        "misspelt_col": w("misspelt.csv", "job_id,submision_time,duration,num_gpu\na,0,100,1\n"),
+        "non_numeric": w("nonnum.csv", ITP_HEADER + "a,0,100,1\nb,5,soon,1\n"),
+        "negative": w("negative.csv", ITP_HEADER + "a,0,100,1\nb,5,100,-2\n"),
+        "nan": w("nan.csv", ITP_HEADER + "a,0,NaN,1\n"),
+        "inf": w("inf.csv", ITP_HEADER + "a,0,inf,1\n"),
+        "zero_gpus": w("zerogpu.csv", ITP_HEADER + "a,0,100,0\n"),
+        "fraction_gpus": w("fracgpu.csv", ITP_HEADER + "a,0,100,1.5\n"),
+        "duplicate_id": w("dup.csv", ITP_HEADER + "a,0,100,1\na,5,100,1\n"),
+        "empty": w("empty.csv", ""),
+        "header_only": w("header.csv", ITP_HEADER),
+        "oversized": w("oversized.csv", ITP_HEADER + "a,0,100,1\nb,5,100,4096\n"),
+        "zero_duration": w("zerodur.csv", ITP_HEADER + "a,0,100,1\nb,5,0,1\n"),
+        "philly_time": w("philly.csv", "timestamp,duration,num_gpus\n2017-10-03 10:00:00,100,1\nyesterday,5,1\n"),
+        "bad_dist": w("dist.json", '{"ranks": {"8": 0.5}}'),
+        "not_json": w("dist2.json", "{ranks"),
+    }
+    (tmp / "latin1.csv").write_bytes((ITP_HEADER + "caf\xe9,0,100,1\n").encode("latin-1"))
+    files["not_utf8"] = tmp / "latin1.csv"
+    (tmp / "trunc.csv.gz").write_bytes(gzip.compress((ITP_HEADER + "a,0,100,1\n" * 200).encode())[:60])
+    files["truncated_gzip"] = tmp / "trunc.csv.gz"
+    return files
+
+
+# (case name, argv template with {name} placeholders for files, what the one error line must contain)
+BAD = [
+    ("missing column", ["--trace", "itp:{missing_col}"], ["{missing_col}", "'duration'"]),
+    ("misspelt column", ["--trace", "itp:{misspelt_col}"], ["{misspelt_col}", "'submission_time'", "did you mean"]),
+    ("non-numeric", ["--trace", "itp:{non_numeric}"], ["{non_numeric}", "row 2", "'duration'", "soon"]),
+    ("negative", ["--trace", "itp:{negative}"], ["{negative}", "row 2", "'num_gpu'"]),
+    ("NaN", ["--trace", "itp:{nan}"], ["{nan}", "row 1", "'duration'"]),
+    ("inf", ["--trace", "itp:{inf}"], ["{inf}", "row 1", "'duration'"]),
+    ("zero GPUs", ["--trace", "itp:{zero_gpus}"], ["{zero_gpus}", "row 1", "'num_gpu'"]),
+    ("fractional GPUs", ["--trace", "itp:{fraction_gpus}"], ["{fraction_gpus}", "row 1", "whole number"]),
+    ("duplicate id", ["--trace", "itp:{duplicate_id}"], ["{duplicate_id}", "row 2", "'job_id'"]),
+    ("empty file", ["--trace", "itp:{empty}"], ["{empty}", "empty"]),
+    ("header only", ["--trace", "itp:{header_only}"], ["{header_only}", "no data rows"]),
+    ("not UTF-8", ["--trace", "itp:{not_utf8}"], ["{not_utf8}", "UTF-8"]),
+    ("truncated gzip", ["--trace", "itp:{truncated_gzip}"], ["{truncated_gzip}", "truncated"]),
+    ("missing file", ["--trace", "itp:{good}.missing"], ["{good}.missing", "not found"]),
+    ("directory as file", ["--trace", "csv:{dir}", "--columns", "submit=a,duration=b,gpus=c"], ["{dir}"]),
+    ("philly timestamp", ["--trace", "philly:{philly_time}"], ["{philly_time}", "row 2", "'timestamp'"]),
+    ("unknown format", ["--trace", "parquet:{good}"], ["unknown trace format 'parquet'", "itp"]),
+    ("no format", ["--trace", "{good}"], ["FORMAT:PATH"]),
+    ("csv without mapping", ["--trace", "csv:{good}"], ["column mapping"]),
+    ("csv mapping bad key", ["--trace", "csv:{good}", "--columns", "start=a,duration=b,gpus=c"], ["'--columns'"]),
+    ("csv mapped column absent", ["--trace", "csv:{good}", "--columns", "submit=t,duration=duration,gpus=num_gpu"],
+     ["{good}", "'t'"]),
+    ("mapping on non-csv", ["--trace", "itp:{good}", "--columns", "submit=a,duration=b,gpus=c"], ["csv format"]),
+    ("unknown policy", ["--trace", "itp:{good}", "--policy", "fastest"], ["unknown policy 'fastest'", "tlora"]),
+    ("bad cluster spec", ["--trace", "itp:{good}", "--cluster", "16xH100"], ["'--cluster'", "NODESxGPUSxTYPE"]),
+    ("unknown GPU", ["--trace", "itp:{good}", "--cluster", "2x8xB300"], ["'--cluster'", "B300"]),
+    ("zero nodes", ["--trace", "itp:{good}", "--cluster", "0x8xH100"], ["'--cluster'"]),
+    ("oversized --strict", ["--trace", "itp:{oversized}", "--strict"], ["{oversized}", "row 2", "'num_gpus'", "4096"]),
+    ("memory --strict", ["--trace", "itp:{good}", "--strict", "--lora-dist", "{big_model}"],
+     ["{good}", "row 1", "does not fit"]),
+    ("zero duration --strict", ["--trace", "itp:{zero_duration}", "--strict"], ["{zero_duration}", "zero_duration"]),
+    ("unknown LoRA dist", ["--trace", "itp:{good}", "--lora-dist", "huge"], ["unknown LoRA distribution"]),
+    ("bad LoRA dist", ["--trace", "itp:{good}", "--lora-dist", "{bad_dist}"], ["{bad_dist}", "'ranks'", "sum to 1"]),
+    ("LoRA dist not JSON", ["--trace", "itp:{good}", "--lora-dist", "{not_json}"], ["{not_json}", "JSON"]),
+    ("unknown option", ["--trace", "itp:{good}", "--option", "turbo=1"], ["'turbo'"]),
+    ("non-numeric option", ["--trace", "itp:{good}", "--option", "max_group_size=many"], ["'max_group_size'"]),
+    ("out-of-range option", ["--trace", "itp:{good}", "--option", "max_group_size=0"], ["max_group_size"]),
+    ("option syntax", ["--trace", "itp:{good}", "--option", "max_group_size"], ["'--option'"]),
+    ("negative pause", ["--trace", "itp:{good}", "--regroup-pause", "-1"], ["'--regroup-pause'"]),
+    ("negative seed", ["--trace", "itp:{good}", "--seed", "-3"], ["'--seed'"]),
+    ("synthetic bad option", ["--trace", "synthetic:jobs=many"], ["'jobs'", "int"]),
+    ("synthetic unknown key", ["--trace", "synthetic:users=5"], ["'users'"]),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+    files = {k: str(v) for k, v in _files(tmp).items()}
+    files["dir"] = str(tmp)
+    big = tmp / "big.json"
+    big.write_text(json.dumps({"models": {"llama3-70b": 1.0}}))
+    files["big_model"] = str(big)
+    return files
+
+
+@pytest.mark.parametrize("command", ["replay", "compare"])
+@pytest.mark.parametrize("case, argv, expect", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gives_one_line_exit_2_no_traceback(case, argv, expect, command, bad_files, tmp_path, capsys,
+                                                      reliability):
+    argv = [a.format(**bad_files) for a in argv]
+    if command == "compare":
+        argv = [("--policies" if a == "--policy" else a) for a in argv]
+        if "--policies" not in argv:
+            argv += ["--policies", "independent,tlora"]
+        argv += ["--workers", "1"]
+        if "--option" in argv:
+            argv[argv.index("--option") + 1] = "tlora." + argv[argv.index("--option") + 1]
+    elif "--policy" not in argv:
+        argv += ["--policy", "tlora"]
+    rc = main([command, *argv, "--out", str(tmp_path / "out"), "--no-progress", "--cluster", "2x8xH100"]
+              if "--cluster" not in argv else [command, *argv, "--out", str(tmp_path / "out"), "--no-progress"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tlora-sim: error: ")
+    for piece in expect:
+        assert piece.format(**bad_files) in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "out" / "jobs.csv").exists() and not (tmp_path / "out" / "summary.csv").exists()
+    reliability("bad_inputs")
+
+
+@pytest.mark.parametrize("case, argv", [
+    ("oversized without --strict", ["--trace", "itp:{oversized}"]),
+    ("zero duration without --strict", ["--trace", "itp:{zero_duration}"]),
+])
+def test_documented_skips_are_counted_without_strict(case, argv, bad_files, tmp_path):
+    argv = [a.format(**bad_files) for a in argv]
+    assert main(["replay", *argv, "--policy", "independent", "--out", str(tmp_path), "--no-progress",
+                 "--no-plots", "--cluster", "2x8xH100"]) == 0
+    skipped = json.loads((tmp_path / "summary.json").read_text())["skipped"]
+    assert sum(skipped.values()) == 1
+
+
+def test_bad_inputs_in_a_real_subprocess_print_one_line(bad_files, tmp_path, reliability):
+    """The console script itself (not just main()): exit 2, one line, no traceback."""
+    for argv in (["replay", "--trace", f"itp:{bad_files['misspelt_col']}", "--policy", "tlora"],
+                 ["compare", "--trace", f"itp:{bad_files['oversized']}", "--policies", "independent,mlora",
+                  "--strict", "--cluster", "2x8xH100"],
+                 ["replay", "--trace", "itp:" + bad_files["good"], "--policy", "nope"]):
+        r = cli(*argv, "--out", str(tmp_path / "o"), "--no-progress")
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        reliability("bad_inputs")
+
+
+def test_usage_errors_exit_2():
+    r = cli("replay", "--trace", "synthetic:jobs=5")  # --policy and --out missing
+    assert r.returncode == 2 and "required" in r.stderr and "Traceback" not in r.stderr
+    r = cli("frobnicate")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+# ---- outputs ---------------------------------------------------------------------------------------
+def test_replay_writes_a_complete_run_directory(tmp_path):
+    out = tmp_path / "run"
+    assert main(["replay", "--trace", "synthetic:jobs=40", "--cluster", "2x8xH100", "--policy", "tlora",
+                 "--out", str(out), "--no-progress"]) == 0
+    for f in RUN_FILES:
+        assert (out / f).is_file(), f
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert len(jobs) == 40 and jobs["finish_time_s"].notna().all()
+    assert (jobs["jct_s"] >= 0).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["jobs"] == 40 and summary["policy"] == "tlora"
+    config = json.loads((out / "config.json").read_text())
+    assert config["seed"] == 0 and config["lora_distribution"]["name"] == "tlora"
+    assert any((out / "figures").glob("*.png")) and any((out / "figures").glob("*.pdf"))
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_compare_writes_summary_csv_run_dirs_and_figures(tmp_path):
+    out = tmp_path / "cmp"
+    r = cli("compare", "--trace", "synthetic:jobs=40", "--cluster", "2x8xH100", "--policies",
+            "independent,mlora,tlora", "--seed", "1", "--out", str(out), "--no-progress", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(out / "summary.csv")
+    assert list(table.columns[: len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
+    assert list(table["policy"]) == ["independent", "mlora", "tlora"]
+    assert (table["jobs"] == 40).all()
+    assert ((table["gpu_alloc_util"] > 0) & (table["gpu_alloc_util"] <= 1)).all()
+    assert (table["p50_jct_s"] <= table["p90_jct_s"]).all() and (table["p90_jct_s"] <= table["p99_jct_s"]).all()
+    for p in ("independent", "mlora", "tlora"):
+        for f in RUN_FILES:
+            assert (out / p / f).is_file()
+    assert any((out / "figures").glob("*.png"))
+    assert not list(out.rglob("*.tmp"))
+    assert "wrote" in r.stdout
+
+
+@pytest.mark.slow
+@needs_itp
+def test_itp_cluster02_compare_every_job_finishes_exactly_once(tmp_path, reliability):
+    out = tmp_path / "itp02"
+    r = cli("compare", "--trace", f"itp:{ITP02}", "--cluster", "16x8xH100", "--policies", "independent,mlora,tlora",
+            "--seed", "0", "--out", str(out), "--no-progress", "--workers", "2", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pd.read_csv(out / "summary.csv")
+    for p in ("independent", "mlora", "tlora"):
+        jobs = pd.read_csv(out / p / "jobs.csv")
+        assert len(jobs) == 5778 and jobs["job_id"].is_unique
+        assert jobs["finish_time_s"].notna().all() and (jobs["finish_time_s"] >= jobs["start_time_s"]).all()
+        assert ((jobs["steps_trained"] - jobs["total_steps"]).abs() <= 1e-6 * jobs["total_steps"] + 1e-3).all()
+        assert int(table.loc[table["policy"] == p, "jobs"].iloc[0]) == 5778
+        if p == "independent":
+            assert (jobs["jct_s"] >= jobs["isolated_runtime_s"] * (1 - 1e-9)).all()
+        reliability("invariant_cases")
