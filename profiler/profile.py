@@ -692,6 +692,7 @@ def run(args) -> int:
 
     meta["sdpa_gqa"] = choose_gqa(device)
     log(f"SDPA grouped-query attention: {meta['sdpa_gqa']}")
+    (out / f"meta_{gpu.lower()}.json").write_text(json.dumps(meta, indent=1))
     try:
         if not args.e2e_only:
             meta["ceilings"] = prof.ceilings()

@@ -52,7 +52,11 @@ OKABE_ITO = {
 }
 
 #: Known policies, in the fixed order every figure and legend uses.
-KNOWN_POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora")
+KNOWN_POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
+
+#: Suffix of a policy's no-grouping ablation (``policies.registry``): drawn in its base policy's
+#: colour, dotted and with open hatching, right after the base policy.
+ABLATION_SUFFIX = "-nogroup"
 
 _KNOWN_COLORS = {
     "independent": OKABE_ITO["black"],
@@ -60,9 +64,10 @@ _KNOWN_COLORS = {
     "lorafusion": OKABE_ITO["sky_blue"],
     "alto": OKABE_ITO["bluish_green"],
     "tlora": OKABE_ITO["vermillion"],
+    "lookahead": OKABE_ITO["blue"],
 }
 # Palette colours left for other policies, most legible on white first.
-_EXTRA_COLORS = (OKABE_ITO["blue"], OKABE_ITO["reddish_purple"], OKABE_ITO["yellow"])
+_EXTRA_COLORS = (OKABE_ITO["reddish_purple"], OKABE_ITO["yellow"], OKABE_ITO["sky_blue"])
 
 _KNOWN_LINESTYLES = {
     "independent": (0, (1.0, 1.2)),          # dotted
@@ -70,6 +75,7 @@ _KNOWN_LINESTYLES = {
     "lorafusion": (0, (4.0, 1.2, 1.0, 1.2)),  # dash-dot
     "alto": (0, (6.0, 1.2, 1.0, 1.2, 1.0, 1.2)),  # dash-dot-dot
     "tlora": (0, ()),                        # solid
+    "lookahead": (0, (5.0, 1.0)),            # long dash
 }
 _EXTRA_LINESTYLES = (
     (0, (2.0, 1.0)),                  # short dash
@@ -77,9 +83,10 @@ _EXTRA_LINESTYLES = (
     (0, (3.0, 1.0, 1.0, 1.0, 3.0, 3.0)),
     (0, (1.0, 2.5)),                  # loose dots
 )
-_KNOWN_MARKERS = {"independent": "o", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*"}
+_KNOWN_MARKERS = {"independent": "o", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*", "lookahead": "P"}
 _EXTRA_MARKERS = ("v", "P", "X", "<", ">", "h")
-_KNOWN_HATCHES = {"independent": "", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": ""}
+_KNOWN_HATCHES = {"independent": "", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": "",
+                  "lookahead": "++"}
 _EXTRA_HATCHES = ("..", "++", "oo", "--", "||")
 
 #: matplotlib rc settings of the shared style (used through :func:`style_context`).
@@ -158,8 +165,10 @@ def policy_order(policies: Iterable[str]) -> list[str]:
     sorted case-insensitively (ties by exact name), so the order never depends on input order.
     """
     names = list(dict.fromkeys(str(p) for p in policies))
-    known = [p for p in KNOWN_POLICIES if p in names]
-    others = sorted((p for p in names if p not in _KNOWN_COLORS), key=lambda s: (s.lower(), s))
+    known = []
+    for p in KNOWN_POLICIES:
+        known += [q for q in (p, p + ABLATION_SUFFIX) if q in names]
+    others = sorted((p for p in names if p not in known), key=lambda s: (s.lower(), s))
     return known + others
 
 
@@ -175,9 +184,12 @@ def policy_styles(policies: Iterable[str]) -> dict[str, PolicyStyle]:
     styles: dict[str, PolicyStyle] = {}
     extra = 0
     for i, name in enumerate(policy_order(policies)):
+        base = name[: -len(ABLATION_SUFFIX)] if name.endswith(ABLATION_SUFFIX) else None
         if name in _KNOWN_COLORS:
             styles[name] = PolicyStyle(name, _KNOWN_COLORS[name], _KNOWN_LINESTYLES[name],
                                        _KNOWN_MARKERS[name], _KNOWN_HATCHES[name], i)
+        elif base in _KNOWN_COLORS:
+            styles[name] = PolicyStyle(name, _KNOWN_COLORS[base], (0, (1.0, 1.0)), _KNOWN_MARKERS[base], "....", i)
         else:
             styles[name] = PolicyStyle(
                 name,

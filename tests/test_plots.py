@@ -176,10 +176,12 @@ def test_wrong_directory_raises_input_error(tmp_path):
 def test_policy_styles_stable_and_distinct():
     names = ["ours", "tlora-nogroup", "tlora", "alto", "independent", "mlora", "lorafusion"]
     styles = fs.policy_styles(names)
-    assert list(styles) == ["independent", "mlora", "lorafusion", "alto", "tlora", "ours",
-                            "tlora-nogroup"]
+    # an ablation follows its base policy, in the base's colour but its own line style
+    assert list(styles) == ["independent", "mlora", "lorafusion", "alto", "tlora", "tlora-nogroup",
+                            "ours"]
     assert fs.policy_styles(reversed(names)) == styles
-    colors = [s.color for s in styles.values()]
+    assert styles["tlora-nogroup"].color == styles["tlora"].color
+    colors = [s.color for n, s in styles.items() if not n.endswith("-nogroup")]
     assert len(set(colors)) == len(colors)
     assert set(colors) <= set(fs.OKABE_ITO.values())
     assert len({s.linestyle for s in styles.values()}) == len(styles)

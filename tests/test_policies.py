@@ -247,9 +247,7 @@ def test_bad_policy_configs_raise_input_error(name, options, field, reliability)
     reliability("bad_inputs")
 
 
-@pytest.mark.xfail(reason="policies/registry.py make_policy converts only int/float options: a bool option given "
-                          "as a string from the CLI (--option tlora.grouping=False) stays the truthy string 'False'",
-                   strict=False)
 def test_bool_options_from_the_command_line_are_parsed():
+    """Regression: ``--option tlora.grouping=False`` once stayed the truthy string 'False'."""
     p = policy("tlora", grouping="False", nano_batching="0")
     assert p.config.grouping is False and p.config.nano_batching is False

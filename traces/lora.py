@@ -9,7 +9,9 @@ slowdown {1.25: 25 %, 1.5: 50 %, 2.0: 25 %} are this project's choices (tLoRA's 
 member within its tolerated slowdown).
 
 Named distributions: ``tlora`` (default) and ``mixed-ranks`` (as ``tlora`` but ranks
-{4, 8, 16, 32, 64, 128} uniform: the heterogeneous-rank case where padding to the largest rank hurts).
+{4, 8, 16, 32, 64, 128} uniform: the heterogeneous-rank case where padding to the largest rank hurts),
+and ``llm-cluster`` (an LLM cluster's fine-tuning mix: Llama-3-8B 40 %, Qwen3-8B 30 %, Qwen2.5-32B 20 %,
+Llama-3-70B 10 %; ranks {8, ..., 128} and sequences {1024, 2048, 4096} uniform; this project's choice).
 A JSON file with the fields of :class:`LoraDistribution` (``to_dict`` form) also works.
 """
 
@@ -107,6 +109,10 @@ class LoraDistribution:
 DISTRIBUTIONS: dict[str, LoraDistribution] = {
     "tlora": LoraDistribution(),
     "mixed-ranks": LoraDistribution(name="mixed-ranks", ranks=_uniform([4, 8, 16, 32, 64, 128])),
+    "llm-cluster": LoraDistribution(
+        name="llm-cluster",
+        models={"llama3-8b": 0.4, "qwen3-8b": 0.3, "qwen2.5-32b": 0.2, "llama3-70b": 0.1},
+        ranks=_uniform([8, 16, 32, 64, 128]), seq_lens=_uniform([1024, 2048, 4096])),
 }
 
 

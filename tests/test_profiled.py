@@ -1,0 +1,150 @@
+"""The profiled cost model (sim/profiled.py) and its shipped H100 artifact, without torch.
+
+Loads ``profiler/data/costmodel_h100.json``; checks the CostModel protocol, provenance in
+``describe()``, monotonicity in tokens, exact interpolation at measured grid points, flagged
+roofline-shaped extrapolation, the default-model choice per GPU type, and the format of
+``tlora-sim costmodel validate``'s last line.
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sim.costmodel import PLANS, CostModel, Member
+from sim.profiled import ProfiledCostModel, Tables, artifact_path, default_cost_model, load_artifact
+from sim.roofline import RooflineCostModel
+
+ART = artifact_path("H100")
+pytestmark = pytest.mark.skipif(not ART.is_file(), reason="no shipped H100 artifact")
+
+
+@pytest.fixture(scope="module")
+def art():
+    return load_artifact(ART)
+
+
+@pytest.fixture(scope="module")
+def cm(art):
+    return ProfiledCostModel(art)
+
+
+def test_import_needs_no_torch():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
+            "import sim.profiled, sim.costmodel_cli, profiler.fit\n"
+            "from sim.profiled import default_cost_model\n"
+            "print(default_cost_model('H100').name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "profiled"
+
+
+def test_protocol_and_describe(cm, art):
+    assert isinstance(cm, CostModel)
+    d = cm.describe()
+    assert d["name"] == "profiled" and d["gpu"] == "H100" and d["artifact"] == art["id"]
+    for k in ("gpu_name", "driver", "torch", "triton", "git_commit", "kernel_variants"):
+        assert d["source"][k], k
+    h = d["heldout"]
+    assert 0 <= h["median_ape"] <= h["p90_ape"] <= h["max_ape"] and h["rows"] > 0
+    assert set(art["models"]) >= {"llama3-8b", "qwen3-8b", "qwen2.5-32b", "llama3-70b"}
+
+
+def test_default_cost_model_per_gpu():
+    assert default_cost_model("H100").name == "profiled"
+    assert isinstance(default_cost_model("A100"), RooflineCostModel)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "qwen3-8b", "qwen2.5-32b", "llama3-70b"])
+@pytest.mark.parametrize("plan", PLANS)
+def test_predictions_positive_and_monotone_in_tokens(cm, model, plan):
+    for n_gpus in (1, 2, 8):
+        for members in ([Member(16, 1, 512)], [Member(8, 2, 1024)] * 4, [Member(r, 1, 2048) for r in (2, 4, 8, 16, 64)]):
+            prev = 0.0
+            for bs in (1, 2, 4, 8):
+                mm = [Member(x.rank, x.batch_size * bs, x.seq_len) for x in members]
+                t = cm.step_time_s(model, "H100", mm, n_gpus, plan)
+                assert math.isfinite(t) and t > 0
+                assert t >= prev * (1 - 1e-9), (model, plan, n_gpus, bs, t, prev)
+                prev = t
+                mem = cm.memory_bytes(model, "H100", mm, n_gpus, plan)
+                assert mem > 0 and math.isfinite(mem)
+    one = [Member(16, 2, 1024)]
+    assert cm.isolated_step_time_s(model, "H100", one[0], 1) == cm.step_time_s(model, "H100", one, 1, "alone")
+
+
+def test_interpolation_exact_at_grid_points(art):
+    for model, entry in art["models"].items():
+        tab = Tables(model, "H100", entry)
+        for t, ms in zip(entry["l0"]["tokens"], entry["l0"]["ms"]):
+            v, ext = tab.l0(t)
+            assert not ext and v == pytest.approx(ms, rel=1e-9)
+        for t, ms in zip(entry["head"]["tokens"], entry["head"]["ms"]):
+            v, ext = tab.head(t)
+            assert not ext and v == pytest.approx(ms, rel=1e-9)
+        for s, a in entry["attn"].items():
+            for b, ms in zip(a["seqs"], a["ms"]):
+                v, ext = tab.attn_ms(int(s), b)
+                assert not ext and v == pytest.approx(ms, rel=1e-9)
+        # between grid points the value lies between its neighbours
+        t0, t1 = entry["l0"]["tokens"][2:4]
+        m0, m1 = entry["l0"]["ms"][2:4]
+        v, _ = tab.l0((t0 + t1) / 2)
+        assert min(m0, m1) <= v <= max(m0, m1)
+
+
+def test_extrapolation_is_flagged_and_roofline_shaped(cm, art):
+    inside = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "fused")
+    assert not inside.extrapolated and inside.reasons == ()
+    big = cm.predict("llama3-8b", "H100", [Member(16, 8, 4096)] * 16, 1, "fused")  # 524k tokens on one GPU
+    assert big.extrapolated and "layer" in big.reasons
+    assert big.step_time_s > inside.step_time_s
+    before = cm.describe()["extrapolated"]
+    cm.predict("llama3-70b", "H100", [Member(256, 8, 4096)] * 20, 1, "loop")
+    assert cm.describe()["extrapolated"] == before + 1
+    tab = Tables("llama3-8b", "H100", art["models"]["llama3-8b"])
+    hi = art["models"]["llama3-8b"]["l0"]["tokens"][-1]
+    v1, e1 = tab.l0(hi)
+    v2, e2 = tab.l0(2 * hi)
+    assert not e1 and e2 and 1.8 < v2 / v1 < 2.2  # compute-bound: about linear in tokens
+    un = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
+    assert un.extrapolated and any(r.startswith("analytic_plan") for r in un.reasons)
+
+
+def test_other_gpu_falls_back_to_roofline(cm):
+    mm = [Member(16, 2, 1024)]
+    p = cm.predict("llama3-8b", "A100", mm, 1, "alone")
+    assert p.extrapolated and p.reasons == ("roofline:gpu",)
+    assert p.step_time_s == RooflineCostModel().step_time_s("llama3-8b", "A100", mm, 1, "alone")
+
+
+def test_group_accounting(cm):
+    a, b = Member(8, 1, 1024), Member(16, 2, 512)
+    alone = cm.step_time_s("llama3-8b", "H100", [a, b], 1, "alone")
+    assert alone == pytest.approx(cm.step_time_s("llama3-8b", "H100", [a], 1, "alone")
+                                  + cm.step_time_s("llama3-8b", "H100", [b], 1, "alone"))
+    fused = cm.step_time_s("llama3-8b", "H100", [a] * 8, 1, "fused")
+    assert fused < 8 * cm.step_time_s("llama3-8b", "H100", [a], 1, "alone")  # co-location pays
+    two = cm.step_time_s("llama3-8b", "H100", [Member(8, 2, 1024)] * 4, 2, "fused")
+    one = cm.step_time_s("llama3-8b", "H100", [Member(8, 1, 1024)] * 4, 1, "fused")
+    assert two > one  # same tokens per GPU plus communication
+    m1 = cm.memory_bytes("llama3-8b", "H100", [a] * 4, 1, "fused", micro_batches=1)
+    m4 = cm.memory_bytes("llama3-8b", "H100", [a] * 4, 1, "fused", micro_batches=4)
+    assert m4 < m1
+
+
+def test_validate_last_line(capsys):
+    from sim.costmodel_cli import add_parsers, run
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    add_parsers(ap.add_subparsers(dest="command"))
+    assert run(ap.parse_args(["costmodel", "validate", "--gpu", "H100"])) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"heldout_mape=0\.\d{4}", lines[-1]), lines[-1]
+    assert run(ap.parse_args(["costmodel", "show", "--gpu", "H100"])) == 0
+    out = capsys.readouterr().out
+    assert "held-out" in out and "llama3-70b" in out
