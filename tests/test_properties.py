@@ -88,7 +88,7 @@ def check_result(jobs, res) -> None:
 
 
 @pytest.mark.parametrize("name", POLICIES)
-@settings(max_examples=30)
+@settings(max_examples=40)
 @given(scenario=scenarios())
 def test_random_workloads_keep_every_invariant(name, scenario, reliability):
     jobs, cluster, pause, skipped, _ = scenario

@@ -1,0 +1,751 @@
+"""``tlora-sim sweep SWEEP.toml --out DIR``: replay the cross product of traces, clusters, policies,
+seeds and cost-model options, one run directory per cell, one row per cell in ``DIR/sweep.csv``.
+
+SWEEP.toml (every key is checked; an unknown key is an error)::
+
+    traces = ["itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz", "synthetic:jobs=2000,seed=1"]
+    clusters = ["16x8xH100"]            # optional, default ["16x8xH100"]
+    policies = ["independent", "tlora"]
+    seeds = [0, 1]                      # optional, default [0]
+    lora_dists = ["tlora"]              # optional, default ["tlora"] (names or JSON files)
+    regroup_pause_s = [30.0]            # optional, default [30.0]
+    cost_models = ["roofline"]          # optional, default ["roofline"] (see COST_MODELS)
+    # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "..."
+
+    [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
+    max_group_size = 8
+
+Relative paths (trace files, LoRA distribution JSON files) are resolved against the directory of
+SWEEP.toml, so a sweep file runs the same from any working directory. The ``trace`` column of
+``sweep.csv`` and the cell id keep the spec as written.
+
+Cells and outputs:
+
+* a cell is one combination; its id is the first 16 hex digits of the SHA-256 of its canonical
+  inputs (JSON, keys sorted), so it is stable across runs, machines and the order of the lists;
+* ``DIR/cells/<id>/`` is the cell's run directory (``sim.replay.replay``; no figures);
+* a cell is finished iff ``DIR/cells/<id>/summary.json`` exists; finished cells are skipped, so a
+  killed sweep resumes where it stopped and loses no finished cell;
+* ``DIR/sweep.csv``: one row per finished cell, sorted by ``cell_id`` (independent of completion
+  order): ``cell_id``, the inputs (``INPUT_COLUMNS``) and the summary metrics (``summary.json``;
+  ``skipped`` is the total and ``skipped.<reason>`` each count). Rewritten atomically after every
+  finished cell;
+* ``DIR/failed.csv``: cells that raised in this invocation (error type and message); they do not stop
+  the others and are retried by the next invocation. The exit status is 1 when any cell failed;
+* ``DIR/sweep.json``: the sweep as parsed and every cell's id and inputs.
+
+Backends: ``local`` (default): worker processes (``--workers N``, default the CPU count; 1 runs the
+cells in this process). ``ray``: cells as Ray tasks (1 CPU each) on the cluster at ``--address``
+(``ray.init(address=...)``), or on a local Ray started with ``num_cpus`` = ``--workers`` (default the
+CPU count) when no address is given and Ray is not already initialised. A task simulates into a
+temporary directory on its worker and returns the files; the driver writes them, so workers need
+tlora-sim installed and the trace files at the same absolute paths, but no shared output directory.
+Both backends write the same bytes.
+
+Changing the code does not invalidate finished cells: use a fresh DIR (or delete ``cells/<id>``) to
+re-run them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from sim.errors import InputError
+
+# Cost models a sweep may name. Extend here when sim.replay can run another one (e.g. "profiled"):
+# the value says what the name means; ``_replay_config`` passes the name to ReplayConfig once it
+# has a ``cost_model`` field.
+COST_MODELS: dict[str, str] = {
+    "roofline": "analytic roofline model (sim/roofline.py)",
+}
+
+LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models")
+SCALAR_KEYS = ("strict", "time_unit", "csv_columns")
+TABLE_KEYS = ("policy_options",)
+DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
+                             "regroup_pause_s": [30.0], "cost_models": ["roofline"]}
+REQUIRED = ("traces", "policies")
+TIME_UNITS = ("s", "ms", "min", "h")
+
+INPUT_COLUMNS = ["trace", "cluster", "policy", "seed", "lora_dist", "regroup_pause_s", "cost_model",
+                 "policy_options"]
+FAILED_COLUMNS = ["cell_id", *INPUT_COLUMNS, "error", "message"]
+
+
+# ---- the sweep definition ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One combination of the sweep.
+
+    Attributes:
+        trace, cluster, policy, seed, lora_dist, regroup_pause_s, cost_model: the inputs as written.
+        policy_options: the policy's option overrides (sorted ``(key, value)`` pairs).
+        trace_run: the trace spec with its path resolved (what the replay reads).
+        lora_dist_run: the distribution name or resolved JSON path.
+        csv_columns, time_unit, strict: sweep-wide reader options.
+    """
+
+    trace: str
+    cluster: str
+    policy: str
+    seed: int
+    lora_dist: str
+    regroup_pause_s: float
+    cost_model: str
+    policy_options: tuple[tuple[str, Any], ...] = ()
+    trace_run: str = ""
+    lora_dist_run: str = ""
+    csv_columns: tuple[tuple[str, str], ...] | None = None
+    time_unit: str = "s"
+    strict: bool = False
+
+    def identity(self) -> dict:
+        """The canonical inputs the id hashes (paths as written, not as resolved)."""
+        return {"trace": self.trace, "cluster": self.cluster, "policy": self.policy, "seed": self.seed,
+                "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
+                "cost_model": self.cost_model, "policy_options": dict(self.policy_options),
+                "csv_columns": dict(self.csv_columns) if self.csv_columns is not None else None,
+                "time_unit": self.time_unit, "strict": self.strict}
+
+    @property
+    def cell_id(self) -> str:
+        """16 hex digits of SHA-256 over the canonical JSON of :meth:`identity`."""
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def inputs_row(self) -> dict:
+        """The ``INPUT_COLUMNS`` values (policy options as compact JSON)."""
+        return {"trace": self.trace, "cluster": self.cluster, "policy": self.policy, "seed": self.seed,
+                "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
+                "cost_model": self.cost_model,
+                "policy_options": json.dumps(dict(self.policy_options), sort_keys=True, separators=(",", ":"))}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed SWEEP.toml: its path, the value lists and the cells (cross product, in list order)."""
+
+    path: str
+    lists: dict[str, list]
+    policy_options: dict[str, dict]
+    cells: list[Cell] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        """What ``DIR/sweep.json`` records."""
+        return {"sweep_file": self.path, **self.lists, "policy_options": self.policy_options,
+                "cells": [{"cell_id": c.cell_id, **c.identity()} for c in self.cells]}
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read, validate and expand SWEEP.toml.
+
+    Raises:
+        InputError: unreadable file or bad TOML (file named), unknown key, a value of the wrong type,
+            an empty or duplicated list, an unknown trace format / cluster / policy / policy option /
+            LoRA distribution / cost model, a missing trace file (file and field named, with what
+            was expected).
+    """
+    import tomllib
+
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read sweep file ({e.strerror or e})", file=file) from None
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"sweep file is not UTF-8 ({e.reason})", file=file) from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"invalid TOML: {e}", file=file) from None
+    return parse_sweep(data, file=file, base_dir=path.resolve().parent)
+
+
+def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = ".") -> Sweep:
+    """Validate a sweep given as a dict (what ``tomllib`` returns); see :func:`load_sweep`."""
+    base = Path(base_dir)
+
+    def err(fld: str, message: str) -> InputError:
+        return InputError(message, file=file, field=fld)
+
+    known = (*LIST_KEYS, *SCALAR_KEYS, *TABLE_KEYS)
+    for key in data:
+        if key not in known:
+            raise err(key, f"unknown key; expected one of: {', '.join(known)}")
+    for key in REQUIRED:
+        if key not in data:
+            raise err(key, f"missing; expected a list, e.g. {key} = {_EXAMPLES[key]}")
+
+    strict = data.get("strict", False)
+    if not isinstance(strict, bool):
+        raise err("strict", f"expected true or false, got {strict!r}")
+    time_unit = data.get("time_unit", "s")
+    if time_unit not in TIME_UNITS:
+        raise err("time_unit", f"expected one of {', '.join(TIME_UNITS)}, got {time_unit!r}")
+    csv_columns = data.get("csv_columns")
+    if csv_columns is not None:
+        if not isinstance(csv_columns, dict) or not all(isinstance(v, str) for v in csv_columns.values()):
+            raise err("csv_columns", 'expected a table of strings, e.g. [csv_columns] submit = "ts", '
+                                     'duration = "dur", gpus = "n_gpu"')
+        csv_columns = {str(k): v for k, v in csv_columns.items()}
+
+    lists = {key: _list(data, key, err) for key in LIST_KEYS}
+
+    # traces: FORMAT:PATH (file formats: the path must exist) or synthetic:OPTIONS
+    from traces.registry import split_spec
+
+    trace_run = {}
+    for i, spec in enumerate(lists["traces"]):
+        fld = f"traces[{i}]"
+        if not isinstance(spec, str):
+            raise err(fld, f"expected a trace spec string FORMAT:PATH, got {spec!r}")
+        try:
+            fmt, arg = split_spec(spec)
+        except InputError as e:
+            raise err(fld, e.message) from None
+        if fmt == "synthetic":
+            from traces.synthetic import parse_options
+
+            try:
+                parse_options(arg)
+            except InputError as e:
+                raise err(fld, f"synthetic option {e.field!r}: {e.message}" if e.field else e.message) from None
+            trace_run[spec] = spec
+            continue
+        if fmt == "csv" and csv_columns is None:
+            raise err(fld, "the csv format needs a [csv_columns] table (submit, duration, gpus)")
+        p = Path(arg).expanduser()
+        p = p if p.is_absolute() else base / p
+        if not p.exists():
+            raise err(fld, f"trace path {str(p)!r} does not exist (relative paths are resolved against "
+                           f"the sweep file's directory {str(base)!r})")
+        trace_run[spec] = f"{fmt}:{p}"
+    if csv_columns is not None:
+        from traces.generic_csv import parse_column_mapping
+
+        try:
+            parse_column_mapping(",".join(f"{k}={v}" for k, v in csv_columns.items()))
+        except InputError as e:
+            raise err("csv_columns", e.message) from None
+
+    from sim.cluster import parse_cluster
+
+    for i, spec in enumerate(lists["clusters"]):
+        if not isinstance(spec, str):
+            raise err(f"clusters[{i}]", f"expected a string NODESxGPUSxTYPE (e.g. 16x8xH100), got {spec!r}")
+        try:
+            parse_cluster(spec)
+        except InputError as e:
+            raise err(f"clusters[{i}]", e.message) from None
+
+    for i, s in enumerate(lists["seeds"]):
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise err(f"seeds[{i}]", f"expected an integer >= 0, got {s!r}")
+
+    for i, v in enumerate(lists["regroup_pause_s"]):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise err(f"regroup_pause_s[{i}]", f"expected a finite number of seconds >= 0, got {v!r}")
+    lists["regroup_pause_s"] = [float(v) for v in lists["regroup_pause_s"]]
+    _no_duplicates(lists, "regroup_pause_s", err)
+
+    for i, name in enumerate(lists["cost_models"]):
+        if name not in COST_MODELS:
+            raise err(f"cost_models[{i}]", f"unknown cost model {name!r}; expected one of: "
+                                           f"{', '.join(COST_MODELS)}")
+
+    from traces.lora import DISTRIBUTIONS, load_distribution
+
+    dist_run = {}
+    for i, name in enumerate(lists["lora_dists"]):
+        fld = f"lora_dists[{i}]"
+        if not isinstance(name, str):
+            raise err(fld, f"expected a distribution name ({', '.join(sorted(DISTRIBUTIONS))}) or a JSON path, "
+                           f"got {name!r}")
+        run = name
+        if name not in DISTRIBUTIONS:
+            p = Path(name).expanduser()
+            run = str(p if p.is_absolute() else base / p)
+        try:
+            load_distribution(run)
+        except InputError as e:
+            raise err(fld, f"{e.file}: {e.message}" if e.file else e.message) from None
+        dist_run[name] = run
+
+    from policies.registry import make_policy
+
+    for i, name in enumerate(lists["policies"]):
+        if not isinstance(name, str):
+            raise err(f"policies[{i}]", f"expected a policy name, got {name!r}")
+    options = data.get("policy_options", {})
+    if not isinstance(options, dict):
+        raise err("policy_options", "expected tables [policy_options.POLICY] of option = value")
+    for pol, table in options.items():
+        if pol not in lists["policies"]:
+            raise err(f"policy_options.{pol}", f"policy {pol!r} is not in policies = {lists['policies']}")
+        if not isinstance(table, dict):
+            raise err(f"policy_options.{pol}", "expected a table of option = value")
+        for key, val in table.items():
+            if isinstance(val, (dict, list)):
+                raise err(f"policy_options.{pol}.{key}", f"expected a number, string or boolean, got {val!r}")
+    for i, name in enumerate(lists["policies"]):
+        try:
+            make_policy(name, options.get(name))
+        except InputError as e:
+            fld = (f"policy_options.{name}.{e.field}" if name in options and e.field in options[name]
+                   else f"policies[{i}]")
+            raise err(fld, e.message) from None
+
+    csv_items = tuple(sorted(csv_columns.items())) if csv_columns is not None else None
+    cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(options.get(p, {}).items())), trace_run[t], dist_run[d],
+                  csv_items, time_unit, strict)
+             for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for s in lists["seeds"]
+             for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
+    return Sweep(file, lists, {k: dict(v) for k, v in options.items()}, cells)
+
+
+_EXAMPLES = {"traces": '["synthetic:jobs=2000,seed=1"]', "policies": '["independent", "tlora"]'}
+
+
+def _list(data: dict, key: str, err: Callable[[str, str], InputError]) -> list:
+    value = data.get(key, DEFAULTS.get(key))
+    if not isinstance(value, list):
+        raise err(key, f"expected a list (e.g. {key} = {_EXAMPLES.get(key, DEFAULTS.get(key))}), got {value!r}")
+    if not value:
+        raise err(key, "expected a non-empty list")
+    lists = {key: value}
+    _no_duplicates(lists, key, err)
+    return list(value)
+
+
+def _no_duplicates(lists: dict, key: str, err: Callable[[str, str], InputError]) -> None:
+    seen: dict = {}
+    for i, v in enumerate(lists[key]):
+        k = json.dumps(v, sort_keys=True, default=str)
+        if k in seen:
+            raise err(f"{key}[{i}]", f"duplicate of {key}[{seen[k]}] ({v!r}); each value once")
+        seen[k] = i
+
+
+# ---- one cell --------------------------------------------------------------------------------------
+def _replay_config(cell: Cell):
+    from dataclasses import fields
+
+    from sim.replay import ReplayConfig
+
+    names = {f.name for f in fields(ReplayConfig)}
+    kw: dict[str, Any] = dict(trace=cell.trace_run, policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
+                              lora_dist=cell.lora_dist_run, policy_options=dict(cell.policy_options),
+                              regroup_pause_s=cell.regroup_pause_s,
+                              csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
+                              time_unit=cell.time_unit, strict=cell.strict)
+    if "cost_model" in names:
+        kw["cost_model"] = cell.cost_model
+    elif cell.cost_model != "roofline":
+        raise InputError(f"cost model {cell.cost_model!r}: sim.replay runs only the roofline model",
+                         field="cost_models")
+    return ReplayConfig(**kw)
+
+
+_IN_CELL = False  # a worker is inside a cell (SIGTERM then unwinds it so temp files are removed)
+
+
+def _run_cell(cell: Cell, out_dir: str) -> dict:
+    """Replay ``cell`` into ``out_dir``; returns ``{"ok": bool, "error": type name, "message": str}``.
+
+    Input and invariant errors (and any other exception) are returned, not raised, so one bad cell
+    does not stop the sweep; KeyboardInterrupt propagates.
+    """
+    global _IN_CELL
+    from sim.replay import replay
+
+    out = Path(out_dir)
+    _IN_CELL = True
+    try:
+        for tmp in out.glob(".*.tmp") if out.is_dir() else ():  # leftovers of a SIGKILLed run
+            tmp.unlink(missing_ok=True)
+        replay(_replay_config(cell), out, progress=False, plots=False)
+        return {"ok": True, "error": "", "message": ""}
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, the sweep goes on
+        from sim.invariants import InvariantError
+
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not isinstance(e, (InputError, InvariantError)):
+            msg += " (traceback in error.txt)"
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "error.txt").write_text(traceback.format_exc())
+            except OSError:
+                pass
+        return {"ok": False, "error": type(e).__name__, "message": msg}
+    finally:
+        _IN_CELL = False
+
+
+def _run_cell_files(cell: Cell) -> dict:
+    """Ray task body: replay ``cell`` into a temporary directory and return its files' bytes."""
+    with tempfile.TemporaryDirectory(prefix="tlora-sweep-") as tmp:
+        res = _run_cell(cell, tmp)
+        files = {}
+        for p in sorted(Path(tmp).rglob("*")):
+            if p.is_file() and not p.name.startswith("."):
+                files[p.relative_to(tmp).as_posix()] = p.read_bytes()
+        return {**res, "files": files}
+
+
+def _write_cell_files(out: Path, files: dict[str, bytes]) -> None:
+    """Write a cell's files atomically, ``summary.json`` (the finished marker) last."""
+    from sim.rundir import atomic_write
+
+    for name in sorted(files, key=lambda n: (n == "summary.json", n)):
+        data = files[name]
+        atomic_write(out / name, lambda p, d=data: p.write_bytes(d))
+
+
+def _worker_signal(signum: int, _frame) -> None:
+    if _IN_CELL:
+        from sim.rundir import Interrupted
+
+        raise Interrupted(signum)
+    os._exit(128 + signum)
+
+
+def _worker_init() -> None:
+    """Local worker: the parent handles Ctrl-C; SIGTERM unwinds a running cell (temp files removed)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_signal)
+
+
+# ---- the sweep ---------------------------------------------------------------------------------------
+def cell_dir(out_dir: str | Path, cell: Cell) -> Path:
+    """``DIR/cells/<id>``."""
+    return Path(out_dir) / "cells" / cell.cell_id
+
+
+def is_finished(out_dir: str | Path, cell: Cell) -> bool:
+    """A cell is finished iff its ``summary.json`` exists."""
+    return (cell_dir(out_dir, cell) / "summary.json").is_file()
+
+
+def cell_row(out_dir: str | Path, cell: Cell) -> dict:
+    """``sweep.csv`` row of a finished cell: id, inputs, then the summary metrics."""
+    summary = json.loads((cell_dir(out_dir, cell) / "summary.json").read_text())
+    row: dict[str, Any] = {"cell_id": cell.cell_id, **cell.inputs_row()}
+    for key, val in summary.items():
+        if key in row or key in ("policy", "trace", "cluster", "seed"):
+            continue
+        if isinstance(val, dict):
+            if key == "skipped":
+                row["skipped"] = sum(val.values())
+            for sub, v in sorted(val.items()):
+                row[f"{key}.{sub}"] = v
+        elif isinstance(val, list):
+            row[key] = json.dumps(val)
+        else:
+            row[key] = val
+    if "skipped" in summary and "skipped" not in row:
+        row["skipped"] = 0
+    return row
+
+
+def write_table(out_dir: str | Path, rows: Iterable[dict]) -> Path:
+    """Write ``DIR/sweep.csv`` atomically: rows sorted by ``cell_id``, columns in a fixed order
+    (id, inputs, ``metrics.SUMMARY_KEYS``, then the other metric names sorted)."""
+    import pandas as pd
+
+    from sim import metrics
+    from sim.rundir import write_csv
+
+    rows = sorted(rows, key=lambda r: r["cell_id"])
+    first = ["cell_id", *INPUT_COLUMNS]
+    keys = {k for r in rows for k in r}
+    lead = first + [k for k in metrics.SUMMARY_KEYS if k in keys]
+    cols = lead + sorted(keys - set(lead))
+    return write_csv(Path(out_dir) / "sweep.csv", pd.DataFrame(rows, columns=cols))
+
+
+def _write_failed(out_dir: Path, failed: dict[str, dict]) -> None:
+    import pandas as pd
+
+    from sim.rundir import write_csv
+
+    path = out_dir / "failed.csv"
+    if not failed:
+        path.unlink(missing_ok=True)
+        return
+    write_csv(path, pd.DataFrame([failed[k] for k in sorted(failed)], columns=FAILED_COLUMNS))
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` did: cells in total, skipped (finished before), run now, failed."""
+
+    total: int
+    skipped: int
+    ran: int
+    failed: dict[str, dict]
+    table: Path
+
+
+def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", workers: int | None = None,
+              address: str | None = None, progress: bool = True) -> SweepResult:
+    """Run every unfinished cell of ``sweep`` into ``out_dir`` (see the module docstring).
+
+    Args:
+        sweep: from :func:`load_sweep`.
+        out_dir: DIR.
+        backend: ``local`` or ``ray``.
+        workers: local worker processes (default: CPU count; 1 = in this process), or the CPUs of a
+            local Ray started here.
+        address: Ray cluster address (``ray`` backend only); None starts a local Ray unless one is
+            already initialised in this process.
+        progress: a tqdm bar over cells on stderr.
+
+    Raises:
+        InputError: unknown backend, Ray not installed, ``address`` without the ray backend, another
+            sweep running in ``out_dir``.
+        KeyboardInterrupt: interrupted; finished cells and their rows are kept.
+    """
+    from sim.rundir import write_json
+
+    if backend not in ("local", "ray"):
+        raise InputError(f"unknown backend {backend!r}; expected local or ray", field="--backend")
+    if address is not None and backend != "ray":
+        raise InputError("--address needs --backend ray", field="--address")
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}", field="--workers")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _lock(out):
+        write_json(out / "sweep.json", sweep.describe())
+        done = [c for c in sweep.cells if is_finished(out, c)]
+        todo = [c for c in sweep.cells if not is_finished(out, c)]
+        rows = {c.cell_id: cell_row(out, c) for c in done}
+        table = write_table(out, rows.values())
+        failed: dict[str, dict] = {}
+        _write_failed(out, failed)
+        bar = _bar(len(sweep.cells), len(done), progress)
+
+        def finished(cell: Cell, res: dict) -> None:
+            if res["ok"] and is_finished(out, cell):
+                rows[cell.cell_id] = cell_row(out, cell)
+                write_table(out, rows.values())
+            else:
+                failed[cell.cell_id] = {"cell_id": cell.cell_id, **cell.inputs_row(),
+                                        "error": res.get("error") or "Error",
+                                        "message": res.get("message") or "no summary.json written"}
+                _write_failed(out, failed)
+            if bar is not None:
+                bar.update(1)
+                if failed:
+                    bar.set_postfix(failed=len(failed), refresh=False)
+
+        try:
+            if todo:
+                if backend == "ray":
+                    _run_ray(todo, out, finished, address, workers)
+                else:
+                    _run_local(todo, out, finished, workers or os.cpu_count() or 1)
+        finally:
+            if bar is not None:
+                bar.close()
+    return SweepResult(len(sweep.cells), len(done), len(todo), failed, table)
+
+
+def _bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="cell", desc="sweep", file=sys.stderr, dynamic_ncols=True,
+                smoothing=0.1)
+
+
+class _lock:
+    """An exclusive ``flock`` on ``DIR/.sweep.lock`` for the duration of a sweep (POSIX only)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".sweep.lock"
+        self.fd: int | None = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise InputError("another sweep is running in this directory", file=str(self.path.parent)) from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+
+
+def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], workers: int) -> None:
+    if workers == 1 or len(todo) == 1:
+        for cell in todo:
+            finished(cell, _run_cell(cell, str(cell_dir(out, cell))))
+        return
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_worker_init)
+    try:
+        pending = {ex.submit(_run_cell, c, str(cell_dir(out, c))): c for c in todo}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: pending[f].cell_id):
+                cell = pending.pop(fut)
+                try:
+                    res = fut.result()
+                except BrokenProcessPool:
+                    res = {"ok": False, "error": "BrokenProcessPool",
+                           "message": "a worker process died (killed, or out of memory)"}
+                finished(cell, res)
+    except BaseException:
+        _stop_pool(ex)
+        raise
+    ex.shutdown()
+
+
+def _stop_pool(ex) -> None:
+    """Cancel queued cells, SIGTERM running ones (they remove their temp files), wait for the workers."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _run_ray(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], address: str | None,
+             workers: int | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise InputError('the ray backend needs Ray: pip install "tlora-sim[ray]"', field="--backend") from None
+    started = False
+    if address is not None:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        started = True
+    elif not ray.is_initialized():
+        ray.init(num_cpus=workers or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+        started = True
+    task = ray.remote(num_cpus=1)(_run_cell_files)
+    refs: dict = {}
+    try:
+        refs = {task.remote(c): c for c in todo}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in ready:
+                cell = refs.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a task that died (worker lost, OOM)
+                    res = {"ok": False, "error": type(e).__name__, "message": str(e).splitlines()[0] if str(e) else ""}
+                if res.get("files"):
+                    _write_cell_files(cell_dir(out, cell), res["files"])
+                finished(cell, res)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---- command line --------------------------------------------------------------------------------
+def add_sweep_parser(subparsers) -> None:
+    """Add the ``sweep`` sub-command to ``tlora-sim``'s ``add_subparsers()`` object."""
+    import argparse
+
+    s = subparsers.add_parser(
+        "sweep", help="replay the cross product of traces, clusters, policies, seeds and options (resumable)",
+        description="Replay every cell of SWEEP.toml (cross product of traces, clusters, policies, seeds, "
+                    "lora_dists, regroup_pause_s, cost_models). Writes DIR/cells/<id>/ run directories, "
+                    "DIR/sweep.csv (one row per finished cell, sorted by cell id), DIR/failed.csv and "
+                    "DIR/sweep.json. Finished cells (summary.json present) are skipped, so an interrupted "
+                    "sweep resumes. Exit status 1 when any cell failed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("sweep_file", type=Path, metavar="SWEEP.toml", help="the sweep definition (see sim/sweep.py)")
+    s.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
+    s.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local worker processes, or Ray tasks")
+    s.add_argument("--address", metavar="ADDR", default=None,
+                   help="Ray cluster address (ray backend; default: start a local Ray)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="local worker processes, or CPUs of a local Ray (default: CPU count; 1 = in-process)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--dry-run", action="store_true", help="list the cells (id, finished, inputs) and exit")
+
+
+def run_sweep_command(args) -> int:
+    """Run ``tlora-sim sweep``; returns the exit status (0 all cells finished, 1 some failed).
+
+    Raises:
+        InputError: bad sweep file or options (the CLI prints one line and exits 2).
+    """
+    sweep = load_sweep(args.sweep_file)
+    if args.dry_run:
+        for c in sweep.cells:
+            state = "done" if is_finished(args.out, c) else "todo"
+            print(c.cell_id, state, json.dumps(c.inputs_row(), sort_keys=False), sep="\t")
+        return 0
+    t0 = time.perf_counter()
+    res = run_sweep(sweep, args.out, backend=args.backend, workers=args.workers, address=args.address,
+                    progress=not args.no_progress)
+    ok = res.ran - len(res.failed)
+    print(f"sweep: {res.total} cells: {res.skipped} already finished, {ok} ran, {len(res.failed)} failed "
+          f"({time.perf_counter() - t0:.1f} s) -> {res.table}")
+    if res.failed:
+        for row in list(res.failed.values())[:5]:
+            print(f"  failed {row['cell_id']} ({row['policy']}, {row['trace']}): {row['error']}: {row['message']}",
+                  file=sys.stderr)
+        print(f"  all failures: {Path(args.out) / 'failed.csv'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sim.sweep SWEEP.toml --out DIR ...``: the sub-command without the rest of the CLI."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sim.sweep")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_sweep_parser(sub)
+    args = ap.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run_sweep_command(args)
+    except InputError as e:
+        print(f"tlora-sim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tlora-sim: interrupted; finished cells are kept, re-run to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
