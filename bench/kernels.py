@@ -440,13 +440,14 @@ def summarize(rows):
                              else None})
     m = res["mixes"]
     if m:
-        med = statistics.median
+        def med(it):
+            v = [x for x in it if not math.isnan(x)]
+            return statistics.median(v) if v else float("nan")
         t = {
             "median_fused_ratio": med(x["fused_ratio"] for x in m),
             "max_fused_ratio": max(x["fused_ratio"] for x in m),
             "median_speedup_vs_best": med(x["speedup_vs_best"] for x in m),
-            "median_eager_vs_loop": med(x["eager_vs_loop"] for x in m
-                                        if not math.isnan(x["eager_vs_loop"])),
+            "median_eager_vs_loop": med(x["eager_vs_loop"] for x in m),
             "beats_padded_all_differing": all(x["beats_padded"] for x in m
                                               if x["ranks_differ"] and x["beats_padded"]
                                               is not None),

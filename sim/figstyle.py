@@ -10,6 +10,8 @@ What lives here:
   ``independent, mlora, lorafusion, alto, tlora`` always get the same colour and come first in that
   order; any other name (``ours``, ablations like ``tlora-nogroup``) follows in alphabetical order and
   takes the remaining palette colours, so one set of policies always looks the same in every figure.
+* The same for the kernel implementations and profiler plans (:func:`impl_order`, :func:`impl_styles`):
+  ``base, alone, loop, padded, peft, fused`` in that order and fixed colours.
 * :func:`axis_label` (every axis label carries a unit) and :func:`missing_units` (the check).
 * :func:`save_figure`: writes a figure as vector PDF and PNG (200 dpi) atomically: a temp file in the
   target directory, then :func:`os.replace`; PDF metadata carries no date, so output is reproducible.
@@ -199,6 +201,62 @@ def policy_styles(policies: Iterable[str]) -> dict[str, PolicyStyle]:
                 _EXTRA_HATCHES[extra % len(_EXTRA_HATCHES)],
                 i,
             )
+            extra += 1
+    return styles
+
+
+#: Multi-LoRA implementations of the kernel benchmark / plans of the profiler, in display order.
+KNOWN_IMPLS = ("base", "alone", "loop", "padded", "peft", "fused")
+
+# base (the frozen layer, the reference) in neutral grey; the others echo the policy that runs them:
+# alone ~ independent (black), loop ~ mLoRA (orange), fused ~ tLoRA/ours (vermillion).
+_IMPL_COLORS = {"base": "#999999", "alone": OKABE_ITO["black"], "loop": OKABE_ITO["orange"],
+                "padded": OKABE_ITO["sky_blue"], "peft": OKABE_ITO["reddish_purple"],
+                "fused": OKABE_ITO["vermillion"]}
+_IMPL_HATCHES = {"base": "", "alone": "", "loop": "//", "padded": "\\\\", "peft": "..", "fused": ""}
+_IMPL_MARKERS = {"base": "s", "alone": "o", "loop": "s", "padded": "^", "peft": "v", "fused": "D"}
+_EXTRA_IMPL_COLORS = (OKABE_ITO["blue"], OKABE_ITO["bluish_green"], OKABE_ITO["yellow"])
+
+
+def impl_order(impls: Iterable[str]) -> list[str]:
+    """Return the distinct implementation (or plan) names in display order.
+
+    Known ones (:data:`KNOWN_IMPLS`) come first in that order, each followed by its variants
+    (``fused#0``, ``fused#1``: one kernel configuration each, sorted); other names follow sorted.
+    """
+    names = list(dict.fromkeys(str(i) for i in impls))
+    known = []
+    for k in KNOWN_IMPLS:
+        known += [n for n in names if n == k]
+        known += sorted((n for n in names if n.startswith(k + "#")), key=lambda s: (len(s), s))
+    return known + sorted((n for n in names if n not in known), key=lambda s: (s.lower(), s))
+
+
+def impl_styles(impls: Iterable[str]) -> dict[str, PolicyStyle]:
+    """Return a :class:`PolicyStyle` per implementation or plan name, in :func:`impl_order`.
+
+    ``base`` (the frozen layer) is grey, ``alone`` black, ``loop`` orange, ``padded`` sky blue,
+    ``peft`` reddish purple, ``fused`` vermillion, whatever else is in the set; a variant
+    ``fused#k`` takes its implementation's colour with its own hatch and marker; other names take
+    blue, bluish green and yellow in turn. Line styles are solid (these are bars and points).
+    """
+    styles: dict[str, PolicyStyle] = {}
+    extra = 0
+    variant = 0
+    for i, name in enumerate(impl_order(impls)):
+        root = name.split("#", 1)[0]
+        if name in _IMPL_COLORS:
+            styles[name] = PolicyStyle(name, _IMPL_COLORS[name], (0, ()), _IMPL_MARKERS[name],
+                                       _IMPL_HATCHES[name], i)
+        elif root in _IMPL_COLORS:
+            styles[name] = PolicyStyle(name, _IMPL_COLORS[root], (0, ()),
+                                       _EXTRA_MARKERS[variant % len(_EXTRA_MARKERS)],
+                                       _EXTRA_HATCHES[variant % len(_EXTRA_HATCHES)], i)
+            variant += 1
+        else:
+            styles[name] = PolicyStyle(name, _EXTRA_IMPL_COLORS[extra % len(_EXTRA_IMPL_COLORS)], (0, ()),
+                                       _EXTRA_MARKERS[extra % len(_EXTRA_MARKERS)],
+                                       _EXTRA_HATCHES[extra % len(_EXTRA_HATCHES)], i)
             extra += 1
     return styles
 

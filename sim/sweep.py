@@ -584,6 +584,7 @@ class _lock:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX
             return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -8,6 +8,10 @@ isolated runtime is within half a step of the traced duration).
 Documented skips (counted in ``summary.json`` under ``skipped``):
 ``oversized``: the job asks for more GPUs than the cluster has;
 ``memory``: the job alone does not fit in its GPUs' memory under the cost model.
+
+Always an error (no skip): a submit time plus duration beyond ``MAX_TIME_S`` (1e12 s, ~31,700
+years), where float64 seconds no longer resolve a training step. Errors name the job id, because
+``row`` is the row of the submit-sorted table (the file row where the trace was already sorted).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from sim.costmodel import CostModel, Member
 from sim.errors import InputError
 from sim.jobs import Job
 from sim.models import get_model
+
+MAX_TIME_S = 1e12
+"""Largest submit + duration (s): float64 resolves ~0.1 ms there, far below any step time."""
 
 REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "model", "rank", "batch_size", "seq_len",
             "max_slowdown", "tenant")
@@ -38,7 +45,8 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
         (jobs in submit order with ``index`` 0..n-1, skipped counts by reason).
 
     Raises:
-        InputError: a missing column; an unknown base model; with ``strict``, a job that would be skipped.
+        InputError: a missing column; an unknown base model; a time beyond ``MAX_TIME_S``; with
+            ``strict``, a job that would be skipped.
     """
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
@@ -54,9 +62,14 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor) in enumerate(
             zip(*cols, sweep_ids, floors), start=1):
         ngpu = int(ngpu)
+        if not float(sub) + float(dur) <= MAX_TIME_S:
+            raise InputError(f"job {jid!r}: submit {float(sub):g} s + duration {float(dur):g} s exceeds {MAX_TIME_S:g} s, "
+                             f"beyond the time resolution of the simulation (wrong time unit?)",
+                             file=frame.attrs.get("path"), row=row,
+                             field="duration_s" if float(dur) > float(sub) else "submit_time_s")
         if ngpu > cluster.total_gpus:
             if strict:
-                raise InputError(f"job asks for {ngpu} GPUs; cluster {cluster.spec} has {cluster.total_gpus}",
+                raise InputError(f"job {jid!r} asks for {ngpu} GPUs; cluster {cluster.spec} has {cluster.total_gpus}",
                                  file=frame.attrs.get("path"), row=row, field="num_gpus")
             skipped["oversized"] += 1
             continue
@@ -70,7 +83,7 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
         iso, fits = iso_cache[key]
         if not fits:
             if strict:
-                raise InputError(f"job ({model}, rank {rank}, {bs}x{seq} tokens) does not fit on {ngpu} {gpu}",
+                raise InputError(f"job {jid!r} ({model}, rank {rank}, {bs}x{seq} tokens) does not fit on {ngpu} {gpu}",
                                  file=frame.attrs.get("path"), row=row, field="num_gpus")
             skipped["memory"] += 1
             continue

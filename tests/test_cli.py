@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -263,3 +266,163 @@ def test_itp_cluster02_compare_every_job_finishes_exactly_once(tmp_path, reliabi
         if p == "independent":
             assert (jobs["jct_s"] >= jobs["isolated_runtime_s"] * (1 - 1e-9)).all()
         reliability("invariant_cases")
+
+
+# ---- interrupted runs: every output complete or absent, no temp file -------------------------------
+def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
+    from sim.rundir import atomic_write
+
+    target = tmp_path / "x.csv"
+    target.write_text("old complete\n")
+
+    def boom(p):
+        p.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write(target, boom)
+    assert target.read_text() == "old complete\n" and os.listdir(tmp_path) == ["x.csv"]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_writing_leaves_the_previous_file_and_no_temp(sig, tmp_path, reliability):
+    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+
+    target = tmp_path / "summary.json"
+    target.write_text('{"old": true}\n')
+
+    def slow(p):
+        p.write_text('{"new": ')
+        os.kill(os.getpid(), getattr(signal, sig))  # arrives mid-write
+        time.sleep(0.05)
+        p.write_text('{"new": true}\n')
+
+    with signals_raise_interrupt(), pytest.raises(Interrupted) as info:
+        atomic_write(target, slow)
+    assert info.value.signum == getattr(signal, sig)
+    assert json.loads(target.read_text()) == {"old": True}
+    assert os.listdir(tmp_path) == ["summary.json"]
+    reliability("signal_cases")
+
+
+def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path, monkeypatch, reliability):
+    from sim import rundir
+    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+
+    target = tmp_path / "jobs.csv"
+    real_replace = os.replace
+
+    def replace_with_signal(src, dst):
+        os.kill(os.getpid(), signal.SIGTERM)  # held back: the rename completes first
+        real_replace(src, dst)
+
+    monkeypatch.setattr(rundir.os, "replace", replace_with_signal)
+    with signals_raise_interrupt(), pytest.raises(Interrupted):
+        atomic_write(target, lambda p: p.write_text("a,b\n1,2\n"))
+    assert target.read_text() == "a,b\n1,2\n" and os.listdir(tmp_path) == ["jobs.csv"]
+    reliability("signal_cases")
+
+
+def test_signal_handlers_are_restored():
+    from sim.rundir import signals_raise_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_raise_interrupt():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+REPLAY_ARGS = ["replay", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100", "--policy", "tlora",
+               "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory):
+    """A complete run directory of REPLAY_ARGS (the bytes every interrupted run must match or lack)."""
+    out = tmp_path_factory.mktemp("baseline") / "run"
+    r = cli(*REPLAY_ARGS, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def check_complete_or_absent(out: Path, baseline: Path) -> list[str]:
+    """Every file under ``out`` is complete: deterministic ones equal the baseline's bytes, the others parse."""
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")], "temp file left behind"
+    present = []
+    for p in sorted(out.rglob("*")):
+        if p.is_dir():
+            continue
+        rel = p.relative_to(out)
+        present.append(str(rel))
+        data = p.read_bytes()
+        if p.name in ("jobs.csv", "timeline.csv", "summary.json", "config.json"):
+            assert data == (baseline / rel).read_bytes(), f"{rel} is not the complete file"
+        elif p.suffix == ".json":
+            json.loads(data)
+        elif p.suffix == ".png":
+            assert data.startswith(b"\x89PNG\r\n\x1a\n") and data.rstrip().endswith(b"IEND\xaeB`\x82"), rel
+        elif p.suffix == ".pdf":
+            assert data.startswith(b"%PDF") and data.rstrip().endswith(b"%%EOF"), rel
+        else:
+            raise AssertionError(f"unexpected file {rel}")
+    return present
+
+
+@pytest.mark.parametrize("sig, delay, previous", [
+    ("SIGTERM", 1.0, False), ("SIGTERM", 1.7, False), ("SIGTERM", 2.5, True), ("SIGTERM", 3.3, False),
+    ("SIGTERM", 4.2, True), ("SIGINT", 2.0, False), ("SIGINT", 3.7, True),
+])
+def test_killed_replay_leaves_only_complete_files(sig, delay, previous, baseline_run, tmp_path, reliability):
+    import shutil
+
+    out = tmp_path / "run"
+    if previous:  # a complete earlier run in the same directory must survive intact
+        shutil.copytree(baseline_run, out)
+    proc = subprocess.Popen([*EXE, *REPLAY_ARGS, "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    signum = getattr(signal, sig)
+    assert proc.returncode in (0, 128 + signum, -signum), err
+    if proc.returncode == 128 + signum:
+        assert "interrupted" in err and "Traceback" not in err
+    present = check_complete_or_absent(out, baseline_run) if out.exists() else []
+    if previous:
+        assert set(present) >= {"config.json", "jobs.csv", "timeline.csv", "summary.json", "perf.json"}
+    reliability("signal_cases")
+
+
+def test_killed_parallel_compare_stops_its_workers_and_leaves_only_complete_files(tmp_path, reliability):
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen([*EXE, "compare", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100",
+                             "--policies", "independent,mlora,tlora", "--out", str(out), "--no-progress",
+                             "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 143), err
+    assert "Traceback" not in err, err
+    deadline = time.time() + 10
+    while time.time() < deadline and _processes_mentioning(str(out)):
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(out)), "compare workers outlived the parent"
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    for p in out.rglob("*.json"):
+        json.loads(p.read_bytes())
+    for p in out.rglob("*.csv"):
+        pd.read_csv(p)
+    reliability("signal_cases")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (Linux /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found

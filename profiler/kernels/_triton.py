@@ -15,31 +15,34 @@ PEFT's lora_A.weight layout) and B_i = lora_B[o_i:o_i+r_i] as an (r_i, N) block.
 
 Tiles follow each adapter's own rank: every tile carries its adapter, and the adapter's rank
 bucket R (the next power of two >= max(r_i, 16): 16, 32, 64, 128, 256) selects, at run time,
-a body compiled for (R, BM_R) (BM0..BM4: token rows per tile of each bucket). Only the buckets present in a launch are compiled in (BUCKETS
-bit mask), so an adapter of rank 8 never runs the tiles or does the FLOPs of a rank-128 one.
+a body compiled for that R, with the bucket's own token rows per tile (BM0..BM4) and column
+width (BK or BN times CM0..CM4). Only the buckets present in a launch are compiled in (the
+BUCKETS bit mask), so a rank-8 adapter never runs the tiles or does the FLOPs of a rank-128 one.
 
 Launches per training step (besides the two cuBLAS GEMMs):
-  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once
+  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once; writes
+                                                                        the keep mask as bits
   _f2  Ylora       = s P B (+bias)      grid: row tiles x N groups      writes Y once; cuBLAS then
                                                                         does Y += X W (beta=1)
-  _b1  Q partials  = s dY B^T           grid: row tiles x N splits      reads dY
+  _b1  Q           = s dY B^T           grid: row tiles x N splits      reads dY
        dB          = s P^T dY           + chunks x N blocks             reads dY (same launch)
   _b2  dXlora      = mask(Q A^T)/(1-p)  grid: chunks x K blocks         writes dX once, reads X;
        dA          = mask(X)^T Q/(1-p)                                  cuBLAS then dX += dY W
 Splits of the reductions (over K, over N, over tokens) keep the grid at >= 2 waves on short
-inputs; K/N-split partial sums go to small fp32 buffers, token-chunk partial sums of dA/dB are
-added with fp32 atomics into a buffer that _f2 zeroes (so no memset launch is needed).
+inputs: K-split partial sums of P go to a small fp32 buffer; N-split partial sums of Q (only
+when needed) and token-chunk partial sums of dA/dB are added with fp32 atomics into a buffer
+that _f2 zeroes (so no memset launch is needed).
 
-Dropout: a counter-based hash of (seed, token index * K + column) gives the keep mask, so the
-forward and the backward regenerate the same mask without storing it (see ``reference.keep_mask``
-for the same function in torch).
+Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``_keep``;
+``reference.keep_mask`` is the same function in torch); _f1 stores it as a bitmask (K/8 bytes
+per token) that _b2 reads back.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-# rank buckets: tile rank R of each bucket (token rows BM0..BM4 per bucket come from the config)
+# rank buckets: tile rank R of each bucket (token rows and column widths come from the config)
 BUCKET_R = (16, 32, 64, 128, 256)
 # adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold
 META_I = 8
@@ -81,7 +84,7 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
+def _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff, poff,
              kb0, kb1, seed, thresh, s,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
              DROPOUT: tl.constexpr, PREC: tl.constexpr):
@@ -91,6 +94,7 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
     rkm = rr < rank
     xrow = X + rows.to(tl.int64)[:, None] * sxm
     arow = A + (roff + rr).to(tl.int64)[:, None] * sam
+    mrow = MASK + rows.to(tl.int64)[:, None] * kw
     acc = tl.zeros((BM, R), dtype=tl.float32)
     for kb in range(kb0, kb1):
         cols = kb * BK + tl.arange(0, BK)
@@ -99,17 +103,22 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
         if DROPOUT:
             keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
+            bits = tl.reshape(keep.to(tl.int32), (BM, BK // 32, 32))
+            words = tl.sum(bits << tl.arange(0, 32)[None, None, :], axis=2)
+            wc = kb * (BK // 32) + tl.arange(0, BK // 32)
+            tl.store(mrow + wc[None, :], words, mask=rmask[:, None] & (wc < kw)[None, :])
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
     offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
     tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
 
 
-@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed"])
-def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
+@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed", "kw"])
+def _f1_kernel(X, A, Ppart, MASK, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per,
+               seed, kw,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
-               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
-               PREC: tl.constexpr):
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
+               BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     t = pid // ksplit
     s = pid % ksplit
@@ -126,24 +135,24 @@ def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_
     kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
     if BUCKETS & 1:
         if bucket == 0:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-                     kb0, kb1, seed, thresh, s, 16, BM0, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+                     poff, kb0, kb1, seed, thresh, s, 16, BM0, BK, DROPOUT, PREC)
     if BUCKETS & 2:
         if bucket == 1:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-                     kb0, kb1, seed, thresh, s, 32, BM1, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+                     poff, kb0, kb1, seed, thresh, s, 32, BM1, BK, DROPOUT, PREC)
     if BUCKETS & 4:
         if bucket == 2:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-                     kb0, kb1, seed, thresh, s, 64, BM2, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+                     poff, kb0, kb1, seed, thresh, s, 64, BM2, BK, DROPOUT, PREC)
     if BUCKETS & 8:
         if bucket == 3:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-                     kb0, kb1, seed, thresh, s, 128, BM3, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+                     poff, kb0, kb1, seed, thresh, s, 128, BM3, BK, DROPOUT, PREC)
     if BUCKETS & 16:
         if bucket == 4:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-                     kb0, kb1, seed, thresh, s, 256, BM4, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+                     poff, kb0, kb1, seed, thresh, s, 256, BM4, BK, DROPOUT, PREC)
 
 
 # ----------------------------------------------------------------------------------------- f2
@@ -182,10 +191,11 @@ def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
 def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm,
                part_stride, ksplit, ngroups, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
-               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-               ZERO_G: tl.constexpr, PREC: tl.constexpr):
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
+               BN: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_G: tl.constexpr,
+               PREC: tl.constexpr):
     pid = tl.program_id(0)
-    if ZERO_G:  # zero the fp32 dA/dB accumulator that the backward adds into
+    if ZERO_G:  # zero the fp32 workspace (dA, dB, Q) that the backward adds into
         nprog = tl.num_programs(0)
         per = tl.cdiv(tl.cdiv(g_numel, nprog), 1024) * 1024
         for z in range(pid * per, tl.minimum(pid * per + per, g_numel), 1024):
@@ -220,17 +230,20 @@ def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, s
     if BUCKETS & 8:
         if bucket == 3:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 128, BM3, BN, HAS_BIAS, PREC)
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 128, BM3, BN, HAS_BIAS,
+                     PREC)
     if BUCKETS & 16:
         if bucket == 4:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 256, BM4, BN, HAS_BIAS, PREC)
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 256, BM4, BN, HAS_BIAS,
+                     PREC)
 
 
 # ----------------------------------------------------------------------------------------- b1
 @triton.jit
 def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
-              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
+              PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -246,7 +259,10 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
         acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
     offs = poff + (rows - start)[:, None] * rank + rr[None, :]
-    tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :])
+    if Q_ATOMIC:   # N split: partial sums into the zeroed fp32 Q
+        tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :])
+    else:
+        tl.store(Q + offs, acc.to(Q.dtype.element_ty), mask=rmask[:, None] & rkm[None, :])
 
 
 @triton.jit
@@ -274,9 +290,12 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
 def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
-               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
+               CM0: tl.constexpr, CM1: tl.constexpr, CM2: tl.constexpr, CM3: tl.constexpr,
+               CM4: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
+               PREC: tl.constexpr):
     pid = tl.program_id(0)
-    if pid < n_q:  # Q partials over a row tile and an N split
+    if pid < n_q:  # Q over a row tile (and an N split)
         t = pid // nsplit
         s = pid % nsplit
         ad = tl.load(tiles + t * 3)
@@ -289,28 +308,28 @@ def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
         bucket = tl.load(meta_i + ad * 8 + 5)
         scale = tl.load(meta_f + ad * 2)
         nb0 = s * nb_per
-        nb1 = tl.minimum(nb0 + nb_per, n_nb)
+        nb1 = tl.minimum(nb0 + nb_per, tl.cdiv(N, BN))
         if BUCKETS & 1:
             if bucket == 0:
-                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, 16, BM0, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                          scale, 16, BM0, BN, Q_ATOMIC, PREC)
         if BUCKETS & 2:
             if bucket == 1:
-                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, 32, BM1, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                          scale, 32, BM1, BN, Q_ATOMIC, PREC)
         if BUCKETS & 4:
             if bucket == 2:
-                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, 64, BM2, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                          scale, 64, BM2, BN, Q_ATOMIC, PREC)
         if BUCKETS & 8:
             if bucket == 3:
-                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, 128, BM3, BN, PREC)
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                          scale, 128, BM3, BN, Q_ATOMIC, PREC)
         if BUCKETS & 16:
             if bucket == 4:
-                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff,
-                          poff, nb0, nb1, scale, 256, BM4, BN, PREC)
-    else:  # dB over a token chunk and an N block
+                _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                          scale, 256, BM4, BN, Q_ATOMIC, PREC)
+    else:  # dB over a token chunk and a column block (BN * CM_bucket wide)
         q = pid - n_q
         c = q // n_nb
         nb = q % n_nb
@@ -324,37 +343,38 @@ def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
         bucket = tl.load(meta_i + ad * 8 + 5)
         scale = tl.load(meta_f + ad * 2)
         if BUCKETS & 1:
-            if bucket == 0:
+            if (bucket == 0) & (nb * BN * CM0 < N):
                 _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          16, BM0, BN, PREC)
+                          16, BM0, BN * CM0, PREC)
         if BUCKETS & 2:
-            if bucket == 1:
+            if (bucket == 1) & (nb * BN * CM1 < N):
                 _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          32, BM1, BN, PREC)
+                          32, BM1, BN * CM1, PREC)
         if BUCKETS & 4:
-            if bucket == 2:
+            if (bucket == 2) & (nb * BN * CM2 < N):
                 _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          64, BM2, BN, PREC)
+                          64, BM2, BN * CM2, PREC)
         if BUCKETS & 8:
-            if bucket == 3:
+            if (bucket == 3) & (nb * BN * CM3 < N):
                 _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          128, BM3, BN, PREC)
+                          128, BM3, BN * CM3, PREC)
         if BUCKETS & 16:
-            if bucket == 4:
+            if (bucket == 4) & (nb * BN * CM4 < N):
                 _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          256, BM4, BN, PREC)
+                          256, BM4, BN * CM4, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K,
-             m0, m1, start, rank, roff, poff, kb, seed, thresh, inv_keep,
+def _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff, poff,
+             kb, inv_keep,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
     rr = tl.arange(0, R)
     rkm = rr < rank
     cols = kb * BK + tl.arange(0, BK)
     cm = cols < K
+    wc = kb * (BK // 32) + tl.arange(0, BK // 32)
     a = tl.load(A + (roff + rr).to(tl.int64)[:, None] * sam + cols[None, :],
                 mask=rkm[:, None] & cm[None, :], other=0.0)
     a = a.to(X.dtype.element_ty)
@@ -368,7 +388,10 @@ def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K,
         xm = rmask[:, None] & cm[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
         if DROPOUT:
-            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
+            w = tl.load(MASK + rows.to(tl.int64)[:, None] * kw + wc[None, :],
+                        mask=rmask[:, None] & (wc < kw)[None, :], other=0)
+            bits = (w[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
+            keep = tl.reshape(bits, (BM, BK)) != 0
             x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
             d = _dot(qb, a, None, PREC)
@@ -382,10 +405,12 @@ def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["n_kb", "seed"])
-def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, seed,
+@triton.jit(do_not_specialize=["n_kb", "kw"])
+def _b2_kernel(X, A, Q, MASK, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, kw,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
-               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
+               BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
+               CM0: tl.constexpr, CM1: tl.constexpr, CM2: tl.constexpr, CM3: tl.constexpr,
+               CM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
                WRITE_DX: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     c = pid // n_kb
@@ -398,39 +423,33 @@ def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb
     roff = tl.load(meta_i + ad * 8 + 3)
     poff = tl.load(meta_i + ad * 8 + 4)
     bucket = tl.load(meta_i + ad * 8 + 5)
-    thresh = tl.load(meta_i + ad * 8 + 6)
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
-        if bucket == 0:
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
-                     rank, roff, poff, kb, seed, thresh, inv_keep, 16, BM0, BK, DROPOUT,
-                     WRITE_DX, PREC)
+        if (bucket == 0) & (kb * BK * CM0 < K):
+            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
+                     poff, kb, inv_keep, 16, BM0, BK * CM0, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 2:
-        if bucket == 1:
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
-                     rank, roff, poff, kb, seed, thresh, inv_keep, 32, BM1, BK, DROPOUT,
-                     WRITE_DX, PREC)
+        if (bucket == 1) & (kb * BK * CM1 < K):
+            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
+                     poff, kb, inv_keep, 32, BM1, BK * CM1, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 4:
-        if bucket == 2:
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
-                     rank, roff, poff, kb, seed, thresh, inv_keep, 64, BM2, BK, DROPOUT,
-                     WRITE_DX, PREC)
+        if (bucket == 2) & (kb * BK * CM2 < K):
+            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
+                     poff, kb, inv_keep, 64, BM2, BK * CM2, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 8:
-        if bucket == 3:
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
-                     rank, roff, poff, kb, seed, thresh, inv_keep, 128, BM3, BK, DROPOUT,
-                     WRITE_DX, PREC)
+        if (bucket == 3) & (kb * BK * CM3 < K):
+            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
+                     poff, kb, inv_keep, 128, BM3, BK * CM3, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 16:
-        if bucket == 4:
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start,
-                     rank, roff, poff, kb, seed, thresh, inv_keep, 256, BM4, BK, DROPOUT,
-                     WRITE_DX, PREC)
+        if (bucket == 4) & (kb * BK * CM4 < K):
+            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
+                     poff, kb, inv_keep, 256, BM4, BK * CM4, DROPOUT, WRITE_DX, PREC)
 
 
 # ------------------------------------------------------------------------------- mask helper
 @triton.jit(do_not_specialize=["seed", "thresh"])
 def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
-    """Materialise the keep mask (1 = kept) that _f1/_b2 use, for tests and references."""
+    """Materialise the keep mask (1 = kept) that _f1 uses, for tests and references."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)

@@ -33,10 +33,13 @@ class KernelConfig:
     """Tile and launch knobs (tuned on an H100; ``TLORA_KCFG`` env JSON overrides fields).
 
     bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
-    bk / bn: columns of X / of Y per tile (powers of two >= 16); waves: target programs per SM
+    bk / bn: columns of X / of Y per tile (powers of two >= 32); cms: column-width multiplier of
+    each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
+    tiles for high ranks cut those re-reads); waves: target programs per SM
     used to choose the K/N splits and token chunks; num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2)."""
     bms: tuple = (64, 64, 128, 64, 64)
+    cms: tuple = (1, 1, 2, 2, 2)
     bk: int = 64
     bn: int = 64
     waves: float = 2.0
@@ -56,12 +59,16 @@ class KernelConfig:
         if not raw:
             return cls()
         d = json.loads(raw)
-        if "bms" in d:
-            d["bms"] = tuple(d["bms"])
+        for k in ("bms", "cms"):
+            if k in d:
+                d[k] = tuple(d[k])
         return cls(**d)
 
     def bm_kwargs(self) -> dict:
         return {f"BM{i}": int(b) for i, b in enumerate(self.bms)}
+
+    def cm_kwargs(self) -> dict:
+        return {f"CM{i}": int(c) for i, c in enumerate(self.cms)}
 
 
 def mix_seed(seed: int) -> int:
@@ -201,7 +208,10 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     ksplit = max(1, min(cfg.max_split, nkb, _cdiv(target, max(n_tiles, 1))))
     kb_per = _cdiv(nkb, ksplit)
     ksplit = _cdiv(nkb, kb_per)
-    nsplit = max(1, min(cfg.max_split, nnb, _cdiv(target, max(n_tiles, 1))))
+    # Q = dY B^T needs no N split (and no atomics) when the dB programs of the same launch
+    # already fill the GPU
+    short = target - n_chunks * nnb
+    nsplit = 1 if short <= 0 else max(1, min(cfg.max_split, nnb, _cdiv(short, max(n_tiles, 1))))
     nb_per = _cdiv(nnb, nsplit)
     nsplit = _cdiv(nnb, nb_per)
     ngroups = max(1, min(nnb, _cdiv(target, max(n_tiles, 1))))
@@ -250,13 +260,15 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
     if plan.n_tiles == 0:  # every segment empty (then M == 0)
         if g_numel:
             gbuf.zero_()
-        return y, psave, gbuf
+        return y, psave, gbuf, None
     ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=dev)
     dropout = dropout_on and plan.has_dropout
+    kw = _cdiv(Kf, 32)
+    mask = torch.empty((M, kw) if dropout else (1,), dtype=torch.int32, device=dev)
     prec = _prec(x.dtype)
     K_._f1_kernel[(plan.n_tiles * plan.ksplit,)](
-        x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
-        plan.p_size, plan.ksplit, plan.kb_per, seed,
+        x, lora_A, ppart, mask, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
+        plan.p_size, plan.ksplit, plan.kb_per, seed, kw,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
         num_warps=cfg.warps_f1, num_stages=cfg.stages_f1)
     has_bias = bias is not None
@@ -266,14 +278,14 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
         lora_B.stride(0), plan.p_size, plan.ksplit, plan.ngroups, plan.ng_per,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
         num_warps=cfg.warps_f2, num_stages=cfg.stages_f2)
-    return y, psave, gbuf
+    return y, psave, gbuf, mask
 
 
 def _nodrop_meta_f(plan: LoRAPlan) -> torch.Tensor:
     return plan.meta_f_nodrop
 
 
-def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int,
+def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, mask, plan: LoRAPlan,
                    dropout_on: bool, write_dx: bool):
     """Run _b1 and _b2: returns dX_lora (M, K) or None; gbuf (zeroed) receives dA^T
     (sum_r x K), dB (sum_r x N) and, on the way, Q = s dY B^T."""
@@ -288,20 +300,25 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
     meta_f = plan.meta_f if dropout else _nodrop_meta_f(plan)
     gA = gbuf[: plan.sum_r * Kf]
     gB = gbuf[plan.sum_r * Kf: plan.sum_r * (Kf + Nf)]
-    q = gbuf[plan.sum_r * (Kf + Nf):]
+    q_atomic = plan.nsplit > 1
+    # Q: fp32 sums of N-split partials in the zeroed workspace, else one bf16/fp16 store
+    q = gbuf[plan.sum_r * (Kf + Nf):] if q_atomic else torch.empty(
+        max(plan.p_size, 1), dtype=x.dtype, device=dev)
     prec = _prec(x.dtype)
     n_nb = _cdiv(Nf, cfg.bn)
     n_q = plan.n_tiles * plan.nsplit
     K_._b1_kernel[(n_q + plan.n_chunks * n_nb,)](
         dy, lora_B, psave, q, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
         dy.stride(0), lora_B.stride(0), plan.nsplit, plan.nb_per, n_q, n_nb,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, PREC=prec,
-        num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn,
+        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
     n_kb = _cdiv(Kf, cfg.bk)
     K_._b2_kernel[(plan.n_chunks * n_kb,)](
-        x, lora_A, q, dxl if write_dx else x, gA, plan.chunks, plan.meta_i, meta_f, Kf,
-        x.stride(0), lora_A.stride(0), dxl.stride(0) if write_dx else 0, n_kb, seed,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
+        x, lora_A, q, mask if dropout else x, dxl if write_dx else x, gA, plan.chunks,
+        plan.meta_i, meta_f, Kf, x.stride(0), lora_A.stride(0),
+        dxl.stride(0) if write_dx else 0, n_kb, _cdiv(Kf, 32),
+        BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
+        DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
         num_warps=cfg.warps_b2, num_stages=cfg.stages_b2)
     return dxl
 
@@ -313,23 +330,23 @@ class _MultiLoRAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lora_A, lora_B, plan, seed, dropout_on):
         need_grads = any(ctx.needs_input_grad[i] for i in (0, 3, 4))
-        y, psave, gbuf = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
-                                       need_grads)
+        y, psave, gbuf, mask = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
+                                             need_grads)
         y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
-        ctx.plan, ctx.seed, ctx.dropout_on = plan, seed, dropout_on
-        ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf)
+        ctx.plan, ctx.dropout_on = plan, dropout_on
+        ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf, mask)
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, lora_A, lora_B, psave, gbuf = ctx.saved_tensors
+        x, weight, lora_A, lora_B, psave, gbuf, mask = ctx.saved_tensors
         plan = ctx.plan
         dy = dy.contiguous()
         need_x, need_w, need_b, need_A, need_B = ctx.needs_input_grad[:5]
         write_dx = need_x
         if need_A or need_B or write_dx:
-            dxl = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan, ctx.seed,
+            dxl = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, mask, plan,
                                  ctx.dropout_on, write_dx)
         else:
             dxl = None
