@@ -13,8 +13,9 @@ fused (ours). Two times per row:
                synchronisation at the end, median of 3 repeats.
 
 ``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
-plus the fewest LoRA bytes (one more read of X and of dY, adapters read and their gradients
-written once) at the measured copy bandwidth. Columns: layer, ranks, tokens, impl, ms, eager_ms,
+(the faster of an 8192^3 product and the base layer's own GPU time) plus the fewest LoRA bytes
+(one more read of X and of dY, adapters read and their gradients written once) at the measured
+copy bandwidth. Columns: layer, ranks, tokens, impl, ms, eager_ms,
 floor_ms, device, torch, triton, then extras (ratios to base, TFLOP/s, sizes, versions).
 
 Usage (on the GPU machine, from the repository root):
@@ -65,6 +66,9 @@ CASES = ([("4096x4096", m) for m in TABLE] + [("4096x14336", m) for m in TABLE]
          + [("14336x4096", m) for m in TABLE + ["odd4"]]
          + [("8192x8192", m) for m in ("16x4", "8-64", "8-128x8", "8+128", "mixed16")]
          + [("4096x14336", m) for m in ("odd4", "2+4big")])
+# calibration cases of --tune (a few of the reference mixes, low and high ranks, both layers)
+TUNE_CASES = [("4096x4096", "16x4"), ("4096x4096", "8-64"), ("4096x4096", "8-128x8"),
+              ("4096x14336", "8+128")]
 QUICK = [("4096x4096", "16x4"), ("4096x4096", "8-64"), ("4096x4096", "8-128x8"),
          ("4096x14336", "8+128")]
 ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused"]
@@ -95,6 +99,9 @@ def parse_args(argv=None):
                     help="bf16 correctness of fused vs a float64 reference first")
     ap.add_argument("--configs", default=None,
                     help="JSON list of KernelConfig overrides: time fused once per config")
+    ap.add_argument("--tune", default=None,
+                    help="JSON list of KernelConfig overrides: each is timed (fused, GPU time) on"
+                         " the calibration cases first; the best (geometric mean) runs the rest")
     ap.add_argument("--precompile", type=int, default=8,
                     help="worker processes compiling the fused kernels first (0: off)")
     ap.add_argument("--summary", default=None, help="also write a JSON summary here")
@@ -277,7 +284,7 @@ def _precompile_one(key):
     import torch
     from profiler.kernels import KernelConfig
     from profiler.kernels.baselines import FusedImpl
-    cfg = KernelConfig(**{k: (tuple(v) if k == "bms" else v) for k, v in cfgd.items()})
+    cfg = KernelConfig(**{k: (tuple(v) if k in ("bms", "cms") else v) for k, v in cfgd.items()})
     gen = torch.Generator(device=DEV).manual_seed(0)
     W, A, B = make_weights(K, N, list(ranks), gen)
     segs = [min(s, 64) for s in segs]
@@ -331,6 +338,45 @@ def profile_step(impl, sets, label):
         print(f"    prof {label:<8} {t:9.1f} us x{c:<3} {k[:90]}", flush=True)
 
 
+def _kcfg(c):
+    from profiler.kernels import KernelConfig
+    return KernelConfig(**{k: (tuple(v) if k in ("bms", "cms") else v) for k, v in c.items()})
+
+
+def tune(cands, args):
+    """GPU time of fused under each candidate config on TUNE_CASES; returns (best, table)."""
+    import torch
+    from profiler.kernels.baselines import make_impl
+    times = {i: [] for i in range(len(cands))}
+    for layer, mix in TUNE_CASES:
+        K, N = _layer(layer)
+        ranks, segs = MIXES[mix]
+        gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"tune|{layer}|{mix}".encode()))
+        W, A, B = make_weights(K, N, ranks, gen)
+        M = sum(segs)
+        xy = [(torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16),
+               torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16))
+              for _ in range(args.sets)]
+        for i, c in enumerate(cands):
+            try:
+                impl = make_impl("fused", W, A, B, segs, ranks, scales_for(ranks), args.dropout,
+                                 kernel_config=_kcfg(c))
+                ms = time_graph(impl.step, [impl.inputs(x, dy) for x, dy in xy], args.replays)
+            except Exception as e:
+                print(f"  tune {i} {layer} {mix}: FAILED {e!r}", flush=True)
+                ms = float("inf")
+            times[i].append(ms)
+            impl = None
+            torch.cuda.empty_cache()
+        print(f"tune {layer} {mix}: " + " ".join(f"#{i}={t[-1]:.3f}" for i, t in times.items()),
+              flush=True)
+    geo = {i: math.exp(statistics.fmean(math.log(v) for v in t)) for i, t in times.items()}
+    best = min(geo, key=geo.get)
+    print("tune geomean ms: " + " ".join(f"#{i}={g:.4f}" for i, g in geo.items())
+          + f" -> #{best} {json.dumps(cands[best])}", flush=True)
+    return cands[best], {"candidates": cands, "ms": times, "geomean": geo, "best": best}
+
+
 # ------------------------------------------------------------------------------ cases
 def run_case(layer, mix, impls, args, ceil, vers, cfgs):
     import torch
@@ -346,7 +392,8 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
                for _ in range(args.sets)]
     rate, bw = ceil
     sum_r = sum(ranks)
-    floor_ms = (4.0 * M * K * N / rate + (2 * (M * K + M * N) + 2 * 2 * sum_r * (K + N)) / bw) * 1e3
+    gemm_ms = 4.0 * M * K * N / rate * 1e3
+    bytes_ms = (2 * (M * K + M * N) + 2 * 2 * sum_r * (K + N)) / bw * 1e3
     lora_flops = sum(6.0 * L * r * (K + N) for L, r in zip(segs, ranks))
     rows, base_ms, base_eager = [], None, None
     todo = [(name, None) for name in impls if name != "fused"]
@@ -356,9 +403,7 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
         label = name if cfg is None or len(cfgs or []) <= 1 else f"fused#{cfgs.index(cfg)}"
         kw = {}
         if name == "fused" and cfg is not None:
-            from profiler.kernels import KernelConfig
-            kw["kernel_config"] = KernelConfig(**{k: (tuple(v) if k == "bms" else v)
-                                                  for k, v in cfg.items()})
+            kw["kernel_config"] = _kcfg(cfg)
         try:
             impl = make_impl(name, W, A, B, segs, ranks, sc, args.dropout, **kw)
             sets = [impl.inputs(x, dy) for x, dy in sets_xy]
@@ -378,7 +423,7 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             base_ms, base_eager = ms, ems
         rows.append({
             "layer": layer, "ranks": _fmt(ranks), "tokens": _fmt(segs), "impl": label,
-            "ms": round(ms, 5), "eager_ms": round(ems, 5), "floor_ms": round(floor_ms, 5),
+            "ms": round(ms, 5), "eager_ms": round(ems, 5),
             "device": vers["device"], "torch": vers["torch"], "triton": vers["triton"],
             "mix": mix, "n_adapters": len(ranks), "M": M, "K": K, "N": N,
             "dropout": args.dropout, "lora_flops_pct": round(100 * lora_flops / (4 * M * K * N), 3),
@@ -386,7 +431,9 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             "date": datetime.date.today().isoformat(),
             "kernel_config": json.dumps(cfg) if (name == "fused" and cfg) else "",
         })
+    floor_ms = min(gemm_ms, base_ms or gemm_ms) + bytes_ms
     for r in rows:
+        r["floor_ms"] = round(floor_ms, 5)
         r["ratio_to_base"] = round(r["ms"] / base_ms, 4) if base_ms else ""
         r["eager_ratio_to_base"] = round(r["eager_ms"] / base_eager, 4) if base_eager else ""
         r["ratio_to_floor"] = round(r["ms"] / floor_ms, 4)
@@ -497,19 +544,27 @@ def main(argv=None):
     summary = {"versions": vers, "matrix_tflops": ceil[0] / 1e12, "copy_tbps": ceil[1] / 1e12}
     if args.check:
         summary["check"] = check_correctness(sorted({c[0] for c in cases}))
-    if "fused" in impls and args.precompile:
+    def _precompile(case_list, cfg_list):
         from profiler.kernels.multilora import _bucket
         keys = {}
-        for layer, mix in cases:
+        for layer, mix in case_list:
             K, N = _layer(layer)
             ranks, segs = MIXES[mix]
             bk = frozenset(_bucket(r) for r, L in zip(ranks, segs) if L)
-            for c in (cfgs or [{}]):
+            for c in cfg_list:
                 cj = json.dumps(c, sort_keys=True)
                 keys.setdefault((K, N, bk, cj), (K, N, tuple(ranks), tuple(segs), args.dropout,
                                                  cj))
-        keys = list(keys.values())
-        precompile(keys, args.precompile)
+        precompile(list(keys.values()), args.precompile)
+
+    if "fused" in impls and args.tune and DEV == "cuda":
+        cands = json.loads(args.tune)
+        if args.precompile:
+            _precompile(TUNE_CASES, cands)
+        best, summary["tune"] = tune(cands, args)
+        cfgs = [best]
+    if "fused" in impls and args.precompile:
+        _precompile(cases, cfgs or [{}])
     rows = []
     for layer, mix in cases:
         if time.time() - t_start > args.budget_s:

@@ -93,19 +93,33 @@ def run(device: str, prov: dict, out: Path, deadline: float = float("inf"), tiny
                 sync(device)
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                marks = Marks(device)
-                wall0 = time.perf_counter()
-                for i in range(reps):
-                    marks.new_iter()
-                    step(i, marks)
-                sync(device)
-                wall = (time.perf_counter() - wall0) * 1e3 / reps
-                d = marks.durations_ms()
+                import gc
+
+                gc.collect()
+                gc.disable()
+                try:
+                    marks = Marks(device)
+                    wall0 = time.perf_counter()
+                    for i in range(reps):
+                        marks.new_iter()
+                        step(i, marks)
+                    sync(device)
+                    wall = (time.perf_counter() - wall0) * 1e3 / reps
+                    d = marks.durations_ms()
+                    hm = Marks(device, host=True)
+                    for i in range(1 if tiny else 2):
+                        sync(device)
+                        hm.new_iter()
+                        step(i, hm)
+                    sync(device)
+                    host = min(sum(r) for r in hm.durations_ms())
+                finally:
+                    gc.enable()
                 peak = torch.cuda.max_memory_allocated() if cuda else 0
                 tot = sorted(sum(r) for r in d)
                 med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
                 w.row(**info, fwd_ms=med([r[0] for r in d]), bwd_ms=med([r[1] for r in d]),
-                      opt_ms=med([r[2] for r in d]), step_ms=med(tot), p10_ms=tot[0], p90_ms=tot[-1], reps=reps,
+                      opt_ms=med([r[2] for r in d]), step_ms=med(tot), p10_ms=tot[0], p90_ms=tot[-1], reps=reps, host_ms=host,
                       params=sum(lo.adapter_params() for lo in loras), tensors=len(params), peak_bytes=peak,
                       static_bytes=static, error=f"wall_ms={wall:.2f}")
                 n_rows += 1

@@ -22,8 +22,8 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from sim.errors import InputError
-from sim.profiled import (FEATURES, PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms,
-                          mix_features)
+from sim.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms, mix_features,
+                          seq_groups, smoothmax)
 
 PLAN_FEATURES = {"loop": ("const", "adapters", "tokens", "rank_tokens", "ranks"),
                  "fused": ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens")}
@@ -48,7 +48,11 @@ def read_rows(paths: Iterable[str | Path]) -> pd.DataFrame:
     if not frames:
         raise InputError(f"no profile CSVs under {', '.join(str(p) for p in paths)}")
     df = pd.concat(frames, ignore_index=True)
-    for c in ("tokens", "params", "tensors", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "p10_ms", "p90_ms",
+    if "layers" not in df:
+        df["layers"] = ""
+    if "host_ms" not in df:
+        df["host_ms"] = ""
+    for c in ("tokens", "params", "tensors", "layers", "host_ms", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "p10_ms", "p90_ms",
               "saved_bytes", "peak_bytes", "static_bytes", "n_adapters"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     ok = (df["error"].astype(str).str.len() == 0) & df["step_ms"].notna() & (df["step_ms"] > 0)
@@ -73,59 +77,106 @@ def _median_by(df: pd.DataFrame, key: str, val: str) -> tuple[list, list]:
     return [float(v) for v in g.index], [float(v) for v in g.values]
 
 
-def build_tables(dm: pd.DataFrame) -> dict:
-    """The measured tables of one model (its rows of kinds noattn, head, attn)."""
+def gpu_bound_from(xs: list, ys: list, shape, tol: float = 0.15) -> float:
+    """The smallest grid point from which every measurement is within ``tol`` of the GPU-bound
+    trend ``y / shape(x)`` of the largest points (smaller ones were bound by host launch time)."""
+    r = [y / shape(x) for x, y in zip(xs, ys)]
+    ref = float(np.median(r[-max(1, len(r) // 3):]))
+    start = len(xs) - 1
+    for i in range(len(xs) - 1, -1, -1):
+        if abs(r[i] / ref - 1) > tol:
+            break
+        start = i
+    return float(xs[start])
+
+
+def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
+    """The measured tables of one model (its rows of kinds noattn, head, attn), with the first
+    GPU-bound point of the base curve (against the roofline shape) and of each attention row
+    (against time proportional to sequences)."""
+    from sim.cluster import GPUS
+    from sim.models import get_model
+    from sim.profiled import _roof_l0_ms
+
     l0 = dm[dm.kind == "noattn"]
     head = dm[dm.kind == "head"]
     attn = dm[dm.kind == "attn"]
     if l0.empty or head.empty or attn.empty:
-        raise InputError(f"model {dm.model.iloc[0]!r}: the profile lacks noattn, head or attn rows")
+        raise InputError(f"model {model!r}: the profile lacks noattn, head or attn rows")
+    m, g = get_model(model), GPUS.get(gpu.upper(), GPUS["H100"])
     t, ms = _median_by(l0, "tokens", "step_ms")
     ht, hms = _median_by(head, "tokens", "step_ms")
     _, hpk = _median_by(head, "tokens", "peak_bytes")
     a = {}
-    for s, g in attn.assign(b=pd.to_numeric(attn.batch_sizes), s=pd.to_numeric(attn.seq_lens)).groupby("s"):
-        bs, v = _median_by(g, "b", "step_ms")
-        a[str(int(s))] = {"seqs": bs, "ms": v}
+    for sq, gg in attn.assign(b=pd.to_numeric(attn.batch_sizes), s=pd.to_numeric(attn.seq_lens)).groupby("s"):
+        bs, v = _median_by(gg, "b", "step_ms")
+        a[str(int(sq))] = {"seqs": bs, "ms": v, "gpu_from": gpu_bound_from(bs, v, lambda b: b)}
     _, lpk = _median_by(l0, "tokens", "peak_bytes")
-    return {"l0": {"tokens": t, "ms": ms, "peak_bytes": lpk}, "head": {"tokens": ht, "ms": hms, "peak_bytes": hpk},
-            "attn": a}
+    return {"l0": {"tokens": t, "ms": ms, "peak_bytes": lpk,
+                   "gpu_from": gpu_bound_from(t, ms, lambda x: _roof_l0_ms(m, g, x))},
+            "head": {"tokens": ht, "ms": hms, "peak_bytes": hpk}, "attn": a}
 
 
 def _design(mixes: list, feats: tuple) -> np.ndarray:
     return np.array([[mix_features(m)[k] for k in feats] for m in mixes], dtype=float)
 
 
-def fit_plan(tab: Tables, rows: pd.DataFrame, family: str, cpu_floor: bool = True) -> dict:
-    """Coefficients of one plan family from its mix rows: the adapter term by non-negative least
-    squares on relative error, then (``cpu_floor``) a joint refinement with the host launch floor
-    ``max(gpu, cpu0 + cpu_n x adapters)`` in log space."""
+P_GRID = (2.0, 4.0, 8.0, 16.0, 64.0)
+
+
+def fit_plan(tab: Tables, rows: pd.DataFrame, family: str) -> dict:
+    """Coefficients of one plan family from its mix rows.
+
+    layer = smoothmax(gpu, host; p): gpu = l0g(T) + attention (GPU parts of the tables) +
+    ``coef . features`` (non-negative), host = cpu0 + cpu_n x adapters + cpu_g x length groups
+    (non-negative). Where the rows carry their measured host (launch) time, the host model is
+    fitted to it first (robust least squares on log ratios) and the GPU term and p are fitted to
+    the step times with each row's measured host time; otherwise all jointly. The p in ``P_GRID``
+    with the smallest training loss is kept."""
     feats = PLAN_FEATURES[family]
     mixes = [members_of(r) for _, r in rows.iterrows()]
     y = rows["step_ms"].to_numpy(float)
-    base = np.array([tab.l0(sum(b * s for _, b, s in m))[0] + attention_ms(tab, m)[0] for m in mixes])
+    hm = pd.to_numeric(rows.get("host_ms", pd.Series(np.nan, index=rows.index)), errors="coerce").to_numpy(float)
+    have_host = np.isfinite(hm) & (hm > 0)
+    base = np.array([tab.l0g(sum(b * s for _, b, s in m))[0] + attention_ms(tab, m)[0] for m in mixes])
     X = _design(mixes, feats)
-    scale = np.maximum(X.max(axis=0), 1e-12)
-    c, _ = nnls((X / scale) / y[:, None], (y - base) / y)
-    coef = c / scale
-    pe = {"features": list(feats), "coef": {k: float(v) for k, v in zip(feats, coef)}, "cpu0": 0.0, "cpu_n": 0.0}
-    if cpu_floor and len(rows) > len(feats) + 2:
-        n = X[:, feats.index("adapters")]
-
-        def resid(theta):
-            gpu = base + (X / scale) @ theta[:-2]
-            pred = np.maximum(gpu, theta[-2] + theta[-1] * n)
+    xs = np.maximum(X.max(axis=0), 1e-12)
+    Xn = X / xs
+    Z = np.array([[1.0, len(m), len(seq_groups(m))] for m in mixes])
+    zs = np.array([float(np.median(y)), float(np.median(y)) / 4, float(np.median(y)) / 4])
+    c0, _ = nnls(Xn / y[:, None], np.maximum(y - base, 0) / y)
+    host_fixed = None
+    # host times are clean where the host did not wait on the GPU: it finished well before the
+    # step did, or the GPU work (base curve + attention) is far below it
+    clean = have_host & ((hm < 0.85 * y) | (base < 0.6 * np.where(have_host, hm, np.inf)))
+    if have_host.mean() >= 0.8 and clean.sum() >= 6:
+        Zh, h = Z[clean] * zs, hm[clean]  # host = Z @ (k * zs)
+        k0, _ = nnls(Zh / h[:, None], np.ones(len(h)))
+        sol = least_squares(lambda k: np.log(np.maximum(Zh @ k, 1e-9)) - np.log(h), np.maximum(k0, 1e-6),
+                            bounds=(0, np.inf), loss="soft_l1", f_scale=0.05)
+        cpu_k = sol.x
+        host_fixed = np.where(have_host, hm, Z @ (cpu_k * zs))
+    best = None
+    for p in P_GRID:
+        def resid(th, p=p):
+            gpu = base + Xn @ th[:len(feats)]
+            host = host_fixed if host_fixed is not None else Z @ (th[len(feats):] * zs)
+            pred = np.array([smoothmax(a, b, p) for a, b in zip(gpu, host)])
             return np.log(np.maximum(pred, 1e-9)) - np.log(y)
 
-        th0 = np.concatenate([c, [0.0, 0.0]])
+        th0 = np.concatenate([c0, [0.5 * float(np.min(y)) / zs[0], 0.0, 0.0]])
         try:
-            sol = least_squares(resid, th0, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac")
-            th = sol.x
-            if np.median(np.abs(resid(th))) <= np.median(np.abs(resid(th0))):
-                pe["coef"] = {k: float(v) for k, v in zip(feats, th[:-2] / scale)}
-                pe["cpu0"], pe["cpu_n"] = float(th[-2]), float(th[-1])
+            sol = least_squares(resid, th0, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05)
         except (ValueError, np.linalg.LinAlgError):
-            pass
+            continue
+        if best is None or sol.cost < best[0]:
+            best = (sol.cost, p, sol.x)
+    _, p, th = best
+    cpu = (cpu_k if host_fixed is not None else th[len(feats):]) * zs
+    pe = {"features": list(feats), "coef": {k: float(v) for k, v in zip(feats, th[:len(feats)] / xs)},
+          "cpu0": float(cpu[0]), "cpu_n": float(cpu[1]), "cpu_g": float(cpu[2]), "p": float(p),
+          "host_fit": "measured host times" if host_fixed is not None else "joint with step times",
+          "form": "smoothmax(l0g + attention + coef.features, cpu0 + cpu_n*adapters + cpu_g*groups; p)"}
     T = np.array([sum(b * s for _, b, s in m) for m in mixes])
     ranks = [r for m in mixes for r, _, _ in m]
     pe["coverage"] = {"adapters_max": int(max(len(m) for m in mixes)), "tokens_min": float(T.min()),
@@ -145,6 +196,24 @@ def fit_plan(tab: Tables, rows: pd.DataFrame, family: str, cpu_floor: bool = Tru
     return pe
 
 
+def call_overhead(stack: pd.DataFrame, family: str, max_tokens: int = 4096) -> tuple[float, int]:
+    """The profiling harness's per-call overhead of one layer step (ms): for launch-bound mixes
+    timed with the layer once (t1) and stacked three times (t3), t1 - (t3 - t1) / 2; the median
+    over mixes (0 without stack rows)."""
+    if stack.empty:
+        return 0.0, 0
+    st = stack[(stack.plan.map(PLAN_FAMILY) == family) & (stack.tokens <= max_tokens)]
+    st = st.assign(key=st.apply(lambda r: f"{r['plan']}|{mix_key(members_of(r))}", axis=1),
+                   layers=pd.to_numeric(st.layers, errors="coerce"))
+    vals = []
+    for _, g in st.groupby("key"):
+        t1, t3 = g[g.layers == 1].step_ms, g[g.layers == 3].step_ms
+        if len(t1) and len(t3):
+            t1, t3 = float(t1.median()), float(t3.median())
+            vals.append(t1 - (t3 - t1) / 2)
+    return (max(0.0, float(np.median(vals))), len(vals)) if vals else (0.0, 0)
+
+
 def add_correction(tab: Tables, pe: dict, rows: pd.DataFrame, prior: float = 1.0,
                    scale=(0.35, 0.5, 0.7)) -> dict:
     """Attach the residual correction: log(measured / fitted) of every training mix, smoothed
@@ -153,7 +222,7 @@ def add_correction(tab: Tables, pe: dict, rows: pd.DataFrame, prior: float = 1.0
     pe = {**pe, "correction": None}
     for _, r in rows.iterrows():
         m = members_of(r)
-        pred, _ = layer_ms(tab, pe, m)
+        pred, _ = layer_ms(tab, pe, m, in_model=False)
         pts.append(_corr_point(m).tolist())
         lr.append(math.log(r["step_ms"] / pred))
     pe["correction"] = {"points": pts, "log_ratio": lr, "scale": list(scale), "prior": prior}
@@ -186,7 +255,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
 
         if model not in MODELS:
             continue
-        entry = build_tables(dm)
+        entry = build_tables(dm, model, gpu)
         tab = Tables(model, gpu, entry)
         entry["plans"] = {}
         mix = dm[dm.kind == "mix"]
@@ -195,6 +264,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
             if len(rows) < len(PLAN_FEATURES[fam]) + 1:
                 continue
             pe = fit_plan(tab, rows, fam)
+            pe["call_ms"], pe["call_ms_rows"] = call_overhead(dm[dm.kind == "stack"], fam)
             if correction:
                 pe = add_correction(tab, pe, rows)
             entry["plans"][fam] = pe
@@ -251,7 +321,7 @@ def predict_rows(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
         e = art["models"].get(r["model"])
         if e is None:
             continue
-        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m)
+        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False)
         out.append({"model": r["model"], "plan": r["plan"], "adapters": len(m), "mix": mix_key(m),
                     "tokens": sum(b * s for _, b, s in m), "measured_ms": float(r["step_ms"]), "predicted_ms": pred,
                     "ape": abs(pred - r["step_ms"]) / r["step_ms"], "extrapolated": ext})

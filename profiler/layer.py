@@ -268,8 +268,8 @@ def layer_forward(base: BaseWeights, lora: LoRASet, x: torch.Tensor, attn: str =
 class Marks:
     """Timestamps inside a step: CUDA events on a GPU, host clock on the CPU."""
 
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
+    def __init__(self, device, host: bool = False):
+        self.cuda = torch.device(device).type == "cuda" and not host
         self.rows: list[list] = []
 
     def new_iter(self):

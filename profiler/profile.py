@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 COLUMNS = ["kind", "model", "plan", "impl", "n_adapters", "ranks", "batch_sizes", "seq_lens", "tokens",
-           "params", "tensors", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "p10_ms", "p90_ms", "reps",
+           "params", "tensors", "layers", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "p10_ms", "p90_ms", "reps", "host_ms",
            "saved_bytes", "peak_bytes", "static_bytes", "error",
            "gpu", "gpu_name", "driver", "cuda", "torch", "triton", "kernel_variant", "git_commit", "git_dirty",
            "profile_id", "mode", "timestamp"]
@@ -65,7 +65,9 @@ SEQS = (512, 1024, 2048, 4096)
 # tokens per GPU the quick grid reaches, by model (one layer fits; the step stays under ~0.2 s)
 T_MAX_QUICK = {"llama3-8b": 32768, "qwen3-8b": 32768, "qwen2.5-32b": 16384, "llama3-70b": 16384}
 T_MAX_FULL = {"llama3-8b": 65536, "qwen3-8b": 65536, "qwen2.5-32b": 32768, "llama3-70b": 32768}
-MODEL_WEIGHT = {"llama3-8b": 1.0, "qwen3-8b": 1.0, "qwen2.5-32b": 1.3, "llama3-70b": 1.8}
+MODEL_WEIGHT = {"llama3-8b": 1.3, "qwen3-8b": 1.3, "qwen2.5-32b": 1.3, "llama3-70b": 1.6}
+# per-call overhead of the harness: the layer alone and stacked three times (profile --stack)
+STACK_MIXES = ([(16, 1, 512)], [(16, 1, 512)] * 4, [(16, 1, 512)] * 8, [(16, 4, 2048)] * 2)
 
 
 # ----------------------------------------------------------------------------------- provenance
@@ -228,7 +230,7 @@ def spread(values: list) -> list:
 
 
 def token_grid(t_max: int) -> list[int]:
-    g = [256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]
+    g = [64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]
     return [t for t in g if t <= t_max]
 
 
@@ -243,20 +245,22 @@ class Profiler:
         self.device, self.w, self.prov, self.quick, self.tiny = device, writer, prov, quick, tiny
         self.fused_ok: bool | None = None
         self.errors: list[str] = []
-        self.target_ms = 250.0 if quick else 600.0
-        self.max_reps = 1 if tiny else (12 if quick else 25)
+        self.target_ms = 300.0 if quick else 1000.0
+        self.max_reps = 1 if tiny else (20 if quick else 60)
         self.min_reps = 1 if tiny else 5
+        self.host_reps = 1 if tiny else 3
+        self.last_host: list[list[float]] = []
 
     # -- helpers
     def _reps(self, est_ms: float) -> int:
         return int(min(self.max_reps, max(self.min_reps, math.ceil(self.target_ms / max(est_ms, 1e-3)))))
 
     def _warm(self, step) -> float:
-        """Two warm-up steps (compilation, allocator); returns the second's wall time (ms)."""
+        """Warm-up steps (compilation, allocator); returns the last one's wall time (ms)."""
         from profiler.layer import Marks, sync
 
         est = 0.0
-        for i in range(1 if self.tiny else 2):
+        for i in range(1 if self.tiny else 3):
             m = Marks(self.device)
             m.new_iter()
             t0 = time.perf_counter()
@@ -266,14 +270,36 @@ class Profiler:
         return est
 
     def _timed(self, step) -> tuple[list[list[float]], int]:
-        from profiler.layer import Marks
+        """Event-timed steps back to back (steady state), then ``host_reps`` steps each started on
+        an idle GPU whose host-side time (``self.last_host``, ms per phase) is the launch cost.
+        Python's garbage collector is paused while timing (collected before)."""
+        import gc
 
-        reps = self._reps(self._warm(step))
-        marks = Marks(self.device)
-        for i in range(reps):
-            marks.new_iter()
-            step(i, marks)
-        return marks.durations_ms(), reps
+        from profiler.layer import Marks, sync
+
+        gc.collect()
+        gc.disable()
+        try:
+            reps = self._reps(self._warm(step))
+            marks = Marks(self.device)
+            for i in range(reps):
+                marks.new_iter()
+                step(i, marks)
+            d = marks.durations_ms()
+            host = Marks(self.device, host=True)
+            for i in range(self.host_reps):
+                sync(self.device)
+                host.new_iter()
+                step(i, host)
+            sync(self.device)
+            self.last_host = host.durations_ms()
+        finally:
+            gc.enable()
+        return d, reps
+
+    def _host_ms(self, phases: int | None = None) -> float:
+        """Median host time of the last timed step's first ``phases`` phases (ms)."""
+        return self._med([sum(r[:phases]) for r in self.last_host]) if self.last_host else float("nan")
 
     @staticmethod
     def _med(xs):
@@ -368,7 +394,7 @@ class Profiler:
                 t = [r[0] for r in d]
                 self.w.row(kind="opt", model="", plan="", impl="adamw-fused" if self._cuda() else "adamw-foreach",
                            params=per * nt, tensors=nt, opt_ms=self._med(t), step_ms=self._med(t),
-                           p10_ms=self._q(t, .1), p90_ms=self._q(t, .9), reps=reps)
+                           p10_ms=self._q(t, .1), p90_ms=self._q(t, .9), reps=reps, host_ms=self._host_ms())
                 del ps, opt
             except Exception as e:  # noqa: BLE001
                 self._error(f"opt P={P} tensors={nt}", e, kind="opt", params=P, tensors=nt)
@@ -415,7 +441,8 @@ class Profiler:
                 self.w.row(kind="noattn" if attn == "skip" else "base", model=model, impl="none", n_adapters=0,
                            batch_sizes=T // s, seq_lens=s, tokens=T, fwd_ms=self._med([r[0] for r in dd]),
                            bwd_ms=self._med([r[1] for r in dd]), step_ms=self._med(tot), p10_ms=self._q(tot, .1),
-                           p90_ms=self._q(tot, .9), reps=reps, static_bytes=base.nbytes(), **mem)
+                           p90_ms=self._q(tot, .9), reps=reps, host_ms=self._host_ms(), static_bytes=base.nbytes(),
+                           **mem)
                 del sets, lora
             except Exception as e:  # noqa: BLE001
                 self._error(f"{model} {'noattn' if attn == 'skip' else 'base'} T={T}", e,
@@ -458,7 +485,7 @@ class Profiler:
                     self.w.row(kind="attn", model=model, impl="sdpa", batch_sizes=b, seq_lens=s, tokens=T,
                                fwd_ms=self._med([r[0] for r in dd]), bwd_ms=self._med([r[1] for r in dd]),
                                step_ms=self._med(tot), p10_ms=self._q(tot, .1), p90_ms=self._q(tot, .9), reps=reps,
-                               **mem)
+                               host_ms=self._host_ms(), **mem)
                     del sets
                 except Exception as e:  # noqa: BLE001
                     self._error(f"{model} attn s={s} b={b}", e, kind="attn", model=model, seq_lens=s, batch_sizes=b)
@@ -506,7 +533,7 @@ class Profiler:
                 self.w.row(kind="head", model=model, impl="embed+norm+lm_head+ce", tokens=T,
                            fwd_ms=self._med([r[0] for r in dd]), bwd_ms=self._med([r[1] for r in dd]),
                            step_ms=self._med(tot), p10_ms=self._q(tot, .1), p90_ms=self._q(tot, .9), reps=reps,
-                           static_bytes=2 * (emb.numel() + Wh.numel()), **mem)
+                           host_ms=self._host_ms(), static_bytes=2 * (emb.numel() + Wh.numel()), **mem)
                 del hs
             except Exception as e:  # noqa: BLE001
                 self._error(f"{model} head T={T}", e, kind="head", model=model, tokens=T)
@@ -527,7 +554,10 @@ class Profiler:
     def fused_impl(self) -> str:
         return "fused" if self.fused_ok is not False else "padded"
 
-    def mix(self, base, model: str, members, plan: str):
+    def mix(self, base, model: str, members, plan: str, stack: int = 1):
+        """One mix under one plan. ``stack`` > 1: the layer applied ``stack`` times in one step
+        (same weights and adapters; kind ``stack``): the difference to one layer is the per-layer
+        cost inside a model, without the harness's per-call (autograd.grad) overhead."""
         from profiler.layer import LoRASet, layer_forward
 
         torch = self.torch
@@ -536,7 +566,8 @@ class Profiler:
             impl = self.fused_impl()
         d = base.shape.hidden
         T = sum(b * s for _, b, s in members)
-        info = dict(kind="mix", model=model, plan=plan, impl=impl, kernel_variant=variant(impl, self.prov),
+        info = dict(kind="mix" if stack == 1 else "stack", layers=stack, model=model, plan=plan, impl=impl,
+                    kernel_variant=variant(impl, self.prov),
                     n_adapters=len(members), ranks=";".join(str(m[0]) for m in members),
                     batch_sizes=";".join(str(m[1]) for m in members),
                     seq_lens=";".join(str(m[2]) for m in members), tokens=T)
@@ -548,7 +579,9 @@ class Profiler:
             def step(i, m):
                 x, dy = sets[i % len(sets)]
                 m.mark()
-                y = layer_forward(base, lora, x)
+                y = x
+                for _ in range(stack):
+                    y = layer_forward(base, lora, y)
                 m.mark()
                 grads = torch.autograd.grad(y, [x] + lora.params, dy)
                 m.mark()
@@ -569,7 +602,8 @@ class Profiler:
             adapter_bytes = sum(p.numel() * p.element_size() for p in lora.params)
             self.w.row(**info, fwd_ms=self._med([r[0] for r in dd]), bwd_ms=self._med([r[1] for r in dd]),
                        opt_ms=self._med([r[2] for r in dd]), step_ms=self._med(st), p10_ms=self._q(st, .1),
-                       p90_ms=self._q(st, .9), reps=reps, params=lora.adapter_params(), tensors=len(lora.params),
+                       p90_ms=self._q(st, .9), reps=reps, host_ms=self._host_ms(2), params=lora.adapter_params(),
+                       tensors=len(lora.params),
                        static_bytes=base.nbytes() + adapter_bytes, **mem)
             del lora, sets, opt
             return True
@@ -644,6 +678,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-mixes", type=int, default=0, help="random heterogeneous mixes per model "
                                                               "(0: 20 quick, 60 full, 3 tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random mixes")
+    p.add_argument("--stack", action="store_true",
+                   help="also time a few mixes with the layer stacked 1x and 3x (the harness's per-call overhead)")
 
 
 def run(args) -> int:
@@ -734,6 +770,15 @@ def run(args) -> int:
                         continue  # one adapter in a loop is a job alone (the same code)
                     n_rows += prof.mix(base, sh.name, mem, plan)
             log(f"{sh.name}: {n_rows} mix rows")
+            if args.stack and not args.tiny:
+                n_st = 0
+                for mem in STACK_MIXES:
+                    for plan in ("alone", "fused") if len(mem) == 1 else ("loop", "fused"):
+                        for k in (1, 3):
+                            if time.time() > mdl_deadline + 20:
+                                break
+                            n_st += prof.mix(base, sh.name, order_members(mem), plan, stack=k)
+                log(f"{sh.name}: {n_st} stack rows")
             del base
             prof._free()
             if not e2e_done and sh.name in ("llama3-8b", "tiny"):

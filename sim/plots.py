@@ -963,7 +963,7 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
         InputError: a directory is not a comparison, a file is malformed, the policies of one
             comparison disagree on the trace, or no load sweep remains.
     """
-    dirs = [Path(d) for d in compare_dirs]
+    dirs = list(dict.fromkeys(Path(d) for d in compare_dirs))
     if not dirs:
         raise InputError("no comparison directories given", field="compare_dirs")
     rows: list[dict] = []
@@ -1087,12 +1087,12 @@ def _time_unit(max_s: float) -> tuple[float, str]:
 
 def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | None = None,
                          title: str | None = None):
-    """Figure: average (top) and p90 (bottom) queueing delay against offered load, a line per policy.
+    """Figure: average (left) and p90 (right) queueing delay against offered load, a line per policy.
 
     Queueing delay = first start - submit (s), drawn in s, min or h (picked from the largest
     value); the x-axis is the offered load as a fraction of the cluster's GPUs (1.0 = demand equals
     capacity), a dotted line marks 1.0 when it is in range. The p90 panel is left out when no
-    point has a p90.
+    point has a p90. One column wide.
 
     Args:
         points: rows of one load sweep, columns ``policy``, ``load``, ``avg_queue_s`` and optionally
@@ -1112,11 +1112,11 @@ def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicySty
     top = float(np.nanmax(np.concatenate([avg.to_numpy(dtype=float, na_value=np.nan),
                                           p90.to_numpy(dtype=float, na_value=np.nan) if has_p90 else []])))
     scale, unit = _time_unit(top)
-    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.0 if has_p90 else 2.2)
-    axes = fig.subplots(2, 1, sharex=True) if has_p90 else [fig.add_subplot()]
-    panels = [("avg_queue_s", "Avg queueing delay")] + ([("p90_queue_s", "p90 queueing delay")] if has_p90 else [])
+    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 2.3)
+    axes = list(np.atleast_1d(fig.subplots(1, 2 if has_p90 else 1)))
+    panels = [("avg_queue_s", "Average")] + ([("p90_queue_s", "90th percentile")] if has_p90 else [])
     loads = np.sort(points["load"].astype(float).unique())
-    for ax, (col, quantity) in zip(axes, panels):
+    for ax, (col, panel_title) in zip(axes, panels):
         for pol, st in styles.items():
             sub = points[points["policy"] == pol].sort_values("load")
             if sub.empty:
@@ -1127,11 +1127,13 @@ def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicySty
         if loads.size and loads[0] <= 1.0 <= loads[-1]:
             ax.axvline(1.0, color="0.5", linewidth=0.5, linestyle=(0, (2, 2)), zorder=0)
         ax.set_ylim(bottom=0)
-        ax.set_ylabel(fs.axis_label(quantity, unit))
-    axes[-1].set_xlabel(fs.axis_label("Offered load", "GPU demand / cluster GPUs"))
-    axes[-1].set_xticks(loads, [f"{v:g}" for v in loads])
+        ax.set_title(panel_title, loc="left", fontsize=7, pad=2)
+        ax.set_xticks(loads, [f"{v:.3g}" for v in loads])
+        ax.tick_params(axis="x", labelrotation=90 if loads.size > 6 else 0)
+    axes[0].set_ylabel(fs.axis_label("Queueing delay", unit))
+    fig.supxlabel(fs.axis_label("Offered load", "GPU demand / cluster GPUs"), fontsize=8)
     if title:
-        axes[0].set_title(title, loc="left", fontsize=6.5)
+        fig.suptitle(title, fontsize=6.5)
     _legend(fig, axes[0])
     return fig
 
@@ -1238,8 +1240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m sim.plots",
                                      description="Re-draw the figures of a run or comparison directory.")
-    parser.add_argument("directory", help="run directory (jobs.csv ...) or comparison directory "
-                                          "(summary.csv + one run directory per policy)")
+    parser.add_argument("directory", help="run directory (jobs.csv ...), comparison directory "
+                                          "(summary.csv + one run directory per policy), or a directory "
+                                          "of comparison directories (queueing delay against load)")
     parser.add_argument("--formats", default="png,pdf", help="comma-separated: png, pdf, svg")
     args = parser.parse_args(argv)
     try:

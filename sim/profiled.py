@@ -141,23 +141,41 @@ def _roof_head_ms(m, gpu, t: float) -> float:
 class Tables:
     """The measured tables of one model in an artifact, with roofline-shaped continuation.
 
-    Every lookup returns ``(value, extrapolated)``."""
+    Two readings of each table: the raw one (``l0``, ``attn_ms``: exact at the measured points),
+    and its GPU-time part (``l0g``, ``attg``), which the layer model adds up: where a small
+    measurement was bound by host launch overhead (below ``gpu_from``, found at fit time), the
+    GPU time is continued from the first GPU-bound point with the roofline's shape (GEMM
+    efficiency curve for the base layer, time proportional to sequences for attention). Every
+    lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range."""
 
     def __init__(self, model: str, gpu: str, entry: dict):
         self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
         l0 = entry["l0"]
         self.l0_t, self.l0_ms = list(l0["tokens"]), list(l0["ms"])
+        self.l0_from = float(l0.get("gpu_from", self.l0_t[0]))
+        self.l0_from_ms = _loglog(self.l0_from, self.l0_t, self.l0_ms)
         h = entry["head"]
         self.h_t, self.h_ms, self.h_peak = list(h["tokens"]), list(h["ms"]), list(h.get("peak_bytes") or [])
-        self.attn = {int(s): (list(v["seqs"]), list(v["ms"])) for s, v in entry["attn"].items()}
+        self.attn = {int(s): (list(v["seqs"]), list(v["ms"]), float(v.get("gpu_from", v["seqs"][0])))
+                     for s, v in entry["attn"].items()}
         self.attn_s = sorted(self.attn)
 
+    def _roof(self, t: float) -> float:
+        return _roof_l0_ms(self.m, self.gpu, t)
+
     def l0(self, t: float) -> tuple[float, bool]:
+        """Measured attention-free layer (ms) at t tokens, raw."""
         lo, hi = self.l0_t[0], self.l0_t[-1]
         if lo <= t <= hi:
             return _loglog(t, self.l0_t, self.l0_ms), False
         edge, v = (lo, self.l0_ms[0]) if t < lo else (hi, self.l0_ms[-1])
-        return v * _roof_l0_ms(self.m, self.gpu, t) / _roof_l0_ms(self.m, self.gpu, edge), True
+        return v * self._roof(t) / self._roof(edge), True
+
+    def l0g(self, t: float) -> tuple[float, bool]:
+        """GPU time of the attention-free layer (ms) at t tokens."""
+        if t >= self.l0_from:
+            return self.l0(t)
+        return self.l0_from_ms * self._roof(t) / self._roof(self.l0_from), t < self.l0_t[0]
 
     def head(self, t: float) -> tuple[float, bool]:
         lo, hi = self.h_t[0], self.h_t[-1]
@@ -176,29 +194,35 @@ class Tables:
             return self.h_peak[-1] * t / self.h_t[-1]
         return float(np.interp(t, self.h_t, self.h_peak))
 
-    def _attn_at(self, s: int, b: float) -> tuple[float, bool]:
-        bs, ms = self.attn[s]
+    def _attn_at(self, s: int, b: float, gpu: bool) -> tuple[float, bool]:
+        bs, ms, b0 = self.attn[s]
+        if gpu and b < b0:
+            return _loglog(b0, bs, ms) * b / b0, b < bs[0]
         if bs[0] <= b <= bs[-1]:
             return _loglog(b, bs, ms), False
         edge, v = (bs[0], ms[0]) if b < bs[0] else (bs[-1], ms[-1])
         return v * b / edge, True  # time per sequence constant beyond the grid
 
-    def attn_ms(self, s: float, b: float) -> tuple[float, bool]:
-        """Attention block of b sequences of s tokens (one SDPA call), ms."""
+    def attn_ms(self, s: float, b: float, gpu: bool = False) -> tuple[float, bool]:
+        """Attention block of b sequences of s tokens (one SDPA call), ms (``gpu``: GPU part)."""
         if b <= 0:
             return 0.0, False
         ss = self.attn_s
         if s in self.attn:
-            return self._attn_at(int(s), b)
+            return self._attn_at(int(s), b, gpu)
         if s < ss[0] or s > ss[-1]:
             edge = ss[0] if s < ss[0] else ss[-1]
-            v, _ = self._attn_at(edge, b)
+            v, _ = self._attn_at(edge, b, gpu)
             return v * (s / edge) ** 2, True
         j = int(np.searchsorted(ss, s))
         s0, s1 = ss[j - 1], ss[j]
-        (v0, e0), (v1, e1) = self._attn_at(s0, b), self._attn_at(s1, b)
+        (v0, e0), (v1, e1) = self._attn_at(s0, b, gpu), self._attn_at(s1, b, gpu)
         w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
         return math.exp((1 - w) * math.log(v0) + w * math.log(v1)), e0 or e1
+
+    def attg(self, s: float, b: float) -> tuple[float, bool]:
+        """GPU time of the attention block (ms)."""
+        return self.attn_ms(s, b, gpu=True)
 
 
 # ---------------------------------------------------------------------------------- features
@@ -219,43 +243,70 @@ def _bucket(r: int) -> int:
     return r
 
 
-def attention_ms(tab: Tables, members) -> tuple[float, bool]:
-    """Attention of a mix: one SDPA call per distinct sequence length."""
+def seq_groups(members) -> dict[int, float]:
+    """Sequences per distinct sequence length (one SDPA call each)."""
     groups: dict[int, float] = {}
     for _, b, s in members:
         groups[int(s)] = groups.get(int(s), 0.0) + b
+    return groups
+
+
+def attention_ms(tab: Tables, members, gpu: bool = True) -> tuple[float, bool]:
+    """Attention of a mix: one SDPA call per distinct sequence length (GPU part by default)."""
     tot, ext = 0.0, False
-    for s, b in sorted(groups.items()):
-        v, e = tab.attn_ms(s, b)
+    for s, b in sorted(seq_groups(members).items()):
+        v, e = tab.attn_ms(s, b, gpu=gpu)
         tot, ext = tot + v, ext or e
     return tot, ext
 
 
 def plan_term_ms(pe: dict, members) -> float:
-    """The fitted adapter term of a plan family (ms), before the host floor."""
+    """The fitted GPU time of the adapters of a plan family (ms)."""
     f = mix_features(members)
     return float(sum(pe["coef"].get(k, 0.0) * f[k] for k in FEATURES))
 
 
-def layer_ms(tab: Tables, pe: dict, members, nano: int = 1) -> tuple[float, bool]:
-    """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms).
+def host_ms(pe: dict, members) -> float:
+    """The fitted host (launch) time of one layer step (ms): cpu0 + cpu_n x adapters + cpu_g x
+    sequence-length groups."""
+    return pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * len(members) + pe.get("cpu_g", 0.0) * len(seq_groups(members))
 
-    ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano and the adapter term (all
-    but its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline)."""
+
+def smoothmax(a: float, b: float, p: float) -> float:
+    """(a^p + b^p)^(1/p): max(a, b) for large p, a bit above it where the two are close."""
+    if p >= 64:
+        return max(a, b)
+    hi = max(a, b)
+    if hi <= 0:
+        return 0.0
+    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+
+
+def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = True) -> tuple[float, bool]:
+    """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms):
+    ``smoothmax(gpu, host)`` with gpu = base curve + attention + adapter term (GPU parts) and host
+    the launch time of the eager step. ``in_model``: the layer inside a model, whose host time
+    lacks the profiling harness's per-call overhead (``call_ms``, measured with stacked layers);
+    ``in_model=False`` predicts what the profiler measures for one layer alone.
+
+    ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano, the adapter term (all but
+    its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline) and the host time is
+    paid ``nano`` times (eager launches)."""
     T = sum(b * s for _, b, s in members)
     if nano > 1:
-        l0, e0 = tab.l0(T / nano)
+        l0, e0 = tab.l0g(T / nano)
         l0 *= nano
     else:
-        l0, e0 = tab.l0(T)
+        l0, e0 = tab.l0g(T)
     at, e1 = attention_ms(tab, members)
     term = plan_term_ms(pe, members)
     if nano > 1:
         c = pe["coef"].get("const", 0.0)
         term = c * nano + (term - c) / nano
-    gpu = l0 + at + term
-    cpu = pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * len(members)
-    val = max(gpu, cpu)
+    host = host_ms(pe, members)
+    if in_model:
+        host = max(host - pe.get("call_ms", 0.0), 0.5 * host)
+    val = smoothmax(l0 + at + term, nano * host, pe.get("p", 64.0))
     cov = pe.get("coverage", {})
     e2 = bool(cov) and (len(members) > cov["adapters_max"] or T < cov["tokens_min"] or T > cov["tokens_max"]
                         or min(r for r, _, _ in members) < cov["rank_min"]

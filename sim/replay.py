@@ -25,7 +25,7 @@ from sim import metrics
 from sim.cluster import parse_cluster
 from sim.engine import Engine
 from sim.errors import InputError
-from sim.rundir import Interrupted, write_csv, write_json
+from sim.rundir import interrupt_handler, write_csv, write_json
 from sim.roofline import RooflineCostModel
 from sim.workload import build_jobs
 
@@ -171,9 +171,10 @@ def _progress_bar(jobs, label: str, position: int):
 _IN_TASK = False  # a compare worker is inside a replay (signals then unwind it instead of exiting)
 
 
-def _worker_signal(signum: int, _frame) -> None:
+def _worker_signal(signum: int, frame) -> None:
     if _IN_TASK:
-        raise Interrupted(signum)
+        interrupt_handler(signum, frame)  # unwinds the replay (held while a file is committed)
+        return
     os._exit(128 + signum)  # idle worker: nothing to clean up, no traceback noise
 
 

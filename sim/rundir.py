@@ -2,11 +2,14 @@
 
 Every file is written to a temp file in the same directory (``.NAME.XXXX.tmp``) and renamed onto
 its target with :func:`os.replace`, so a run interrupted at any point leaves each file either
-complete (the previous or the new version) or absent, never half-written. Signals (SIGINT, SIGTERM,
-SIGHUP) are held back for the few instructions that create the temp file and rename it, and
-:func:`signals_raise_interrupt` turns SIGTERM/SIGHUP into :class:`Interrupted` (a
-``KeyboardInterrupt``) so the ``finally`` clauses that delete temp files run. Only SIGKILL (which no
-process can catch) can leave a stray ``.tmp`` file; the complete files stay complete.
+complete (the previous or the new version) or absent, never half-written.
+
+Within :func:`signals_raise_interrupt` (the CLI runs inside it) SIGINT, SIGTERM and SIGHUP raise
+:class:`Interrupted` (a ``KeyboardInterrupt``) in the main thread, so the ``finally`` clauses that
+delete temp files run; a signal that arrives while a temp file is being created or renamed is held
+until that step is done (Python-level, so it works whatever thread the OS delivers the signal to).
+Only SIGKILL, which no process can catch, can leave a stray ``.tmp`` file; complete files stay
+complete even then.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import Any, Callable, Iterator
 
 import pandas as pd
 
-_HELD = {s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None}
+_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
+_hold = {"depth": 0, "pending": None}  # main thread only
 
 
 class Interrupted(KeyboardInterrupt):
-    """Raised in the main thread when SIGTERM or SIGHUP arrives (SIGINT raises plain KeyboardInterrupt).
+    """Raised in the main thread when SIGINT, SIGTERM or SIGHUP arrives (inside :func:`signals_raise_interrupt`).
 
     Attributes:
         signum: the signal number (exit status convention: 128 + signum).
@@ -37,22 +41,25 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
-def _raise_interrupted(signum: int, _frame: Any) -> None:
+def interrupt_handler(signum: int, _frame: Any = None) -> None:
+    """Signal handler: raise :class:`Interrupted`, or remember the signal while a write is being
+    committed (it is raised when the commit is done)."""
+    if _hold["depth"]:
+        if _hold["pending"] is None:
+            _hold["pending"] = signum
+        return
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def signals_raise_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (so cleanup
-    code runs as for Ctrl-C); the previous handlers are restored afterwards. No-op off the main thread."""
+    """Within the block, SIGINT/SIGTERM/SIGHUP raise :class:`Interrupted` in the main thread (so cleanup
+    code runs) and are held during atomic commits; the previous handlers are restored afterwards.
+    No-op off the main thread (Python runs signal handlers only there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {}
-    for name in ("SIGTERM", "SIGHUP"):
-        s = getattr(signal, name, None)
-        if s is not None:
-            previous[s] = signal.signal(s, _raise_interrupted)
+    previous = {s: signal.signal(s, interrupt_handler) for s in _SIGNALS}
     try:
         yield
     finally:
@@ -62,15 +69,18 @@ def signals_raise_interrupt() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP back (delivered at the end of the block) in the main thread."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Defer :func:`interrupt_handler` to the end of the block (main thread; a no-op elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    _hold["depth"] += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _hold["depth"] -= 1
+        if not _hold["depth"] and _hold["pending"] is not None:
+            signum, _hold["pending"] = _hold["pending"], None
+            raise Interrupted(signum)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:

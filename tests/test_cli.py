@@ -284,7 +284,7 @@ def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
     assert target.read_text() == "old complete\n" and os.listdir(tmp_path) == ["x.csv"]
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_while_writing_leaves_the_previous_file_and_no_temp(sig, tmp_path, reliability):
     from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
 
@@ -326,10 +326,33 @@ def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path,
 def test_signal_handlers_are_restored():
     from sim.rundir import signals_raise_interrupt
 
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with signals_raise_interrupt():
-        assert signal.getsignal(signal.SIGTERM) is not before
-    assert signal.getsignal(signal.SIGTERM) is before
+        assert all(signal.getsignal(s) is not h for s, h in before.items())
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_from_another_thread_is_still_held_during_the_rename(tmp_path, monkeypatch):
+    """The OS may deliver a process signal to any thread (tqdm, pool managers); holding must not rely on masks."""
+    import threading
+
+    from sim import rundir
+    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+
+    target = tmp_path / "timeline.csv"
+    real_replace = os.replace
+
+    def replace_after_signal_from_thread(src, dst):
+        t = threading.Thread(target=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        t.start()
+        t.join()
+        time.sleep(0.01)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(rundir.os, "replace", replace_after_signal_from_thread)
+    with signals_raise_interrupt(), pytest.raises(Interrupted):
+        atomic_write(target, lambda p: p.write_text("t\n0\n"))
+    assert target.read_text() == "t\n0\n" and os.listdir(tmp_path) == ["timeline.csv"]
 
 
 REPLAY_ARGS = ["replay", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100", "--policy", "tlora",

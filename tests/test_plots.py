@@ -273,3 +273,157 @@ def test_save_figure_atomic_and_units(tmp_path):
         _assert_valid(p)
     assert sorted(x.name for x in (tmp_path / "sub").iterdir()) == ["good.pdf", "good.png"]
     assert not list(tmp_path.glob("bad*"))
+
+
+# --------------------------------------------------------------------------------------------
+# Queueing delay against offered load, relative table, many-policy bars
+# --------------------------------------------------------------------------------------------
+
+SWEEP_POLICIES = ("independent", "tlora")
+
+
+def _write_sweep_point(out: Path, trace: str, cluster: str = "4x8xH100", lora_dist: str = "tlora",
+                       speed: float = 1.0, policies=SWEEP_POLICIES) -> Path:
+    """A comparison directory whose runs record ``trace`` and ``cluster`` as replay.py does."""
+    _write_compare(out, policies=policies, timeline=False)
+    base_q = pd.read_csv(out / policies[0] / "jobs.csv")["queue_s"]
+    for i, pol in enumerate(policies):
+        jobs = pd.read_csv(out / pol / "jobs.csv")
+        jobs["queue_s"] = base_q / speed * (1 + i)  # a known delay: policy i waits (1 + i)x the first
+        jobs.to_csv(out / pol / "jobs.csv", index=False)
+        inputs = {"trace": trace, "policy": pol, "cluster": cluster, "seed": 0, "lora_dist": lora_dist,
+                  "policy_options": {}, "regroup_pause_s": 30.0}
+        (out / pol / "config.json").write_text(json.dumps({"inputs": inputs, "policy": pol, "trace": trace,
+                                                           "cluster": cluster}))
+    summary = pd.read_csv(out / "summary.csv")
+    summary["avg_queue_s"] = [pd.read_csv(out / p / "jobs.csv")["queue_s"].mean() for p in summary["policy"]]
+    summary.to_csv(out / "summary.csv", index=False)
+    return out
+
+
+def _sweep(root: Path) -> Path:
+    spec = "synthetic:jobs=40,seed=5,load={},gpus=32,max_gpus=8"
+    for i, load in enumerate((0.5, 0.9, 1.1)):  # p0-p2: the load sweep (p10 sorts after p2)
+        _write_sweep_point(root / f"p{10 if i == 2 else i}", spec.format(load), speed=2.0 - load)
+    _write_sweep_point(root / "p3", spec.format(0.8), cluster="3x8xH100")     # other cluster: alone
+    _write_sweep_point(root / "p4", spec.format(0.9))                          # same as p1: dropped
+    _write_sweep_point(root / "itp", "itp:cluster02.csv.gz")                   # no load at all
+    return root
+
+
+def test_queue_vs_load_points_and_figure(tmp_path):
+    root = _sweep(tmp_path / "sens")
+    assert [d.name for d in plots.find_compare_dirs(root)] == ["itp", "p0", "p1", "p3", "p4", "p10"]
+    assert plots.trace_load("synthetic:jobs=5,load=0.9,gpus=16") == (0.9, 16)
+    assert plots.trace_load("synthetic:default") == (0.7, 32)  # the generator's defaults
+    assert plots.trace_load("itp:x.csv.gz") is None
+    with pytest.warns(plots.PlotWarning) as record:
+        points = plots.load_sweep_points(plots.find_compare_dirs(root))
+    text = " ".join(str(w.message) for w in record)
+    assert "itp" in text and "load=" in text and "p3" in text
+    assert set(points["series"]) == {1}
+    assert points["load"].tolist() == [0.5, 0.5, 0.9, 0.9, 1.1, 1.1]
+    assert points["policy"].tolist() == ["independent", "tlora"] * 3
+    assert [Path(d).name for d in points["compare_dir"]] == ["p0", "p0", "p1", "p1", "p10", "p10"]
+    for _, row in points.iterrows():
+        q = pd.read_csv(Path(row["compare_dir"]) / row["policy"] / "jobs.csv")["queue_s"].dropna()
+        assert row["avg_queue_s"] == pytest.approx(q.mean())
+        assert row["p90_queue_s"] == pytest.approx(np.percentile(q, 90))
+    # tlora's delays are twice independent's by construction
+    wide = points.pivot(index="load", columns="policy", values="avg_queue_s")
+    assert np.allclose(wide["tlora"], 2 * wide["independent"])
+
+    # the figure: one line per policy over the three loads, in both panels, units on every axis
+    with fs.style_context():
+        fig = plots.queue_vs_load_figure(points)
+    axes = fig.get_axes()
+    assert len(axes) == 2 and not fs.missing_units(fig)
+    for ax in axes:
+        labels = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        assert labels == ["independent", "tlora"]
+        assert all(list(ln.get_xdata()) == [0.5, 0.9, 1.1] for ln in ax.get_lines()[:2])
+    unit = axes[0].get_ylabel()
+    scale = {"(s)": 1.0, "(min)": 60.0, "(h)": 3600.0}[unit[unit.rindex("("):]]
+    assert axes[0].get_lines()[0].get_ydata() == pytest.approx(wide["independent"].to_numpy() / scale)
+
+    # plot_any on the parent: the queueing figure in parent/figures
+    with pytest.warns(plots.PlotWarning):
+        paths = plots.plot_any(root, formats=("png", "pdf"))
+    assert paths == [root / "figures" / "queue_vs_load.png", root / "figures" / "queue_vs_load.pdf"]
+    for p in paths:
+        _assert_valid(p)
+
+
+def test_queue_vs_load_offered_load_explicit_loads_and_errors(tmp_path):
+    # A second sweep on 16 GPUs: offered load = load x gpus / cluster GPUs, its own figure.
+    root = tmp_path / "two"
+    spec = "synthetic:jobs=40,seed=5,load={},gpus=32"
+    for i, load in enumerate((0.4, 0.6)):
+        _write_sweep_point(root / f"a{i}", spec.format(load))
+        _write_sweep_point(root / f"b{i}", spec.format(load), cluster="2x8xH100")
+    points = plots.load_sweep_points(plots.find_compare_dirs(root))
+    assert sorted(set(points["series"])) == [1, 2]
+    by_series = points.groupby("series")["load"].unique()
+    assert list(by_series[1]) == [0.4, 0.6] and list(by_series[2]) == pytest.approx([0.8, 1.2])
+    paths = plots.plot_queue_vs_load(root, formats=("png",))
+    assert [p.name for p in paths] == ["queue_vs_load.png", "queue_vs_load_2.png"]
+
+    # Real traces carry no load: an explicit mapping makes them one sweep, output where asked.
+    itp = [_write_sweep_point(tmp_path / "itp" / n, "itp:cluster02.csv.gz", cluster=c)
+           for n, c in (("big", "16x8xH100"), ("small", "12x8xH100"))]
+    with pytest.raises(InputError, match="no load sweep"):
+        with pytest.warns(plots.PlotWarning):
+            plots.load_sweep_points(itp)
+    paths = plots.plot_queue_vs_load(itp, out_dir=tmp_path / "figs", formats=["png"],
+                                     loads={"big": 0.6, str(itp[1]): 0.8})
+    assert paths == [tmp_path / "figs" / "queue_vs_load.png"]
+    with pytest.raises(InputError, match="no load given"):
+        plots.load_sweep_points(itp, loads={"big": 0.6})
+    # a directory holding one comparison only is not a sweep; nor is an empty one
+    lonely = tmp_path / "lonely"
+    _write_sweep_point(lonely / "only", spec.format(0.5))
+    with pytest.raises(InputError, match="two or more comparison"):
+        plots.plot_any(lonely)
+    with pytest.raises(InputError, match="summary.csv"):
+        plots.plot_queue_vs_load(tmp_path / "figs")
+    # a malformed load option names the directory and the option
+    bad = tmp_path / "bad"
+    _write_sweep_point(bad / "x", "synthetic:jobs=40,load=lots")
+    _write_sweep_point(bad / "y", spec.format(0.5))
+    with pytest.raises(InputError, match=r"bad[/\\]x.*field 'load'"):
+        plots.plot_any(bad)
+
+
+def test_relative_table_matches_summary(tmp_path):
+    out = _write_compare(tmp_path / "cmp")
+    summary = pd.read_csv(out / "summary.csv")
+    rel = plots.relative_table(summary)
+    assert rel["policy"].tolist() == ["independent", "mlora", "tlora"]
+    assert [c for c in rel.columns if c != "policy"] == [c for c, _, _ in plots.RELATIVE_COLUMNS]
+    s = summary.set_index("policy")
+    r = rel.set_index("policy")
+    assert r.loc["independent"].tolist() == pytest.approx([1.0] * 5)
+    assert r.at["tlora", "throughput_x"] == pytest.approx(s.at["tlora", "throughput_tokens_per_s"]
+                                                          / s.at["independent", "throughput_tokens_per_s"])
+    assert r.at["mlora", "avg_jct_speedup"] == pytest.approx(s.at["independent", "avg_jct_s"] / s.at["mlora", "avg_jct_s"])
+    with pytest.raises(InputError, match="baseline"):
+        plots.relative_table(summary, baseline="alto")
+
+
+def test_bars_many_policies_go_full_width(tmp_path):
+    pols = ("independent", "mlora", "mlora-nogroup", "lorafusion", "alto", "tlora", "tlora-nogroup", "lookahead")
+    rows = [{"policy": p, "avg_jct_s": 100.0 + i, "p90_jct_s": 200.0 + i, "throughput_tokens_per_s": 1e5 + i,
+             "gpu_alloc_util": 0.5, "gpu_compute_util": 0.2 + 0.01 * i} for i, p in enumerate(pols)]
+    with fs.style_context():
+        fig = plots.bars_figure(pd.DataFrame(rows))
+        paths = fs.save_figure(fig, tmp_path, "bars", ["png"])
+    assert fig.get_size_inches()[0] == pytest.approx(fs.DOUBLE_COLUMN_WIDTH_IN)
+    axes = [ax for ax in fig.get_axes() if ax.axison]
+    assert len(axes) == 5 and all(len(ax.patches) == len(pols) for ax in axes)
+    # one legend, on the figure, naming every policy; no axis holds a legend
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(pols)
+    assert all(ax.get_legend() is None for ax in fig.get_axes())
+    # the panels keep a readable width (a legend squeezed into a panel shrank them to slivers)
+    fig.canvas.draw()
+    assert min(ax.get_window_extent().width for ax in axes) > 0.1 * fig.bbox.width
+    _assert_valid(paths[0])

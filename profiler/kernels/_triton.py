@@ -20,8 +20,7 @@ width (BK or BN times CM0..CM4). Only the buckets present in a launch are compil
 BUCKETS bit mask), so a rank-8 adapter never runs the tiles or does the FLOPs of a rank-128 one.
 
 Launches per training step (besides the two cuBLAS GEMMs):
-  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once; writes
-                                                                        the keep mask as bits
+  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once
   _f2  Ylora       = s P B (+bias)      grid: row tiles x N groups      writes Y once; cuBLAS then
                                                                         does Y += X W (beta=1)
   _b1  Q           = s dY B^T           grid: row tiles x N splits      reads dY
@@ -34,8 +33,9 @@ when needed) and token-chunk partial sums of dA/dB are added with fp32 atomics i
 that _f2 zeroes (so no memset launch is needed).
 
 Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``_keep``;
-``reference.keep_mask`` is the same function in torch); _f1 stores it as a bitmask (K/8 bytes
-per token) that _b2 reads back.
+``reference.keep_mask`` is the same function in torch), so _f1 and _b2 regenerate the same mask
+and nothing is stored (a bitmask written by _f1 and read by _b2 measured slower on the H100:
+packing bits in _f1 cost more than the hash saved in _b2).
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff, poff,
+def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
              kb0, kb1, seed, thresh, s,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
              DROPOUT: tl.constexpr, PREC: tl.constexpr):
@@ -94,7 +94,6 @@ def _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, ran
     rkm = rr < rank
     xrow = X + rows.to(tl.int64)[:, None] * sxm
     arow = A + (roff + rr).to(tl.int64)[:, None] * sam
-    mrow = MASK + rows.to(tl.int64)[:, None] * kw
     acc = tl.zeros((BM, R), dtype=tl.float32)
     for kb in range(kb0, kb1):
         cols = kb * BK + tl.arange(0, BK)
@@ -103,19 +102,14 @@ def _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, ran
         if DROPOUT:
             keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
-            bits = tl.reshape(keep.to(tl.int32), (BM, BK // 32, 32))
-            words = tl.sum(bits << tl.arange(0, 32)[None, None, :], axis=2)
-            wc = kb * (BK // 32) + tl.arange(0, BK // 32)
-            tl.store(mrow + wc[None, :], words, mask=rmask[:, None] & (wc < kw)[None, :])
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
     offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
     tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
 
 
-@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed", "kw"])
-def _f1_kernel(X, A, Ppart, MASK, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per,
-               seed, kw,
+@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed"])
+def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
@@ -135,23 +129,23 @@ def _f1_kernel(X, A, Ppart, MASK, tiles, meta_i, K, sxm, sam, part_stride, kspli
     kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
     if BUCKETS & 1:
         if bucket == 0:
-            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
                      poff, kb0, kb1, seed, thresh, s, 16, BM0, BK, DROPOUT, PREC)
     if BUCKETS & 2:
         if bucket == 1:
-            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
                      poff, kb0, kb1, seed, thresh, s, 32, BM1, BK, DROPOUT, PREC)
     if BUCKETS & 4:
         if bucket == 2:
-            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
                      poff, kb0, kb1, seed, thresh, s, 64, BM2, BK, DROPOUT, PREC)
     if BUCKETS & 8:
         if bucket == 3:
-            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
                      poff, kb0, kb1, seed, thresh, s, 128, BM3, BK, DROPOUT, PREC)
     if BUCKETS & 16:
         if bucket == 4:
-            _f1_body(X, A, Ppart, MASK, sxm, sam, part_stride, K, kw, m0, m1, start, rank, roff,
+            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
                      poff, kb0, kb1, seed, thresh, s, 256, BM4, BK, DROPOUT, PREC)
 
 
@@ -366,15 +360,14 @@ def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff, poff,
-             kb, inv_keep,
+def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
+             kb, seed, thresh, inv_keep,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
     rr = tl.arange(0, R)
     rkm = rr < rank
     cols = kb * BK + tl.arange(0, BK)
     cm = cols < K
-    wc = kb * (BK // 32) + tl.arange(0, BK // 32)
     a = tl.load(A + (roff + rr).to(tl.int64)[:, None] * sam + cols[None, :],
                 mask=rkm[:, None] & cm[None, :], other=0.0)
     a = a.to(X.dtype.element_ty)
@@ -388,10 +381,7 @@ def _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank,
         xm = rmask[:, None] & cm[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
         if DROPOUT:
-            w = tl.load(MASK + rows.to(tl.int64)[:, None] * kw + wc[None, :],
-                        mask=rmask[:, None] & (wc < kw)[None, :], other=0)
-            bits = (w[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
-            keep = tl.reshape(bits, (BM, BK)) != 0
+            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
             d = _dot(qb, a, None, PREC)
@@ -405,8 +395,8 @@ def _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank,
                   mask=rkm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["n_kb", "kw"])
-def _b2_kernel(X, A, Q, MASK, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, kw,
+@triton.jit(do_not_specialize=["n_kb", "seed"])
+def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                CM0: tl.constexpr, CM1: tl.constexpr, CM2: tl.constexpr, CM3: tl.constexpr,
@@ -423,27 +413,28 @@ def _b2_kernel(X, A, Q, MASK, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm
     roff = tl.load(meta_i + ad * 8 + 3)
     poff = tl.load(meta_i + ad * 8 + 4)
     bucket = tl.load(meta_i + ad * 8 + 5)
+    thresh = tl.load(meta_i + ad * 8 + 6)
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
         if (bucket == 0) & (kb * BK * CM0 < K):
-            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
-                     poff, kb, inv_keep, 16, BM0, BK * CM0, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, 16, BM0, BK * CM0, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 2:
         if (bucket == 1) & (kb * BK * CM1 < K):
-            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
-                     poff, kb, inv_keep, 32, BM1, BK * CM1, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, 32, BM1, BK * CM1, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 4:
         if (bucket == 2) & (kb * BK * CM2 < K):
-            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
-                     poff, kb, inv_keep, 64, BM2, BK * CM2, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, 64, BM2, BK * CM2, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 8:
         if (bucket == 3) & (kb * BK * CM3 < K):
-            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
-                     poff, kb, inv_keep, 128, BM3, BK * CM3, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, 128, BM3, BK * CM3, DROPOUT, WRITE_DX, PREC)
     if BUCKETS & 16:
         if (bucket == 4) & (kb * BK * CM4 < K):
-            _b2_body(X, A, Q, MASK, DXL, GA, sxm, sam, sdxm, K, kw, m0, m1, start, rank, roff,
-                     poff, kb, inv_keep, 256, BM4, BK * CM4, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, 256, BM4, BK * CM4, DROPOUT, WRITE_DX, PREC)
 
 
 # ------------------------------------------------------------------------------- mask helper

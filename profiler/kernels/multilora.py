@@ -260,15 +260,13 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
     if plan.n_tiles == 0:  # every segment empty (then M == 0)
         if g_numel:
             gbuf.zero_()
-        return y, psave, gbuf, None
+        return y, psave, gbuf
     ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=dev)
     dropout = dropout_on and plan.has_dropout
-    kw = _cdiv(Kf, 32)
-    mask = torch.empty((M, kw) if dropout else (1,), dtype=torch.int32, device=dev)
     prec = _prec(x.dtype)
     K_._f1_kernel[(plan.n_tiles * plan.ksplit,)](
-        x, lora_A, ppart, mask, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
-        plan.p_size, plan.ksplit, plan.kb_per, seed, kw,
+        x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
+        plan.p_size, plan.ksplit, plan.kb_per, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
         num_warps=cfg.warps_f1, num_stages=cfg.stages_f1)
     has_bias = bias is not None
@@ -278,14 +276,14 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
         lora_B.stride(0), plan.p_size, plan.ksplit, plan.ngroups, plan.ng_per,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
         num_warps=cfg.warps_f2, num_stages=cfg.stages_f2)
-    return y, psave, gbuf, mask
+    return y, psave, gbuf
 
 
 def _nodrop_meta_f(plan: LoRAPlan) -> torch.Tensor:
     return plan.meta_f_nodrop
 
 
-def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, mask, plan: LoRAPlan,
+def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int,
                    dropout_on: bool, write_dx: bool):
     """Run _b1 and _b2: returns dX_lora (M, K) or None; gbuf (zeroed) receives dA^T
     (sum_r x K), dB (sum_r x N) and, on the way, Q = s dY B^T."""
@@ -314,9 +312,9 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, mask, plan: LoRAPlan,
         Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
     n_kb = _cdiv(Kf, cfg.bk)
     K_._b2_kernel[(plan.n_chunks * n_kb,)](
-        x, lora_A, q, mask if dropout else x, dxl if write_dx else x, gA, plan.chunks,
+        x, lora_A, q, dxl if write_dx else x, gA, plan.chunks,
         plan.meta_i, meta_f, Kf, x.stride(0), lora_A.stride(0),
-        dxl.stride(0) if write_dx else 0, n_kb, _cdiv(Kf, 32),
+        dxl.stride(0) if write_dx else 0, n_kb, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
         DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
         num_warps=cfg.warps_b2, num_stages=cfg.stages_b2)
@@ -330,23 +328,23 @@ class _MultiLoRAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lora_A, lora_B, plan, seed, dropout_on):
         need_grads = any(ctx.needs_input_grad[i] for i in (0, 3, 4))
-        y, psave, gbuf, mask = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
-                                             need_grads)
+        y, psave, gbuf = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
+                                       need_grads)
         y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
-        ctx.plan, ctx.dropout_on = plan, dropout_on
-        ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf, mask)
+        ctx.plan, ctx.seed, ctx.dropout_on = plan, seed, dropout_on
+        ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf)
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, lora_A, lora_B, psave, gbuf, mask = ctx.saved_tensors
+        x, weight, lora_A, lora_B, psave, gbuf = ctx.saved_tensors
         plan = ctx.plan
         dy = dy.contiguous()
         need_x, need_w, need_b, need_A, need_B = ctx.needs_input_grad[:5]
         write_dx = need_x
         if need_A or need_B or write_dx:
-            dxl = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, mask, plan,
+            dxl = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan, ctx.seed,
                                  ctx.dropout_on, write_dx)
         else:
             dxl = None

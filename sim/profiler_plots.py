@@ -1,0 +1,701 @@
+"""Paper-style figures from the profiler's data files (no torch needed).
+
+Two figures, each drawn only from files the profiler commits under ``profiler/data/``:
+
+``kernels`` (:func:`plot_kernels`)
+    Kernel benchmark (``bench/kernels.py`` -> ``kernel_bench_<gpu>.csv``): the training-step time of
+    one linear layer (forward + backward, W frozen) per implementation (``base`` = the frozen layer
+    alone, ``alone``, ``loop``, ``padded``, ``peft``, ``fused`` = ours) and adapter mix, as a ratio
+    to the roofline floor (``floor_ms``: base GEMM FLOPs at the measured matrix rate plus the fewest
+    LoRA bytes at the measured copy bandwidth; the floor is the dashed line at 1) or to the frozen
+    ``base`` layer of the same mix (the floor then drawn per mix). One panel per layer shape (and
+    device), bars grouped by mix. ``ms`` is the CUDA-graph GPU time; ``eager_ms`` (``kernels_eager``)
+    the uncaptured step a training loop pays, launch overhead included.
+
+``costmodel_<gpu>`` (:func:`plot_costmodel`)
+    Cost model predicted against measured: the step time of one decoder layer (forward + backward,
+    ms) for every measured adapter mix of ``profile_<gpu>.csv`` (``tlora-sim profile``), predicted by
+    a model fitted as ``tlora-sim costmodel fit`` does (:mod:`profiler.fit`) on the *training* mixes
+    only; the held-out mixes (every k-th mix per model, the split of :func:`profiler.fit.heldout_mask`,
+    k from the artifact ``costmodel_<gpu>.json`` when present, else 4) were never seen by that fit and
+    are drawn as filled diamonds with a black edge, the training mixes as small open circles. One
+    panel per base model, colour per plan (``alone``, ``loop``, ``fused``), y = x and a +-10 % band.
+    With ``e2e_<gpu>.csv`` and the artifact also ``costmodel_e2e_<gpu>``: full-model steps on one GPU
+    predicted by the shipped artifact against measured (none of them is in the fit).
+
+Both take paths and return the written files (:func:`sim.figstyle.save_figure`: PNG at 200 dpi and
+vector PDF, atomically). Bad input raises :class:`sim.errors.InputError` naming the file (and row and
+field where there is one). Command line::
+
+    python -m sim.profiler_plots --kernels profiler/data/kernel_bench_h100.csv \\
+        --costmodel profiler/data --out docs/figures
+    python -m sim.profiler_plots --out docs/figures     # every committed data file
+
+matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only); :mod:`profiler.fit`
+(scipy, no torch) is imported only by the cost-model functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sim import figstyle as fs
+from sim.errors import InputError
+
+__all__ = [
+    "KERNEL_COLUMNS",
+    "ProfilerPlotWarning",
+    "read_kernel_bench",
+    "kernel_table",
+    "kernel_figure",
+    "plot_kernels",
+    "costmodel_files",
+    "costmodel_predictions",
+    "costmodel_figure",
+    "e2e_predictions",
+    "e2e_figure",
+    "plot_costmodel",
+    "main",
+]
+
+#: Columns a kernel benchmark CSV must have (``bench/kernels.py`` writes these and more).
+KERNEL_COLUMNS = ("layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch", "triton")
+#: Timing columns of the kernel benchmark, and how their axis is named.
+_TIMINGS = {"ms": "GPU step time", "eager_ms": "Eager step time"}
+_RELATIVE = ("floor", "base")
+DEFAULT_HOLDOUT_EVERY = 4
+_BAND = 0.10  # +-10 % band around y = x
+
+
+class ProfilerPlotWarning(UserWarning):
+    """Part of a profiler figure was left out because its data is missing."""
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, ProfilerPlotWarning, stacklevel=3)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel benchmark
+# --------------------------------------------------------------------------------------------
+
+def _split_list(v) -> list[str]:
+    return [x.strip() for x in re.split(r"[,;]", str(v)) if x.strip()]
+
+
+def _mix_label(row: pd.Series) -> str:
+    mix = str(row.get("mix", "") or "").strip()
+    if mix and mix.lower() != "nan":
+        return mix
+    ranks, tokens = _split_list(row["ranks"]), _split_list(row["tokens"])
+    n = row.get("n_adapters")
+    n = int(n) if n is not None and pd.notna(n) and str(n).strip() else max(len(ranks), len(tokens), 1)
+    r = f"r{ranks[0]}\u00d7{n}" if len(set(ranks)) == 1 else "r" + ",".join(ranks)
+    t = f"@{tokens[0]}" if len(set(tokens)) == 1 else "@" + "/".join(dict.fromkeys(tokens))
+    return f"{r} {t}"
+
+
+def read_kernel_bench(path: str | Path) -> pd.DataFrame:
+    """Read a kernel benchmark CSV (``bench/kernels.py``) and check it.
+
+    Required columns: :data:`KERNEL_COLUMNS` (``ms``, ``floor_ms`` in ms, positive numbers;
+    ``eager_ms`` in ms, may be blank). ``ranks`` and ``tokens`` are kept as text (``"8,16,32,64"``).
+    Adds ``mix_label``: the ``mix`` column where present, else a label made of ranks and tokens.
+
+    Raises:
+        InputError: a missing or unreadable file, an empty table, a missing column, or a
+            non-numeric or non-positive time (naming the file, row and field).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("kernel benchmark CSV does not exist (bench/kernels.py --out writes it)",
+                         file=str(path))
+    try:
+        df = pd.read_csv(path, dtype={"ranks": str, "tokens": str, "impl": str, "layer": str,
+                                      "mix": str, "device": str},
+                         keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise InputError("empty file; expected a CSV header row", file=str(path)) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+        raise InputError(f"not a readable CSV ({str(exc).splitlines()[0]})", file=str(path)) from None
+    missing = [c for c in KERNEL_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(f"missing column(s) {', '.join(missing)}; expected {', '.join(KERNEL_COLUMNS)}",
+                         file=str(path), field=missing[0])
+    if df.empty:
+        raise InputError("no rows", file=str(path))
+    for col in ("ms", "eager_ms", "floor_ms"):
+        raw = df[col]
+        num = pd.to_numeric(raw, errors="coerce")
+        bad = num.isna() & raw.notna()
+        if col != "eager_ms":
+            bad |= raw.isna() | ~(num > 0)
+        else:
+            bad |= num.notna() & ~(num > 0)
+        if bad.any():
+            pos = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"expected a positive time in ms, got {raw.iloc[pos]!r}", file=str(path),
+                             row=pos + 1, field=col)
+        df[col] = num.astype(float)
+    for col in ("layer", "impl", "device", "ranks", "tokens"):
+        if df[col].isna().any():
+            pos = int(np.flatnonzero(df[col].isna().to_numpy())[0])
+            raise InputError("empty value", file=str(path), row=pos + 1, field=col)
+        df[col] = df[col].astype(str)
+    if "n_adapters" in df.columns:
+        df["n_adapters"] = pd.to_numeric(df["n_adapters"], errors="coerce")
+    df["mix_label"] = [_mix_label(r) for _, r in df.iterrows()]
+    return df
+
+
+def kernel_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (device, layer, mix, implementation): times and ratios, in benchmark order.
+
+    Columns: ``device``, ``layer``, ``mix`` (``mix_label``), ``ranks``, ``tokens``, ``impl``, ``ms``,
+    ``eager_ms``, ``floor_ms`` (medians over repeated rows, ms), ``ratio_to_floor`` (ms / floor_ms),
+    ``ratio_to_base`` and ``eager_ratio_to_base`` (over the ``base`` implementation of the same
+    mix; NaN without one). Dimensionless ratios; above 1 is slower.
+
+    Args:
+        df: from :func:`read_kernel_bench`.
+    """
+    keys = ["device", "layer", "mix_label", "impl"]
+    first = df.drop_duplicates(keys)[keys + ["ranks", "tokens"]]
+    med = df.groupby(keys, sort=False)[["ms", "eager_ms", "floor_ms"]].median().reset_index()
+    t = first.merge(med, on=keys, how="left")
+    base = t[t["impl"] == "base"].set_index(["device", "layer", "mix_label"])
+    idx = pd.MultiIndex.from_frame(t[["device", "layer", "mix_label"]])
+    t["ratio_to_floor"] = t["ms"] / t["floor_ms"]
+    t["ratio_to_base"] = t["ms"].to_numpy() / base["ms"].reindex(idx).to_numpy()
+    t["eager_ratio_to_base"] = t["eager_ms"].to_numpy() / base["eager_ms"].reindex(idx).to_numpy()
+    return t.rename(columns={"mix_label": "mix"}).reset_index(drop=True)
+
+
+def kernel_figure(df: pd.DataFrame, relative_to: str = "floor", timing: str = "ms"):
+    """Figure: per-implementation step time of each adapter mix relative to the roofline floor.
+
+    One panel per (device, layer) in benchmark order, a group of bars per mix (benchmark order),
+    a bar per implementation in :func:`sim.figstyle.impl_order` and colours. ``relative_to="floor"``:
+    bars are ``timing / floor_ms`` and the floor is the dashed line at 1; ``"base"``: bars are
+    ``timing / base`` (the frozen layer of the same mix, the solid line at 1, no ``base`` bar) and
+    the floor is a dashed tick over each mix at ``floor_ms / base``. The y-axis turns logarithmic when
+    the ratios span more than 6x (eager loops reach 10x+).
+
+    Args:
+        df: from :func:`read_kernel_bench`.
+        relative_to: ``"floor"`` or ``"base"``.
+        timing: ``"ms"`` (CUDA-graph GPU time) or ``"eager_ms"`` (uncaptured step).
+
+    Raises:
+        ValueError: an unknown ``relative_to`` or ``timing``, or nothing to draw (no finite ratio).
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if relative_to not in _RELATIVE:
+        raise ValueError(f"relative_to must be one of {_RELATIVE}, got {relative_to!r}")
+    if timing not in _TIMINGS:
+        raise ValueError(f"timing must be one of {tuple(_TIMINGS)}, got {timing!r}")
+    table = kernel_table(df)
+    value = table[timing]
+    if relative_to == "floor":
+        table["y"] = value / table["floor_ms"]
+    else:
+        base = table[table["impl"] == "base"].set_index(["device", "layer", "mix"])[timing]
+        base_val = base.reindex(pd.MultiIndex.from_frame(table[["device", "layer", "mix"]])).to_numpy(dtype=float)
+        table["y"] = value.to_numpy(dtype=float) / base_val
+        table["floor_y"] = table["floor_ms"].to_numpy(dtype=float) / base_val
+        table = table[table["impl"] != "base"]
+    table = table[np.isfinite(table["y"].to_numpy(dtype=float, na_value=np.nan))]
+    if table.empty:
+        raise ValueError(f"no finite {timing} ratio to the {relative_to} to draw")
+    panels = list(dict.fromkeys(zip(table["device"], table["layer"])))
+    devices = {d for d, _ in panels}
+    styles = fs.impl_styles(table["impl"])
+    ys = table["y"].to_numpy(dtype=float)
+    lo, hi = float(np.min(ys)), float(np.max(ys))
+    log = hi / max(lo, 1e-12) > 6.0
+    fig = fs.new_figure(fs.DOUBLE_COLUMN_WIDTH_IN, 0.55 + 1.55 * len(panels))
+    axes = np.atleast_1d(fig.subplots(len(panels), 1, squeeze=False).ravel())
+    ref_label = "roofline floor" if relative_to == "floor" else "frozen base layer"
+    for ax, (device, layer) in zip(axes, panels):
+        sub = table[(table["device"] == device) & (table["layer"] == layer)]
+        mixes = list(dict.fromkeys(sub["mix"]))
+        impls = [i for i in styles if i in set(sub["impl"])]
+        width = 0.82 / max(len(impls), 1)
+        for j, impl in enumerate(impls):
+            s = sub[sub["impl"] == impl].set_index("mix").reindex(mixes)
+            x = np.arange(len(mixes)) - 0.41 + width * (j + 0.5)
+            st = styles[impl]
+            ax.bar(x, s["y"].to_numpy(dtype=float), width=width, color=st.color,
+                   hatch=st.hatch or None, edgecolor="black", linewidth=0.3, label=impl, gid=f"impl:{impl}")
+        if relative_to == "floor":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle=(0, (3, 2)), zorder=3, gid="floor")
+        else:
+            ax.axhline(1.0, color="0.35", linewidth=0.6, zorder=3, gid="base")
+            floor = sub.groupby("mix", sort=False)["floor_y"].median().reindex(mixes).to_numpy(dtype=float)
+            xs = np.arange(len(mixes))
+            ax.hlines(floor, xs - 0.45, xs + 0.45, colors="black", linewidth=0.8, linestyles=(0, (3, 2)),
+                      zorder=3, gid="floor")
+        ax.set_xticks(np.arange(len(mixes)), mixes, rotation=20 if max(len(m) for m in mixes) > 8 else 0,
+                      ha="right" if max(len(m) for m in mixes) > 8 else "center")
+        ax.set_xlim(-0.6, len(mixes) - 0.4)
+        ax.grid(axis="x", visible=False)
+        if log:
+            ax.set_yscale("log")
+            ax.set_ylim(min(0.8, lo * 0.85), hi * 1.35)
+            _log_ticks(ax.yaxis, min(0.8, lo * 0.85), hi * 1.35)
+        else:
+            ax.set_ylim(0, hi * 1.12)
+        title = f"{layer} layer" if len(devices) == 1 else f"{device}: {layer} layer"
+        ax.set_title(title, loc="left", fontsize=7, pad=2)
+        unit = "\u00d7 roofline floor" if relative_to == "floor" else "\u00d7 frozen base"
+        ax.set_ylabel(fs.axis_label(_TIMINGS[timing], unit), fontsize=6.5)
+    derived = "mix" not in df.columns
+    axes[-1].set_xlabel(fs.axis_label("Adapter mix", "ranks \u00d7 adapters @ tokens each" if derived
+                                      else "bench/kernels.py MIXES"))
+    handles = [Patch(facecolor=styles[i].color, hatch=styles[i].hatch or None, edgecolor="black",
+                     linewidth=0.3, label=i) for i in styles]
+    handles.append(Line2D([], [], color="black", linewidth=0.8, linestyle=(0, (3, 2)), label="roofline floor"))
+    if relative_to == "base":
+        handles.append(Line2D([], [], color="0.35", linewidth=0.6, label=ref_label))
+    fig.legend(handles=handles, loc="outside upper center", ncol=min(len(handles), 8))
+    return fig
+
+
+def plot_kernels(csv_path: str | Path, out_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+                 relative_to: str = "floor", timing: str = "ms", name: str | None = None) -> list[Path]:
+    """Draw the kernel benchmark figure (:func:`kernel_figure`) from a CSV into ``out_dir``.
+
+    Args:
+        csv_path: ``kernel_bench_<gpu>.csv`` of ``bench/kernels.py``.
+        out_dir: output directory (created when missing).
+        formats: among ``png`` (200 dpi), ``pdf``, ``svg``.
+        relative_to: ``"floor"`` (default) or ``"base"``.
+        timing: ``"ms"`` (CUDA-graph time, default) or ``"eager_ms"``.
+        name: file base name; default ``kernels``, plus ``_eager`` for eager timing and ``_vs_base``
+            relative to the base layer.
+
+    Returns:
+        the written files, in the order of ``formats``.
+
+    Raises:
+        InputError: a bad CSV (see :func:`read_kernel_bench`), an unknown format, or no finite
+            ratio to draw.
+    """
+    df = read_kernel_bench(csv_path)
+    if name is None:
+        name = "kernels" + ("_eager" if timing == "eager_ms" else "") + ("_vs_base" if relative_to == "base" else "")
+    with fs.style_context():
+        try:
+            fig = kernel_figure(df, relative_to=relative_to, timing=timing)
+        except ValueError as err:
+            raise InputError(str(err), file=str(csv_path), field=timing) from None
+        return fs.save_figure(fig, out_dir, name, formats)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost model: predicted against measured
+# --------------------------------------------------------------------------------------------
+
+def costmodel_files(data: str | Path, gpu: str | None = None) -> dict[str, dict[str, Path | list[Path] | None]]:
+    """Find the profiler's cost-model files per GPU type.
+
+    Args:
+        data: a directory like ``profiler/data`` (``profile_<gpu>.csv``, ``costmodel_<gpu>.json``,
+            ``e2e_<gpu>.csv``), or one profile CSV.
+        gpu: only this GPU type (e.g. ``H100``); default every type found.
+
+    Returns:
+        ``{GPU: {"profile": [CSV, ...], "artifact": JSON or None, "e2e": CSV or None}}``, GPU types
+        upper-case and sorted. In a directory, ``profile_<gpu>.csv`` is the profile of that GPU when
+        it exists (the merged file ``tlora-sim costmodel fit`` writes), else every ``profile_*.csv``
+        (their rows are filtered by their ``gpu`` column).
+
+    Raises:
+        InputError: ``data`` does not exist, or holds no profile CSV (for ``gpu``).
+    """
+    data = Path(data)
+    if not data.exists():
+        raise InputError("cost-model data does not exist (expected profile_<gpu>.csv, costmodel_<gpu>.json)",
+                         file=str(data))
+    if data.is_file():
+        folder, profiles = data.parent, [data]
+    else:
+        folder, profiles = data, sorted(data.glob("profile_*.csv"))
+    if not profiles:
+        raise InputError("no profile_<gpu>.csv (tlora-sim profile writes it)", file=str(data))
+    if gpu is not None:
+        gpus = [gpu.upper()]
+    elif data.is_file():
+        gpus = _gpus_in(profiles)
+    else:  # profile_<gpu>.csv names its GPU type; else the rows' gpu column does
+        named = {f.stem.split("_", 1)[1].upper() for f in profiles if re.fullmatch(r"profile_[A-Za-z0-9]+", f.stem)}
+        gpus = sorted(named) or _gpus_in(profiles)
+    out: dict[str, dict] = {}
+    for g in gpus:
+        own = folder / f"profile_{g.lower()}.csv"
+        files = [own] if data.is_dir() and own.is_file() else profiles
+        art = folder / f"costmodel_{g.lower()}.json"
+        e2e = folder / f"e2e_{g.lower()}.csv"
+        out[g] = {"profile": files, "artifact": art if art.is_file() else None,
+                  "e2e": e2e if e2e.is_file() else None}
+    return out
+
+
+def _gpus_in(paths: Sequence[Path]) -> list[str]:
+    gpus: set[str] = set()
+    for p in paths:
+        try:
+            col = pd.read_csv(p, usecols=["gpu"], dtype=str, keep_default_na=False)["gpu"]
+        except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+            raise InputError(f"cannot read the gpu column ({str(exc).splitlines()[0]})", file=str(p),
+                             field="gpu") from None
+        gpus |= {g.upper() for g in col if g}
+    if not gpus:
+        raise InputError("no gpu value in the profile rows", file=", ".join(map(str, paths)), field="gpu")
+    return sorted(gpus)
+
+
+def _artifact_meta(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cost-model artifact is not readable JSON ({exc})", file=str(path)) from None
+
+
+def costmodel_predictions(data: str | Path, gpu: str | None = None, holdout_every: int | None = None,
+                          correction: bool | None = None) -> pd.DataFrame:
+    """Predicted and measured layer steps of every measured mix, held-out mixes marked.
+
+    Reproduces ``tlora-sim costmodel validate``: per model, the measured mixes sorted by key,
+    every ``holdout_every``-th held out with all its plans (:func:`profiler.fit.heldout_mask`);
+    a model is fitted (:func:`profiler.fit.fit_artifact`) on the other rows only and predicts every
+    mix row, training and held-out. The held-out rows' errors are the cost model's accuracy; the
+    training rows' are in-sample.
+
+    Args:
+        data: as for :func:`costmodel_files`.
+        gpu: GPU type; default the only one found (several: the first in sorted order).
+        holdout_every: k; default the artifact's ``heldout.k``, else 4.
+        correction: fit with the residual correction; default as the artifact was fitted, else no.
+
+    Returns:
+        one row per mix row: ``model``, ``plan``, ``adapters``, ``mix`` (canonical key), ``tokens``,
+        ``measured_ms``, ``predicted_ms`` (one decoder layer, forward + backward, ms), ``ape``
+        (|predicted - measured| / measured), ``extrapolated``, ``heldout`` (bool), ``gpu``.
+
+    Raises:
+        InputError: missing or malformed files, too few rows to fit, or no mix rows.
+    """
+    from profiler.fit import fit_artifact, heldout_mask, predict_rows, read_rows
+
+    files = costmodel_files(data, gpu)
+    g = sorted(files)[0]
+    meta = _artifact_meta(files[g]["artifact"])
+    k = int(holdout_every or (meta.get("heldout") or {}).get("k") or DEFAULT_HOLDOUT_EVERY)
+    if k < 2:
+        raise InputError(f"holdout_every must be >= 2, got {k}", field="holdout_every")
+    if correction is None:
+        correction = bool((meta.get("conventions") or {}).get("correction", False))
+    df = read_rows([str(p) for p in files[g]["profile"]])
+    d = df[df["gpu"].astype(str).str.upper() == g]
+    if d.empty:
+        raise InputError(f"no profile rows for GPU {g!r}", file=", ".join(map(str, files[g]["profile"])),
+                         field="gpu")
+    ho = heldout_mask(d, k)
+    if not ho.any():
+        raise InputError(f"too few mixes to hold every {k}th out", file=", ".join(map(str, files[g]["profile"])))
+    art = fit_artifact(d[~ho], g, correction=correction)
+    mix = d[d["kind"] == "mix"]
+    parts = []
+    for flag in (False, True):
+        rows = mix[ho.loc[mix.index] == flag]
+        if len(rows):
+            parts.append(predict_rows(art, rows).assign(heldout=flag))
+    pred = pd.concat(parts, ignore_index=True)
+    pred["gpu"] = g
+    pred.attrs.update({"gpu": g, "holdout_every": k, "correction": correction,
+                       "artifact": meta.get("id"), "profile": [str(p) for p in files[g]["profile"]]})
+    return pred
+
+
+def _log_ticks(axis, lo: float, hi: float) -> None:
+    """Plain tick labels (0.2, 1, 5, not 10^k) on a log axis over [lo, hi]: at 1-2-5 per decade, at
+    every integer mantissa when it spans under 1.2 decades, at powers of ten beyond 3 decades."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    span = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0,) if span > 3 else (1.0, 2.0, 5.0) if span > 1.2 else tuple(float(m) for m in range(1, 10))
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _loglog_axes(ax, lo: float, hi: float) -> None:
+    """Square log-log axes over [lo, hi] with plain tick labels."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal", adjustable="box")
+    _log_ticks(ax.xaxis, lo, hi)
+    _log_ticks(ax.yaxis, lo, hi)
+
+
+def _ape_text(a: np.ndarray) -> str:
+    if a.size == 0:
+        return "held out: none"
+    return f"held-out APE (n={a.size}):\nmedian {np.median(a):.1%}, p90 {np.quantile(a, 0.9):.1%}"
+
+
+def costmodel_figure(pred: pd.DataFrame, title: str | None = None):
+    """Figure: predicted against measured layer step (ms), log-log, one panel per base model.
+
+    Training mixes are small open circles, held-out mixes filled diamonds with a black edge (their
+    scatter collections carry ``gid`` ``"fit:<plan>"`` and ``"heldout:<plan>"``), coloured by plan
+    (:func:`sim.figstyle.impl_styles`); the solid line is y = x, the grey band +-10 %. Each panel
+    states the held-out median and p90 absolute percentage error.
+
+    Args:
+        pred: from :func:`costmodel_predictions` (columns ``model``, ``plan``, ``measured_ms``,
+            ``predicted_ms``, ``heldout``; ``ape`` optional).
+        title: optional figure title.
+
+    Raises:
+        ValueError: ``pred`` is empty or lacks a column.
+    """
+    from matplotlib.lines import Line2D
+
+    need = {"model", "plan", "measured_ms", "predicted_ms", "heldout"}
+    if pred.empty or not need <= set(pred.columns):
+        raise ValueError(f"need a non-empty table with columns {sorted(need)}")
+    models = sorted(pred["model"].astype(str).unique())
+    styles = fs.impl_styles(pred["plan"].astype(str))
+    ncol = min(len(models), 4)
+    nrow = math.ceil(len(models) / ncol)
+    width = fs.COLUMN_WIDTH_IN if ncol == 1 else min(fs.DOUBLE_COLUMN_WIDTH_IN, 0.4 + 1.9 * ncol)
+    fig = fs.new_figure(width, 0.7 + 1.75 * nrow if ncol > 1 else 3.0)
+    axes = np.atleast_1d(fig.subplots(nrow, ncol, squeeze=False).ravel())
+    for ax, model in zip(axes, models):
+        sub = pred[pred["model"].astype(str) == model]
+        vals = np.concatenate([sub["measured_ms"].to_numpy(float), sub["predicted_ms"].to_numpy(float)])
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        lo, hi = (float(vals.min()) / 1.3, float(vals.max()) * 1.3) if vals.size else (0.1, 10.0)
+        line = np.geomspace(lo, hi, 50)
+        ax.fill_between(line, line * (1 - _BAND), line * (1 + _BAND), color="0.85", linewidth=0, zorder=0,
+                        gid="band")
+        ax.plot(line, line, color="black", linewidth=0.6, zorder=1, gid="diagonal")
+        for plan, st in styles.items():
+            tr = sub[(sub["plan"] == plan) & ~sub["heldout"].astype(bool)]
+            te = sub[(sub["plan"] == plan) & sub["heldout"].astype(bool)]
+            if len(tr):
+                ax.scatter(tr["measured_ms"], tr["predicted_ms"], s=7, marker="o", facecolors="none",
+                           edgecolors=st.color, linewidths=0.5, alpha=0.8, zorder=2, gid=f"fit:{plan}",
+                           label=f"{plan}, fitted on")
+            if len(te):
+                ax.scatter(te["measured_ms"], te["predicted_ms"], s=16, marker="D", facecolors=st.color,
+                           edgecolors="black", linewidths=0.5, zorder=3, gid=f"heldout:{plan}",
+                           label=f"{plan}, held out")
+        _loglog_axes(ax, lo, hi)
+        h = sub[sub["heldout"].astype(bool)]
+        ape = (h["ape"] if "ape" in h else (h["predicted_ms"] - h["measured_ms"]).abs() / h["measured_ms"])
+        ax.text(0.03, 0.97, _ape_text(ape.to_numpy(float)), transform=ax.transAxes, ha="left", va="top",
+                fontsize=5.5, linespacing=1.1)
+        ax.set_title(model, loc="left", fontsize=7, pad=2)
+        ax.set_xlabel(fs.axis_label("Measured layer step", "ms"))
+        ax.set_ylabel(fs.axis_label("Predicted layer step", "ms"))
+    for ax in axes[len(models):]:
+        ax.set_axis_off()
+    handles = [Line2D([], [], linestyle="none", marker="s", markersize=5, markerfacecolor=st.color,
+                      markeredgecolor="black", markeredgewidth=0.3, label=plan) for plan, st in styles.items()]
+    handles += [Line2D([], [], linestyle="none", marker="o", markersize=3.5, markerfacecolor="none",
+                       markeredgecolor="0.3", markeredgewidth=0.6, label="fitted on"),
+                Line2D([], [], linestyle="none", marker="D", markersize=4, markerfacecolor="0.5",
+                       markeredgecolor="black", markeredgewidth=0.5, label="held out"),
+                Line2D([], [], color="0.8", linewidth=4, label=f"\u00b1{_BAND:.0%}")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles) if ncol > 1 else 4)
+    if title:
+        fig.suptitle(title, fontsize=6.5)
+    return fig
+
+
+def e2e_predictions(e2e_csv: str | Path, artifact: str | Path) -> pd.DataFrame:
+    """Full-model steps on one GPU: measured (``e2e_<gpu>.csv``) against the artifact's prediction.
+
+    Returns:
+        :func:`profiler.fit.e2e_table`: ``model``, ``plan``, ``adapters``, ``tokens``,
+        ``measured_ms``, ``predicted_ms`` (ms), ``error`` (predicted / measured - 1),
+        ``extrapolated``, ``peak_gib``; out-of-memory rows are left out.
+
+    Raises:
+        InputError: unreadable files or a wrong artifact schema.
+    """
+    from profiler.fit import e2e_table
+    from sim.profiled import ProfiledCostModel, load_artifact
+
+    try:
+        e2e = pd.read_csv(e2e_csv, dtype={"ranks": str, "batch_sizes": str, "seq_lens": str}, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(f"not a readable CSV ({str(exc).splitlines()[0]})", file=str(e2e_csv)) from None
+    for c in ("step_ms", "tokens", "peak_bytes"):
+        if c not in e2e.columns:
+            raise InputError("missing column", file=str(e2e_csv), field=c)
+        e2e[c] = pd.to_numeric(e2e[c], errors="coerce")
+    return e2e_table(ProfiledCostModel(load_artifact(artifact)), e2e)
+
+
+def e2e_figure(e2e: pd.DataFrame):
+    """Figure: predicted against measured full-model step (ms, log-log), colour per plan, marker per model.
+
+    None of these points is in the fit (the artifact is fitted on single layers); the line is
+    y = x, the grey band +-10 %.
+
+    Raises:
+        ValueError: ``e2e`` is empty.
+    """
+    from matplotlib.lines import Line2D
+
+    if e2e.empty:
+        raise ValueError("no full-model steps to draw")
+    styles = fs.impl_styles(e2e["plan"].astype(str))
+    models = sorted(e2e["model"].astype(str).unique())
+    markers = dict(zip(models, ("o", "s", "^", "D", "v", "P", "X")))
+    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.0)
+    ax = fig.add_subplot()
+    vals = np.concatenate([e2e["measured_ms"].to_numpy(float), e2e["predicted_ms"].to_numpy(float)])
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    lo, hi = float(vals.min()) / 1.3, float(vals.max()) * 1.3
+    line = np.geomspace(lo, hi, 50)
+    ax.fill_between(line, line * (1 - _BAND), line * (1 + _BAND), color="0.85", linewidth=0, zorder=0)
+    ax.plot(line, line, color="black", linewidth=0.6, zorder=1)
+    for (model, plan), g in e2e.groupby(["model", "plan"], sort=True):
+        ax.scatter(g["measured_ms"], g["predicted_ms"], s=14, marker=markers.get(model, "o"),
+                   facecolors=styles[plan].color, edgecolors="black", linewidths=0.4, zorder=2,
+                   gid=f"e2e:{model}:{plan}")
+    _loglog_axes(ax, lo, hi)
+    err = e2e["error"].abs().to_numpy(float) if "error" in e2e else np.empty(0)
+    if err.size:
+        ax.text(0.97, 0.03, f"|error|: median {np.median(err):.1%}, max {np.max(err):.1%} (n={err.size})",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=5.5)
+    ax.set_xlabel(fs.axis_label("Measured full-model step", "ms"))
+    ax.set_ylabel(fs.axis_label("Predicted full-model step", "ms"))
+    handles = [Line2D([], [], linestyle="none", marker="s", markersize=5, markerfacecolor=st.color,
+                      markeredgecolor="black", markeredgewidth=0.3, label=p) for p, st in styles.items()]
+    handles += [Line2D([], [], linestyle="none", marker=markers[m], markersize=4, markerfacecolor="0.6",
+                       markeredgecolor="black", markeredgewidth=0.4, label=m) for m in models]
+    fig.legend(handles=handles, loc="outside upper center", ncol=min(len(handles), 4))
+    return fig
+
+
+def plot_costmodel(data: str | Path, out_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+                   gpu: str | None = None, holdout_every: int | None = None) -> list[Path]:
+    """Draw predicted-against-measured figures of the cost model into ``out_dir``.
+
+    For each GPU type found (:func:`costmodel_files`, or ``gpu``): ``costmodel_<gpu>`` from
+    :func:`costmodel_predictions` and :func:`costmodel_figure`; with ``e2e_<gpu>.csv`` and
+    ``costmodel_<gpu>.json`` also ``costmodel_e2e_<gpu>`` (:func:`e2e_figure`).
+
+    Args:
+        data: ``profiler/data``-like directory or one profile CSV.
+        out_dir: output directory (created when missing).
+        formats: among ``png`` (200 dpi), ``pdf``, ``svg``.
+        gpu: only this GPU type.
+        holdout_every: k of the held-out split (default: the artifact's, else 4).
+
+    Returns:
+        the written files, GPU by GPU, each in the order of ``formats``.
+
+    Raises:
+        InputError: missing or malformed files, too few rows to fit, or an unknown format.
+    """
+    written: list[Path] = []
+    for g, files in costmodel_files(data, gpu).items():
+        pred = costmodel_predictions(data, g, holdout_every)
+        with fs.style_context():
+            written += fs.save_figure(costmodel_figure(pred), out_dir, f"costmodel_{g.lower()}", formats)
+        if files["e2e"] is not None and files["artifact"] is not None:
+            e2e = e2e_predictions(files["e2e"], files["artifact"])
+            if e2e.empty:
+                _warn(f"{files['e2e']}: no full-model step without an error; skipping costmodel_e2e_{g.lower()}")
+                continue
+            with fs.style_context():
+                written += fs.save_figure(e2e_figure(e2e), out_dir, f"costmodel_e2e_{g.lower()}", formats)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sim.profiler_plots [--kernels CSV] [--costmodel DIR] --out DIR [--formats png,pdf]``.
+
+    Without ``--kernels`` and ``--costmodel`` it draws every committed data file of
+    ``profiler/data`` (``kernel_bench_*.csv``, and the cost model when a profile CSV is there).
+    Prints the written files; returns 0, or 2 on an :class:`InputError` (printed as one line).
+    """
+    ap = argparse.ArgumentParser(prog="python -m sim.profiler_plots",
+                                 description="Draw the kernel-benchmark and cost-model figures from the "
+                                             "profiler's data files.")
+    ap.add_argument("--kernels", type=Path, action="append", metavar="CSV",
+                    help="kernel benchmark CSV (bench/kernels.py); repeatable")
+    ap.add_argument("--costmodel", type=Path, metavar="DIR_OR_CSV",
+                    help="directory with profile_<gpu>.csv [costmodel_<gpu>.json, e2e_<gpu>.csv], or a profile CSV")
+    ap.add_argument("--gpu", help="cost model of this GPU type only (default: every one found)")
+    ap.add_argument("--holdout-every", type=int, metavar="K", help="hold out every K-th mix (default: the artifact's, else 4)")
+    ap.add_argument("--relative-to", choices=_RELATIVE, default="floor", help="kernel ratios to (default: %(default)s)")
+    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--formats", default="png,pdf", help="comma-separated: png, pdf, svg")
+    args = ap.parse_args(argv)
+    formats = [f for f in args.formats.split(",") if f]
+    try:
+        kernels, costmodel = args.kernels, args.costmodel
+        if not kernels and costmodel is None:
+            from sim.profiled import data_dir
+
+            kernels = sorted(data_dir().glob("kernel_bench_*.csv"))
+            costmodel = data_dir() if list(data_dir().glob("profile_*.csv")) else None
+            if not kernels and costmodel is None:
+                raise InputError("no committed profiler data (kernel_bench_*.csv, profile_*.csv)", file=str(data_dir()))
+        written: list[Path] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ProfilerPlotWarning)
+            warnings.showwarning = lambda m, *a, **k: print(f"warning: {m}", file=sys.stderr)
+            for csv_path in kernels or []:
+                suffix = "" if len(kernels) == 1 else "_" + Path(csv_path).stem.replace("kernel_bench_", "")
+                for timing in ("ms", "eager_ms"):
+                    df_name = ("kernels" + ("_eager" if timing == "eager_ms" else "")
+                               + ("_vs_base" if args.relative_to == "base" else "") + suffix)
+                    try:
+                        written += plot_kernels(csv_path, args.out, formats, relative_to=args.relative_to,
+                                                timing=timing, name=df_name)
+                    except InputError as err:
+                        if timing == "ms":
+                            raise
+                        print(f"warning: {err}", file=sys.stderr)  # no eager times: skip that figure
+            if costmodel is not None:
+                written += plot_costmodel(costmodel, args.out, formats, gpu=args.gpu,
+                                          holdout_every=args.holdout_every)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for p in written:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
