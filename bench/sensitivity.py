@@ -32,6 +32,8 @@ def points(jobs: int) -> list[tuple[str, str, str, str, str]]:
 
 def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Three panels (load, cluster size, rank distribution) of avg-JCT speed-up per policy."""
+    from matplotlib.ticker import FuncFormatter
+
     from sim import figstyle as fs
 
     panels = list(dict.fromkeys(df["panel"]))
@@ -49,6 +51,8 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.set_xlabel(fs.axis_label(panel, "offered load" if panel == "load" else
                                         "GPUs" if panel == "cluster GPUs" else "named"))
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v in (2, 3, 5) else ""))
         axes[0].set_ylabel(fs.axis_label("Avg JCT speed-up", "x independent"))
         axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         return fs.save_figure(fig, out_dir, "sensitivity")
