@@ -354,11 +354,16 @@ class ProfiledCostModel:
 
     Args:
         artifact: a loaded artifact (``load_artifact``) or a path to one.
+        checkpointing: memory convention. True (default, as the roofline): per-layer activation
+            checkpointing (layer inputs kept, one layer live). False: every layer keeps its
+            measured saved activations, as in the profiled (and timed) steps; validated against the
+            end-to-end runs' peak memory. Step times never include recomputation.
     """
 
     name = "profiled"
 
-    def __init__(self, artifact: dict | str | Path):
+    def __init__(self, artifact: dict | str | Path, checkpointing: bool = True):
+        self.checkpointing = bool(checkpointing)
         art = load_artifact(artifact) if not isinstance(artifact, dict) else artifact
         if art.get("schema") != SCHEMA:
             raise InputError(f"not a cost-model artifact (schema {art.get('schema')!r})")
@@ -371,10 +376,10 @@ class ProfiledCostModel:
         self.roofline = rf.RooflineCostModel()
 
     def __getstate__(self):
-        return {"artifact": self.artifact}
+        return {"artifact": self.artifact, "checkpointing": self.checkpointing}
 
     def __setstate__(self, st):
-        self.__init__(st["artifact"])
+        self.__init__(st["artifact"], st.get("checkpointing", True))
 
     # -- protocol
     def describe(self) -> dict:
@@ -384,6 +389,8 @@ class ProfiledCostModel:
                 "gpu": a["gpu"], "path": _rel(a.get("_path", "")), "sha256": a.get("_sha256"),
                 "created": a.get("created"), "source": a.get("source", {}), "heldout": a.get("heldout", {}),
                 "models": sorted(a["models"]), "measured_plans": list(MEASURED_PLANS),
+                "memory_convention": "per-layer activation checkpointing" if self.checkpointing
+                else "no checkpointing (all saved activations)",
                 "terms": a.get("terms", TERMS), "fallback": "roofline (sim/roofline.py) for other GPU types and "
                                                            "models missing from the artifact",
                 **{k: v for k, v in _STATS[self.key].items()}}
@@ -417,7 +424,7 @@ class ProfiledCostModel:
             raise ValueError("need members, n_gpus >= 1 and micro_batches >= 1")
         get_model(model)
         return _memory(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
-                       int(micro_batches))
+                       int(micro_batches), self.checkpointing)
 
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (analytic, as the roofline) (FLOP)."""
@@ -554,8 +561,9 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
 
 
 @lru_cache(maxsize=1 << 18)
-def _memory(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int) -> float:
+def _memory(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int,
+            ckpt: bool = True) -> float:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
         return rf._memory(model, gpu_name, members, n, micro)
-    return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro).values()))
+    return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt).values()))

@@ -11,11 +11,13 @@ weights replicated per GPU unless they do not fit, then sharded) is the sum of
   ``ATTN_EFFICIENCY`` of the matmul rate (FlashAttention-2 reaches roughly half the GEMM rate);
 * element-wise work (norms, SwiGLU, residuals, rotary): ``ELEMENTWISE_BYTES_PER_TOKEN`` per
   layer over HBM bandwidth;
-* LoRA, by plan: ``alone``/``loop`` pay ``LOOP_PASSES`` unfused passes over each adapter's
-  activations plus ``LOOP_LAUNCH_S`` per adapter per layer (calibrated on DESIGN.md's reference
-  table: 4 x r16 x 2048 tok on 4096x4096 costs +0.42 ms, 16 x r16 x 512 tok +0.91 ms); ``fused``
-  pays one more read of X and dY (DESIGN.md: "+8-12%") plus the LoRA FLOPs at
-  ``LORA_EFFICIENCY`` of the matmul rate; ``grouped`` (ALTO) one pass more than ``fused``;
+* LoRA, by plan, as ``passes`` bf16 passes over the layer's activations (T x (d_in + d_out) x 2
+  bytes) plus a per-adapter launch cost per layer, both least-squares fits to this project's
+  H100 kernel benchmark (``profiler/data/kernel_bench_h100.csv``, 31 mixes, GPU time; reproduced
+  by ``python bench/calibrate_roofline.py``): ``alone``/``loop`` (torch loop over adapters)
+  ``LOOP_PASSES`` = 10 and ``LOOP_LAUNCH_S`` = 31 us; ``fused`` (our kernel) ``FUSED_PASSES`` =
+  4.75 and ``FUSED_ADAPTER_S`` = 10 us, plus the LoRA FLOPs at ``LORA_EFFICIENCY`` of the matmul
+  rate; ``grouped`` (ALTO) one pass more than ``fused``;
   ``lorafusion`` pays ``LF_PASSES_BASE + LF_PASSES_PER_RANK x max rank`` passes, its tiles being
   sized for the largest rank (fitted to DESIGN.md's LoRAFusion column: +0.32 ms at 4 x r16,
   +1.0 ms at ranks 8-64, +2.2 ms at ranks up to 128, 8192 tokens on 4096x4096), and LoRA FLOPs
@@ -52,13 +54,15 @@ _H100_MATMUL = 740e12
 ATTN_EFFICIENCY = 0.5
 LORA_EFFICIENCY = 0.3
 ELEMENTWISE_BYTES_PER_TOKEN = lambda m: (12 * m.hidden + 4 * m.ffn) * 2 * 3  # noqa: E731 fwd+bwd, bf16
-LOOP_PASSES = 8
-LOOP_LAUNCH_S = 30e-6
-GROUPED_PASSES = 3
+LOOP_PASSES = 10
+LOOP_LAUNCH_S = 31e-6
+FUSED_PASSES = 4.75
+FUSED_ADAPTER_S = 10e-6
 LF_PASSES_BASE = 2.33
 LF_PASSES_PER_RANK = 0.354
 OVERLAP_PLANS = ("fused", "lorafusion", "grouped")
 FUSED_LAUNCH_S = 4e-6
+GROUPED_PASSES = FUSED_PASSES + 1
 STEP_OVERHEAD_S = 5e-3
 LAYER_OVERHEAD_S = 0.5e-3
 ALLREDUCE_LATENCY_S = 20e-6
@@ -156,9 +160,9 @@ def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, p
     launches = m.layers * len(m.linear_shapes)
     lora_flops = sum(6.0 * x.tokens * m.lora_params(x.rank) for x in members)
     if plan in ("fused", "grouped"):
-        passes = 2.0 if plan == "fused" else GROUPED_PASSES
+        passes = FUSED_PASSES if plan == "fused" else GROUPED_PASSES
         lora = passes * t * dims / bw + lora_flops / (n * LORA_EFFICIENCY * gpu.matmul_flops)
-        lora_launch = FUSED_LAUNCH_S * 2 * launches * chunks
+        lora_launch = FUSED_ADAPTER_S * len(members) * launches * chunks
     elif plan == "lorafusion":
         r_max = max(x.rank for x in members)
         lora = (LF_PASSES_BASE + LF_PASSES_PER_RANK * r_max) * t * dims / bw

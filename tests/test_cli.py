@@ -230,6 +230,16 @@ def test_replay_writes_a_complete_run_directory(tmp_path):
     assert not list(out.rglob("*.tmp"))
 
 
+def test_no_invariants_flag_switches_the_checks_off(tmp_path):
+    for flag, expected in (([], True), (["--no-invariants"], False)):
+        out = tmp_path / str(expected)
+        assert main(["replay", "--trace", "synthetic:jobs=20", "--cluster", "2x8xH100", "--policy", "mlora",
+                     "--out", str(out), "--no-progress", "--no-plots", *flag]) == 0
+        assert json.loads((out / "perf.json").read_text())["invariants_checked"] is expected
+    for name in ("jobs.csv", "summary.json", "timeline.csv"):
+        assert (tmp_path / "True" / name).read_bytes() == (tmp_path / "False" / name).read_bytes()
+
+
 def test_compare_writes_summary_csv_run_dirs_and_figures(tmp_path):
     out = tmp_path / "cmp"
     r = cli("compare", "--trace", "synthetic:jobs=40", "--cluster", "2x8xH100", "--policies",

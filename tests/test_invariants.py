@@ -225,13 +225,13 @@ def test_checker_cost_is_small(name):
 
     def best(check):
         out = []
-        for _ in range(2):
+        for _ in range(3):
             t = time.perf_counter()
             Engine(jobs, spec_cluster, CM, policy(name), check_invariants=check).run()
             out.append(time.perf_counter() - t)
         return min(out)
 
-    assert best(True) < 2.0 * best(False) + 0.05
+    assert best(True) < 2.0 * best(False) + 0.1
 
 
 def test_cli_reports_a_violation_with_exit_status_3(tmp_path, monkeypatch, capsys, reliability):

@@ -69,7 +69,8 @@ def _random_mix(gen, n_max=5, r_max=256, L_max=150):
 
 
 CFG_NOSPLIT = KernelConfig(waves=0.01)                       # one program per tile: no splits
-CFG_SPLIT = KernelConfig(bk=32, bn=32, waves=16, bms=(32, 64, 32, 64, 32))  # many K/N splits
+CFG_SPLIT = KernelConfig(bk=32, bn=32, waves=16, bms=(32, 64, 32, 64, 32),  # many K/N splits,
+                         cms=(2, 1, 2, 1, 2))                  # wide dA/dB column tiles too
 
 
 @pytest.mark.parametrize("case", range(6))

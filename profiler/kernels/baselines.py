@@ -31,6 +31,7 @@ __all__ = ["IMPLS", "make_impl", "peft_available", "Impl"]
 
 
 def peft_available() -> bool:
+    """True if Hugging Face PEFT imports here (the ``peft`` baseline needs it)."""
     try:
         import peft  # noqa: F401
         return True

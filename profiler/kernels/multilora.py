@@ -30,7 +30,8 @@ MAX_RANK = 256
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile and launch knobs (tuned on an H100; ``TLORA_KCFG`` env JSON overrides fields).
+    """Tile and launch knobs; the defaults are the configuration that ``bench/kernels.py --tune``
+    picked on an H100 (see profiler/KERNELS.md). ``TLORA_KCFG`` (env, JSON) overrides fields.
 
     bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
     bk / bn: columns of X / of Y per tile (powers of two >= 32); cms: column-width multiplier of
@@ -39,9 +40,9 @@ class KernelConfig:
     used to choose the K/N splits and token chunks; num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2)."""
     bms: tuple = (64, 64, 128, 64, 64)
-    cms: tuple = (1, 1, 2, 2, 2)
-    bk: int = 64
-    bn: int = 64
+    cms: tuple = (1, 1, 1, 1, 1)
+    bk: int = 128
+    bn: int = 128
     waves: float = 2.0
     max_split: int = 16
     warps_f1: int = 8
@@ -55,6 +56,7 @@ class KernelConfig:
 
     @classmethod
     def from_env(cls) -> "KernelConfig":
+        """Defaults overridden by the JSON object in ``TLORA_KCFG`` (if set)."""
         raw = os.environ.get("TLORA_KCFG")
         if not raw:
             return cls()
@@ -65,9 +67,11 @@ class KernelConfig:
         return cls(**d)
 
     def bm_kwargs(self) -> dict:
+        """Token rows per tile of each bucket, as the kernels' BM0..BM4 constexprs."""
         return {f"BM{i}": int(b) for i, b in enumerate(self.bms)}
 
     def cm_kwargs(self) -> dict:
+        """Column multipliers of each bucket, as the kernels' CM0..CM4 constexprs."""
         return {f"CM{i}": int(c) for i, c in enumerate(self.cms)}
 
 
@@ -483,6 +487,7 @@ class MultiLoRALinear(torch.nn.Module):
         return out
 
     def plan_for(self, seg_lens: Sequence[int], device) -> LoRAPlan:
+        """The cached launch plan of this segment layout on ``device`` (built on first use)."""
         key = (tuple(int(v) for v in seg_lens), str(device))
         plan = self._plans.get(key)
         if plan is None:
