@@ -196,21 +196,23 @@ def fit_plan(tab: Tables, rows: pd.DataFrame, family: str) -> dict:
     return pe
 
 
-def call_overhead(stack: pd.DataFrame, family: str, max_tokens: int = 4096) -> tuple[float, int]:
+def call_overhead(dm: pd.DataFrame, family: str, max_tokens: int = 4096) -> tuple[float, int]:
     """The profiling harness's per-call overhead of one layer step (ms): for launch-bound mixes
-    timed with the layer once (t1) and stacked three times (t3), t1 - (t3 - t1) / 2; the median
-    over mixes (0 without stack rows)."""
-    if stack.empty:
+    timed with the layer once (t1, rows of kind ``mix`` or ``stack`` with one layer) and stacked
+    three times (t3, kind ``stack``), t1 - (t3 - t1) / 2; the median over mixes (0 without
+    stacked rows)."""
+    st = dm[dm.kind.isin(["mix", "stack"]) & (dm.plan.map(PLAN_FAMILY) == family) & (dm.tokens <= max_tokens)]
+    layers = pd.to_numeric(st.layers, errors="coerce").fillna(1)
+    if not (layers == 3).any():
         return 0.0, 0
-    st = stack[(stack.plan.map(PLAN_FAMILY) == family) & (stack.tokens <= max_tokens)]
-    st = st.assign(key=st.apply(lambda r: f"{r['plan']}|{mix_key(members_of(r))}", axis=1),
-                   layers=pd.to_numeric(st.layers, errors="coerce"))
+    key = st.apply(lambda r: f"{r['plan']}|{mix_key(members_of(r))}", axis=1)
     vals = []
-    for _, g in st.groupby("key"):
-        t1, t3 = g[g.layers == 1].step_ms, g[g.layers == 3].step_ms
+    for k in sorted(set(key[layers == 3])):
+        t1 = st.step_ms[(key == k) & (layers == 1)]
+        t3 = st.step_ms[(key == k) & (layers == 3)]
         if len(t1) and len(t3):
-            t1, t3 = float(t1.median()), float(t3.median())
-            vals.append(t1 - (t3 - t1) / 2)
+            a, b = float(t1.median()), float(t3.median())
+            vals.append(a - (b - a) / 2)
     return (max(0.0, float(np.median(vals))), len(vals)) if vals else (0.0, 0)
 
 
@@ -264,7 +266,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
             if len(rows) < len(PLAN_FEATURES[fam]) + 1:
                 continue
             pe = fit_plan(tab, rows, fam)
-            pe["call_ms"], pe["call_ms_rows"] = call_overhead(dm[dm.kind == "stack"], fam)
+            pe["call_ms"], pe["call_ms_rows"] = call_overhead(dm, fam)
             if correction:
                 pe = add_correction(tab, pe, rows)
             entry["plans"][fam] = pe

@@ -554,7 +554,7 @@ class Profiler:
     def fused_impl(self) -> str:
         return "fused" if self.fused_ok is not False else "padded"
 
-    def mix(self, base, model: str, members, plan: str, stack: int = 1):
+    def mix(self, base, model: str, members, plan: str, stack: int = 0):
         """One mix under one plan. ``stack`` > 1: the layer applied ``stack`` times in one step
         (same weights and adapters; kind ``stack``): the difference to one layer is the per-layer
         cost inside a model, without the harness's per-call (autograd.grad) overhead."""
@@ -566,7 +566,7 @@ class Profiler:
             impl = self.fused_impl()
         d = base.shape.hidden
         T = sum(b * s for _, b, s in members)
-        info = dict(kind="mix" if stack == 1 else "stack", layers=stack, model=model, plan=plan, impl=impl,
+        info = dict(kind="stack" if stack else "mix", layers=max(stack, 1), model=model, plan=plan, impl=impl,
                     kernel_variant=variant(impl, self.prov),
                     n_adapters=len(members), ranks=";".join(str(m[0]) for m in members),
                     batch_sizes=";".join(str(m[1]) for m in members),
@@ -580,7 +580,7 @@ class Profiler:
                 x, dy = sets[i % len(sets)]
                 m.mark()
                 y = x
-                for _ in range(stack):
+                for _ in range(max(stack, 1)):
                     y = layer_forward(base, lora, y)
                 m.mark()
                 grads = torch.autograd.grad(y, [x] + lora.params, dy)

@@ -145,7 +145,7 @@ EXTRA_FIELD_BUG = ("traces/tableio.py read_csv_strings calls pd.read_csv without
                    "data row has more fields than the header, pandas turns the leading fields into the index, the "
                    "columns shift, and row_numbers() fails (TypeError/ValueError, a traceback) or a shifted value "
                    "is reported against the wrong column")
-KNOWN_BUGS = {("philly", "long row"): EXTRA_FIELD_BUG}
+KNOWN_BUGS: dict = {}  # (reader, case) -> reason, for reader bugs not yet fixed
 CASES = [pytest.param(r, c, id=f"{r}:{c}",
                       marks=[pytest.mark.xfail(reason=KNOWN_BUGS[r, c], strict=False)] if (r, c) in KNOWN_BUGS else [])
          for r in READERS for c in crafted(READERS[r])]
@@ -185,7 +185,6 @@ def test_unsorted_rows_come_out_sorted_with_the_same_jobs(name, tmp_path):
     assert list(b["submit_time_s"]) == sorted(b["submit_time_s"])
 
 
-@pytest.mark.xfail(reason=EXTRA_FIELD_BUG, strict=False)
 @pytest.mark.parametrize("name", READERS)
 def test_first_row_with_an_extra_leading_field_is_rejected_cleanly(name, tmp_path):
     reader = READERS[name]
@@ -195,11 +194,6 @@ def test_first_row_with_an_extra_leading_field_is_rejected_cleanly(name, tmp_pat
     assert info.value.row == 1
 
 
-@pytest.mark.xfail(reason="traces/tableio.py numeric(integer=True) accepts GPU counts above the int64 range; the "
-                          "readers then cast them with .astype(np.int64), which wraps to -9223372036854775808, and "
-                          "the error names the table column 'num_gpus' with that wrapped value instead of the "
-                          "file's column and the value written (RuntimeWarning: invalid value encountered in cast)",
-                   strict=False)
 def test_gpu_count_beyond_int64_is_reported_as_written(tmp_path):
     reader = ITP
     p = write(tmp_path, reader, rows=["u1,0,100,1e30"])

@@ -334,7 +334,7 @@ def test_distributions_registry_json_and_validation(tmp_path):
     p = write(tmp_path, "big.json", json.dumps(custom))
     big = load_distribution(str(p))
     assert big.ranks == {64: 0.5, 128: 0.5} and big.batch_sizes == d.batch_sizes
-    with pytest.raises(InputError, match="known: mixed-ranks, tlora"):
+    with pytest.raises(InputError, match="known: llm-cluster, mixed-ranks, tlora"):
         load_distribution("nope")
     for bad in ({"ranks": {"8": 0.5, "16": 0.4}}, {"ranks": {"8": 1.0, "16": 0.0}}, {"ranks": {"0": 1.0}},
                 {"max_slowdown": {"0.5": 1.0}}, {"rank": {"8": 1.0}}, {"ranks": {"x": 1.0}}):

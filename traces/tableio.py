@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import gzip
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,12 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
     p = existing_path(path)
     file = str(path)
     try:
-        df = pd.read_csv(p, dtype=str, encoding="utf-8", skip_blank_lines=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)
+            # index_col=False: a row longer than the header must not become the index
+            df = pd.read_csv(p, dtype=str, encoding="utf-8", skip_blank_lines=False, index_col=False)
+        if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
+            _raise_long_row(p, file)
     except pd.errors.EmptyDataError:
         raise InputError("file is empty (no header row)", file=file) from None
     except UnicodeDecodeError as e:
@@ -82,6 +88,23 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
         raise InputError(f"no data rows (header only: {', '.join(df.columns)})", file=file)
     raise_first([first(~filled[: len(df)], str(df.columns[0]), "empty row (no values)")], file=file)
     return df
+
+
+def _raise_long_row(path: Path, file: str) -> None:
+    """Find the first data row with more fields than the header and raise naming it."""
+    import csv
+    import io
+
+    opener = {".gz": gzip.open}.get(path.suffix, None)
+    raw = opener(path, "rt", encoding="utf-8") if opener else open(path, encoding="utf-8", newline="")
+    with raw as fh:
+        reader = csv.reader(io.StringIO(fh.read()))
+        header = next(reader, [])
+        for row, fields in enumerate(reader, start=1):
+            if len(fields) > len(header):
+                raise InputError(f"row has {len(fields)} fields but the header has {len(header)} "
+                                 f"({', '.join(h.strip() for h in header)})", file=file, row=row)
+    raise InputError("a row has more fields than the header", file=file)
 
 
 def require_columns(df: pd.DataFrame, required: Iterable[str], *, file: str, what: str) -> None:
@@ -137,6 +160,7 @@ def numeric(df: pd.DataFrame, col: str, *, integer: bool = False, min_value: flo
             first(finite & (values < min_value), col, f"must be >= {min_value:g}", raw),
             first(finite & (values == 0), col, "must be > 0", raw) if positive else None,
             first(finite & (values != np.round(values)), col, "must be a whole number", raw) if integer else None,
+            first(finite & (np.abs(values) > 2.0**53), col, "is too large (above 2^53)", raw) if integer else None,
         ]
     return values, [p for p in problems if p is not None]
 
