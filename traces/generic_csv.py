@@ -2,7 +2,7 @@
 
 Mapping keys: ``submit``, ``duration``, ``gpus`` (required), ``job_id``, ``tenant`` (optional); values are
 column names of the file. ``time_unit`` (``s``, ``ms``, ``min``, ``h``) applies to submit and duration.
-Submit values are numbers on any origin (they are shifted so the earliest kept job is at 0 s).
+Submit values are non-negative numbers on any origin (they are shifted so the earliest kept job is at 0 s).
 Without a ``job_id`` column the id is the 1-based data row; without ``tenant`` it is ``""``.
 
 Rules: duplicate job ids raise; zero durations are skipped (``skipped["zero_duration"]``).
