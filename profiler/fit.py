@@ -181,7 +181,7 @@ def fit_plan(tab: Tables, rows: pd.DataFrame, family: str) -> dict:
     ranks = [r for m in mixes for r, _, _ in m]
     pe["coverage"] = {"adapters_max": int(max(len(m) for m in mixes)), "tokens_min": float(T.min()),
                       "tokens_max": float(T.max()), "rank_min": int(min(ranks)), "rank_max": int(max(ranks)),
-                      "mixes": len(rows)}
+                      "mixes": len({mix_key(m) for m in mixes}), "rows": len(rows)}
     pe["memory"] = {}
     for col in ("peak", "saved"):
         v = rows[f"{col}_bytes"].to_numpy(float)
@@ -196,24 +196,29 @@ def fit_plan(tab: Tables, rows: pd.DataFrame, family: str) -> dict:
     return pe
 
 
-def call_overhead(dm: pd.DataFrame, family: str, max_tokens: int = 4096) -> tuple[float, int]:
-    """The profiling harness's per-call overhead of one layer step (ms): for launch-bound mixes
-    timed with the layer once (t1, rows of kind ``mix`` or ``stack`` with one layer) and stacked
-    three times (t3, kind ``stack``), t1 - (t3 - t1) / 2; the median over mixes (0 without
-    stacked rows)."""
-    st = dm[dm.kind.isin(["mix", "stack"]) & (dm.plan.map(PLAN_FAMILY) == family) & (dm.tokens <= max_tokens)]
-    layers = pd.to_numeric(st.layers, errors="coerce").fillna(1)
-    if not (layers == 3).any():
+def call_overhead(d: pd.DataFrame, family: str, max_tokens: int = 4096) -> tuple[float, int]:
+    """The profiling harness's per-call overhead of one layer step (ms), from launch-bound mixes
+    (at most ``max_tokens``) timed both as one layer (kind ``mix`` or ``stack`` with one layer,
+    ``autograd.grad`` per call) and inside a model (kind ``model``: ``layers`` layers with their
+    own weights and adapters, ``loss.backward()``): one-layer time - model time / layers, the
+    median over mixes; failing those, from layers stacked three times (kind ``stack``):
+    t1 - (t3 - t1) / 2. Each pair comes from one profile run (same host). 0 without such rows."""
+    st = d[d.kind.isin(["mix", "stack", "model"]) & (d.plan.map(PLAN_FAMILY) == family) & (d.tokens <= max_tokens)]
+    if st.empty:
         return 0.0, 0
-    key = st.apply(lambda r: f"{r['plan']}|{mix_key(members_of(r))}", axis=1)
-    vals = []
-    for k in sorted(set(key[layers == 3])):
-        t1 = st.step_ms[(key == k) & (layers == 1)]
-        t3 = st.step_ms[(key == k) & (layers == 3)]
-        if len(t1) and len(t3):
-            a, b = float(t1.median()), float(t3.median())
-            vals.append(a - (b - a) / 2)
-    return (max(0.0, float(np.median(vals))), len(vals)) if vals else (0.0, 0)
+    layers = pd.to_numeric(st.layers, errors="coerce").fillna(1)
+    key = st.apply(lambda r: f"{r['profile_id']}|{r['plan']}|{mix_key(members_of(r))}", axis=1)
+    one = (st.kind != "model") & (layers == 1)
+    for kind, many in (("model", st.kind == "model"), ("stack", (st.kind == "stack") & (layers == 3))):
+        vals = []
+        for k in sorted(set(key[many])):
+            t1, tn = st.step_ms[(key == k) & one], st[(key == k) & many]
+            if len(t1) and len(tn):
+                a, b, L = float(t1.median()), float(tn.step_ms.median()), float(layers[tn.index].median())
+                vals.append(a - b / L if kind == "model" else a - (b - a) / 2)
+        if vals:
+            return max(0.0, float(np.median(vals))), len(vals)
+    return 0.0, 0
 
 
 def add_correction(tab: Tables, pe: dict, rows: pd.DataFrame, prior: float = 1.0,
@@ -252,6 +257,8 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
     if d.empty:
         raise InputError(f"no profile rows for GPU {gpu!r} (found: {', '.join(_uniq(df, 'gpu'))})")
     models = {}
+    # the harness's per-call overhead does not depend on the model: measured on any of them
+    call_ms = {fam: call_overhead(d, fam) for fam in ("loop", "fused")}
     for model, dm in d[d.model.astype(str).str.len() > 0].groupby("model"):
         from sim.models import MODELS
 
@@ -266,7 +273,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
             if len(rows) < len(PLAN_FEATURES[fam]) + 1:
                 continue
             pe = fit_plan(tab, rows, fam)
-            pe["call_ms"], pe["call_ms_rows"] = call_overhead(dm, fam)
+            pe["call_ms"], pe["call_ms_mixes"] = call_ms[fam]
             if correction:
                 pe = add_correction(tab, pe, rows)
             entry["plans"][fam] = pe

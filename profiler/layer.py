@@ -319,10 +319,9 @@ def run_timed(step: Callable[[int, Marks], None], device, warmup: int, reps: int
 
 def measure_memory(fn_fwd: Callable[[], torch.Tensor], fn_bwd: Callable[[torch.Tensor], object], device) -> dict:
     """One extra step: bytes held after the forward (saved activations + output) and the peak
-    during forward + backward, both above what was allocated before it (CUDA only; 0 on CPU)."""
+    during forward + backward, both above what was allocated before it (CUDA only; on the CPU
+    nothing runs and both are 0)."""
     if torch.device(device).type != "cuda":
-        y = fn_fwd()
-        fn_bwd(y)
         return {"saved_bytes": 0, "peak_bytes": 0}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -67,6 +67,8 @@ T_MAX_QUICK = {"llama3-8b": 32768, "qwen3-8b": 32768, "qwen2.5-32b": 16384, "lla
 T_MAX_FULL = {"llama3-8b": 65536, "qwen3-8b": 65536, "qwen2.5-32b": 32768, "llama3-70b": 32768}
 MODEL_WEIGHT = {"llama3-8b": 1.3, "qwen3-8b": 1.3, "qwen2.5-32b": 1.3, "llama3-70b": 1.6}
 # per-call overhead of the harness: the layer alone and stacked three times (profile --stack)
+MINI_MIXES = ([(16, 1, 512)], [(16, 2, 1024)], [(16, 1, 512)] * 4, [(2, 2, 512), (4, 1, 1024), (8, 1, 1024), (16, 1, 1024)],
+              [(16, 1, 512)] * 8, [(16, 4, 2048)] * 2)
 STACK_MIXES = ([(16, 1, 512)], [(16, 1, 512)] * 4, [(16, 1, 512)] * 8, [(16, 4, 2048)] * 2)
 
 
@@ -540,6 +542,52 @@ class Profiler:
         del emb, Wh
         self._free()
 
+    def minimodel(self, shape, model: str, members, plan: str, layers: int = 8) -> bool:
+        """A stack of ``layers`` decoder layers, each with its own frozen weights and adapters,
+        trained as in a model (forward, ``loss.backward()``; kind ``model``): the per-layer time
+        inside a model, to compare with the one-layer rows of the same mix."""
+        from profiler.layer import BaseWeights, LoRASet, layer_forward
+
+        torch = self.torch
+        impl = PLAN_IMPL[plan]
+        if impl == "fused":
+            impl = self.fused_impl()
+        T = sum(b * s for _, b, s in members)
+        info = dict(kind="model", layers=layers, model=model, plan=plan, impl=impl,
+                    kernel_variant=variant(impl, self.prov), n_adapters=len(members),
+                    ranks=";".join(str(m[0]) for m in members), batch_sizes=";".join(str(m[1]) for m in members),
+                    seq_lens=";".join(str(m[2]) for m in members), tokens=T)
+        try:
+            bases = [BaseWeights(shape, self.device, seed=50 + i) for i in range(layers)]
+            loras = [LoRASet(b, members, impl, seed=60 + i) for i, b in enumerate(bases)]
+            sets = self._sets(T, shape.hidden, shape.hidden)
+
+            def step(i, m):
+                x, dy = sets[i % len(sets)]
+                m.mark()
+                y = x.detach()
+                for b, lo in zip(bases, loras):
+                    y = layer_forward(b, lo, y)
+                loss = (y.float() * dy.float()).sum()
+                m.mark()
+                loss.backward()
+                m.mark()
+                for lo in loras:
+                    for p in lo.params:
+                        p.grad = None
+
+            dd, reps = self._timed(step)
+            st = [r[0] + r[1] for r in dd]
+            self.w.row(**info, fwd_ms=self._med([r[0] for r in dd]), bwd_ms=self._med([r[1] for r in dd]),
+                       step_ms=self._med(st), p10_ms=self._q(st, .1), p90_ms=self._q(st, .9), reps=reps,
+                       host_ms=self._host_ms(2))
+            del bases, loras, sets
+            self._free()
+            return True
+        except Exception as e:  # noqa: BLE001
+            self._error(f"{model} model-stack {plan} {mix_key(members)}", e, **info)
+            return False
+
     def _mem(self, fwd, bwd) -> dict:
         from profiler.layer import measure_memory
 
@@ -678,6 +726,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-mixes", type=int, default=0, help="random heterogeneous mixes per model "
                                                               "(0: 20 quick, 60 full, 3 tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random mixes")
+    p.add_argument("--minimodel", action="store_true",
+                   help="for the first model also time mixes in an 8-layer stack trained as a model (kind model)")
+    p.add_argument("--e2e-start", action="store_true", help="also run the end-to-end check at the start")
     p.add_argument("--stack", action="store_true",
                    help="also time a few mixes with the layer stacked 1x and 3x (the harness's per-call overhead)")
 
@@ -730,6 +781,8 @@ def run(args) -> int:
     log(f"SDPA grouped-query attention: {meta['sdpa_gqa']}")
     (out / f"meta_{gpu.lower()}.json").write_text(json.dumps(meta, indent=1))
     try:
+        if args.e2e_start:
+            _run_e2e(args, device, prov, out, t_start, deadline, tiny=args.tiny)
         if not args.e2e_only:
             meta["ceilings"] = prof.ceilings()
             opt_cfgs = ([(5000, 14), (20000, 56)] if args.tiny else
@@ -770,6 +823,13 @@ def run(args) -> int:
                         continue  # one adapter in a loop is a job alone (the same code)
                     n_rows += prof.mix(base, sh.name, mem, plan)
             log(f"{sh.name}: {n_rows} mix rows")
+            if args.minimodel and i == 0:
+                n_mm = 0
+                for mem in (g["mixes"][:2] if args.tiny else MINI_MIXES):
+                    for plan in ("alone", "fused") if len(mem) == 1 else ("loop", "fused"):
+                        n_mm += prof.mix(base, sh.name, order_members(mem), plan, stack=1)
+                        n_mm += prof.minimodel(sh, sh.name, order_members(mem), plan, layers=2 if args.tiny else 8)
+                log(f"{sh.name}: {n_mm} mini-model rows")
             if args.stack and not args.tiny:
                 n_st = 0
                 for mem in STACK_MIXES:

@@ -155,7 +155,7 @@ def _show(art: dict) -> str:
         out.append(f"    {name:12s} l0 {c['tokens_l0'][0]:.0f}-{c['tokens_l0'][1]:.0f} tok, attn s {c['attn_seq_lens']}, "
                    f"head {c['head_tokens'][0]:.0f}-{c['head_tokens'][1]:.0f} tok")
         for p, cv in c["plans"].items():
-            out.append(f"      {p:6s} {cv['mixes']:3d} mixes, <= {cv['adapters_max']} adapters, "
+            out.append(f"      {p:6s} {cv['mixes']:3d} mixes ({cv.get('rows', cv['mixes'])} rows), <= {cv['adapters_max']} adapters, "
                        f"{cv['tokens_min']:.0f}-{cv['tokens_max']:.0f} tok, ranks {cv['rank_min']}-{cv['rank_max']}")
     return "\n".join(out)
 

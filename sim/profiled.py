@@ -1,20 +1,23 @@
 """The profiled cost model: predictions from measurements of real GPUs (no torch needed).
 
 An *artifact* (``profiler/data/costmodel_<gpu>.json``, written by ``tlora-sim costmodel fit``
-from the CSVs of ``tlora-sim profile``) holds, per base model, measured tables and fitted
-coefficients of one decoder layer on one GPU:
+from the CSVs of ``tlora-sim profile``; profiler/COSTMODEL.md) holds, per base model, measured
+tables and fitted coefficients of one decoder layer on one GPU:
 
-* ``l0``: the frozen layer without its attention block (forward + dX), ms by tokens; interpolated
-  piecewise-linearly in log-log space between the measured token counts;
+* ``l0``: the frozen layer without its attention block (forward + dX), ms by tokens, interpolated
+  piecewise-linearly in log-log space (exact at the measured points);
 * ``attn``: the attention block (rotary + causal SDPA, forward + backward), ms by sequence length
   and number of sequences, interpolated the same way (one SDPA call per distinct length);
 * ``head``: embedding + final norm + LM head + fp32 cross-entropy, ms and peak bytes by tokens;
-* ``plans``: the adapters' extra time per plan family (``loop``, also ``alone``; ``fused``),
-  ``sum(coef_k x feature_k)`` over the mix features ``FEATURES`` (non-negative least squares on
-  the measured mixes, relative error), optionally bounded below by a host launch floor
-  ``cpu0 + cpu_n x adapters`` (eager per-adapter loops become launch-bound); and the layer's
-  peak working memory per plan, linear in the same features;
-* ``optimizer``: fused AdamW ms = a + b x params + c x tensors.
+* ``plans``: per plan family (``loop``, which ``alone`` shares: one adapter in a loop is a job
+  alone; ``fused``) the layer model ``smoothmax(gpu, host; p)``, where ``gpu`` = GPU part of l0 +
+  GPU part of attention + ``coef . features`` (adapter work: tokens, rank x tokens, ranks, ...) and
+  ``host`` = ``cpu0 + cpu_n x adapters + cpu_g x sequence-length groups``, the launch time of the
+  eager step (fitted to measured host times); ``call_ms`` is the profiling harness's per-call
+  overhead (one layer timed alone vs inside an 8-layer model), removed from ``host`` for layers
+  inside a model; and the layer's measured peak working memory and saved activations, linear in
+  the mix features;
+* ``optimizer``: fused AdamW ms = const + per_mparam x params / 1e6 + per_tensor x tensors.
 
 Group step on ``n`` GPUs (data parallel; each GPU trains every member on tokens / n), with ``B``
 micro-batches and ``N`` nano-batches::
@@ -22,26 +25,30 @@ micro-batches and ``N`` nano-batches::
     step = B x (layers x layer(mix per GPU per micro-batch) + head(tokens per GPU / B))
            + AdamW(all adapter parameters) + communication
 
-* measured: ``layer`` (= l0 + attention + plan term), ``head``, AdamW;
+* measured: ``layer``, ``head``, AdamW (its tensor count: 2 x 7 x layers for ``fused``, times the
+  adapters for ``loop``/``alone``);
 * analytic (``sim/roofline.py``'s formulas): the all-reduce of adapter gradients and the
-  all-gather of sharded frozen weights between GPUs; nano-batching's overlap (the plan term of
-  fused-kernel plans shrinks by N, the base curve runs N times at tokens / N, as in the roofline);
-  plans that were not measured (``lorafusion``, ``grouped``) are the ``fused`` prediction scaled by
-  the roofline's ratio of the two. No fixed per-step framework overhead is added: the measured
-  eager steps already include kernel-launch and Python time (data loading is not modelled).
+  all-gather of sharded frozen weights between GPUs; nano-batching (fused only: the base curve
+  runs N times at tokens / N, the adapter term shrinks by N, the host time is paid N times);
+  plans that were not measured (``lorafusion``, ``grouped``) are the ``fused`` prediction times the
+  roofline's ratio of the two (flagged). No fixed per-step framework overhead is added: the
+  measured eager steps include kernel-launch and Python time (data loading is not modelled).
 * ``alone`` with several members is the members' isolated steps one after another.
 
 Outside the measured grid (tokens, ranks, adapters, sequence lengths beyond what was profiled)
 each table is continued with the roofline's shape from its nearest edge (e.g. ``l0(T) =
 l0(T_max) x roofline(T) / roofline(T_max)``) and the prediction is *flagged*: counted in
-``describe()["extrapolated"]`` and reported per call by ``predict``. For a GPU type without an
-artifact (or a model missing from it) ``default_cost_model`` / the model fall back to the
-analytic ``RooflineCostModel``, whose ceilings are scaled from datasheets (sim/cluster.py).
+``describe()["extrapolated"]`` (distinct predictions; results are memoised) and reported per call
+by ``predict``. For a GPU type without an artifact (or a model missing from it)
+``default_cost_model`` / the model fall back to the analytic ``RooflineCostModel``, whose ceilings
+are scaled from datasheets (sim/cluster.py).
 
-Memory per GPU (bytes): frozen weights (bf16, sharded as in the roofline) + adapter state
-(fp32 weights, grads and Adam moments, 16 B/param, as in the roofline) + checkpointed layer inputs
-(bf16, ``tokens x hidden x layers``) + one layer's measured peak working set + the head's measured
-peak + a 2 GiB workspace: the roofline's conventions with the live terms measured.
+Memory per GPU (bytes), ``checkpointing=True`` (default, the roofline's convention): frozen
+weights (bf16, sharded as in the roofline) + adapter state (16 B/param) + checkpointed layer inputs
+(bf16) + one layer's measured peak working set + the head's measured peak + a 2 GiB workspace.
+``checkpointing=False``: weights + adapter state as profiled (bf16 weights, grads, AdamW moments:
+8 B/param) + every layer's measured saved activations + one layer's transient + the head; this
+is the configuration that was timed, and it matches the end-to-end runs' peak memory within 2%.
 """
 
 from __future__ import annotations
