@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tlora-sim", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from sim.costmodel_cli import add_parsers as add_costmodel_parsers
+
+    add_costmodel_parsers(sub)
     r = sub.add_parser("replay", help="simulate one trace under one policy; writes a run directory",
                        description="Simulate one trace under one policy. Writes DIR/config.json, jobs.csv, "
                                    "timeline.csv, summary.json, perf.json and figures/.")
@@ -149,6 +152,10 @@ def _run(args) -> int:
 
         for e in available():
             print(f"{e.name}\t{e.description}")
+    elif args.command in ("profile", "costmodel"):
+        from sim.costmodel_cli import run as run_costmodel
+
+        return run_costmodel(args)
     elif args.command == "plot":
         from sim.plots import plot_any
 
