@@ -21,7 +21,7 @@ policy actions the engine cannot apply are always rejected. Both raise :class:`I
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
@@ -448,7 +448,6 @@ class Engine:
         if self._chk is not None:
             self._chk.at(self.env.now, "timer", gid)
         self._settle(g)
-        now = self.env.now
         done = [i for i in g.members if g.remaining[i] <= _STEP_EPS + 1e-9 * self.jobs[i].total_steps]
         if not done:
             self._fail(f"group {g.gid} timer fired but no member finished "

@@ -173,10 +173,14 @@ def test_invariants_off_gives_identical_results(synthetic_jobs):
 
 @pytest.fixture(scope="module")
 def synthetic_jobs():
-    """60 synthetic jobs (seed 0) on a 4x8 H100 cluster."""
+    """60 synthetic jobs (seed 0) on a 4x8 H100 cluster, steps derived under the roofline model the
+    engine runs with here (``run_engine`` uses ``CM``)."""
     from sim.replay import ReplayConfig, load_workload
+    from sim.workload import build_jobs
 
-    jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=60,seed=3", policy="independent", cluster="4x8xH100"))
+    _, spec_cluster, _, frame, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=60,seed=3", policy="independent",
+                                                               cluster="4x8xH100"))
+    jobs, _ = build_jobs(frame, spec_cluster, CM)
     return jobs, "4x8xH100"
 
 

