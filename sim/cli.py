@@ -37,6 +37,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="pause of a group when members join or are preempted, s (default: %(default)s)")
     p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
+    p.add_argument("--cost-model", default="auto", choices=["auto", "profiled", "roofline"],
+                   help="auto: the profiled model where profiler/data has one for the GPU (H100), else the "
+                        "analytic roofline model")
     p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
                    help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
                         "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")
@@ -57,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.costmodel_cli import add_parsers as add_costmodel_parsers
 
     add_costmodel_parsers(sub)
+    from sim.sweep import add_sweep_parser
+
+    add_sweep_parser(sub)
     r = sub.add_parser("replay", help="simulate one trace under one policy; writes a run directory",
                        description="Simulate one trace under one policy. Writes DIR/config.json, jobs.csv, "
                                    "timeline.csv, summary.json, perf.json and figures/.")
@@ -111,7 +117,8 @@ def _base_config(args, policy: str):
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
-                        time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps)
+                        time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
+                        cost_model=args.cost_model)
 
 
 def _run(args) -> int:
@@ -152,6 +159,10 @@ def _run(args) -> int:
 
         for e in available():
             print(f"{e.name}\t{e.description}")
+    elif args.command == "sweep":
+        from sim.sweep import run_sweep_command
+
+        return run_sweep_command(args)
     elif args.command in ("profile", "costmodel"):
         from sim.costmodel_cli import run as run_costmodel
 

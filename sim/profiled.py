@@ -113,6 +113,32 @@ def load_artifact(path: str | Path) -> dict:
     return art
 
 
+COST_MODEL_CHOICES = ("auto", "profiled", "roofline")
+"""``auto``: profiled where an artifact for the GPU exists, else roofline."""
+
+
+def make_cost_model(name: str, gpu_name: str):
+    """The cost model called ``name`` (``COST_MODEL_CHOICES``) for ``gpu_name``.
+
+    Raises:
+        InputError: unknown name, or ``profiled`` for a GPU with no shipped artifact.
+    """
+    from sim.errors import InputError
+
+    if name == "auto":
+        return default_cost_model(gpu_name)
+    if name == "roofline":
+        return rf.RooflineCostModel()
+    if name == "profiled":
+        p = artifact_path(gpu_name)
+        if not p.is_file():
+            raise InputError(f"no profiled cost model for {gpu_name} (expected {p}); use --cost-model roofline "
+                             f"or profile that GPU", field="--cost-model")
+        return ProfiledCostModel(load_artifact(p))
+    raise InputError(f"unknown cost model {name!r}; expected one of {', '.join(COST_MODEL_CHOICES)}",
+                     field="--cost-model")
+
+
 def default_cost_model(gpu_name: str, directory: str | Path | None = None):
     """The profiled model where ``profiler/data`` has an artifact for ``gpu_name``, else the
     analytic ``RooflineCostModel``."""

@@ -26,7 +26,7 @@ from sim.cluster import parse_cluster
 from sim.engine import Engine
 from sim.errors import InputError
 from sim.rundir import interrupt_handler, write_csv, write_json
-from sim.profiled import default_cost_model
+from sim.profiled import make_cost_model
 from sim.workload import build_jobs
 
 
@@ -60,6 +60,7 @@ class ReplayConfig:
     time_unit: str = "s"
     strict: bool = False
     sweeps: str | None = None
+    cost_model: str = "auto"
 
 
 def versions() -> dict[str, str]:
@@ -102,7 +103,7 @@ def load_workload(cfg: ReplayConfig):
     sweeps = parse_sweeps(cfg.sweeps)
     if sweeps is not None:
         frame = expand_sweeps(frame, rng, sweeps[0], sweeps[1], dist.ranks)
-    cost_model = default_cost_model(cluster.gpu.name)
+    cost_model = make_cost_model(cfg.cost_model, cluster.gpu.name)
     jobs, skipped = build_jobs(frame, cluster, cost_model, strict=cfg.strict)
     skipped = {**dict(frame.attrs.get("skipped", {})), **skipped}
     return jobs, cluster, cost_model, frame, dist, skipped

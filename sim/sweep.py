@@ -9,7 +9,7 @@ SWEEP.toml (every key is checked; an unknown key is an error)::
     seeds = [0, 1]                      # optional, default [0]
     lora_dists = ["tlora"]              # optional, default ["tlora"] (names or JSON files)
     regroup_pause_s = [30.0]            # optional, default [30.0]
-    cost_models = ["roofline"]          # optional, default ["roofline"] (see COST_MODELS)
+    cost_models = ["auto"]              # optional, default ["auto"] (see COST_MODELS)
     # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "..."
 
     [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
@@ -67,6 +67,8 @@ from sim.errors import InputError
 # the value says what the name means; ``_replay_config`` passes the name to ReplayConfig once it
 # has a ``cost_model`` field.
 COST_MODELS: dict[str, str] = {
+    "auto": "profiled where profiler/data has an artifact for the GPU, else roofline (sim/profiled.py)",
+    "profiled": "the shipped profiled model (sim/profiled.py); H100 only",
     "roofline": "analytic roofline model (sim/roofline.py)",
 }
 
@@ -74,7 +76,7 @@ LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_p
 SCALAR_KEYS = ("strict", "time_unit", "csv_columns")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
-                             "regroup_pause_s": [30.0], "cost_models": ["roofline"]}
+                             "regroup_pause_s": [30.0], "cost_models": ["auto"]}
 REQUIRED = ("traces", "policies")
 TIME_UNITS = ("s", "ms", "min", "h")
 

@@ -44,7 +44,7 @@ def test_cross_product_ids_and_defaults(tmp_path):
     assert len(s.cells) == 2 * 1 * 2 * 2 * 2 * 2 * 1
     ids = [c.cell_id for c in s.cells]
     assert len(set(ids)) == len(ids) and all(len(i) == 16 for i in ids)
-    assert {c.cost_model for c in s.cells} == {"roofline"}
+    assert {c.cost_model for c in s.cells} == {"auto"}
     assert {c.regroup_pause_s for c in s.cells} == {0.0, 30.0}
     # ids depend on the inputs only, not on list order or the file's location
     other = tmp_path / "elsewhere"
@@ -97,7 +97,7 @@ def test_relative_trace_paths_resolve_against_the_sweep_file(tmp_path):
     ('traces = ["synthetic:jobs=5"]\npolicies = ["tlora"]\nregroup_pause_s = [30, 30.0]\n', "regroup_pause_s[1]",
      "duplicate"),
     ('traces = ["synthetic:jobs=5"]\npolicies = ["tlora"]\ncost_models = ["profiledx"]\n', "cost_models[0]",
-     "expected one of: roofline"),
+     "expected one of: auto, profiled, roofline"),
     ('traces = ["synthetic:jobs=5"]\npolicies = ["tlora"]\nlora_dists = ["nope"]\n', "lora_dists[0]",
      "unknown LoRA distribution"),
     ('traces = ["synthetic:jobs=5"]\npolicies = ["tlora"]\n[policy_options.mlora]\nconcurrency_num = 2\n',
