@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --only-binary=:all: --find-links /opt/wheels --no-index 2>/dev/null || \
 	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu || \
 	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[profiler,dev]"
+	$(BIN)/pip install -q -e ".[profiler,dev,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP)
