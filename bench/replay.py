@@ -21,9 +21,15 @@ Columns (times in s unless named otherwise):
   ``dirty`` (uncommitted changes under sim/, policies/, traces/), ``src_sha`` (SHA-256 prefix of
   every ``*.py`` under sim/, policies/, traces/ as the child imported them), ``date`` (UTC),
   ``invariants`` (whether ``sim.invariants`` was checked; off by default, as ``replay()``
-  recommends for benchmarks).
+  recommends for benchmarks);
+* ``out_sha``: SHA-256 prefix of the run's ``summary.json`` + ``jobs.csv`` + ``timeline.csv``: equal
+  values mean identical results, so a speed-up can be checked to change nothing.
 
-Rows of the same (case, policy) are replaced, others kept; the file is rewritten after every run.
+* ``cost_model``: the cost model the run used (``config.json``; ``--cost-model``, default
+  ``ReplayConfig``'s, ``auto`` = the profiled model where ``profiler/data`` has one for the GPU).
+
+Rows of the same (case, policy, cost_model) are replaced, others kept; the file is rewritten after
+every run.
 
 Cases (``--cases``, comma-separated; default: every case but synthetic-1M):
 
@@ -99,10 +105,10 @@ CASES: dict[str, Case] = {
 QUICK = {"quick": Case("synthetic:jobs=300,seed=1,gpus=32,load=0.7", "4x8xH100", "CI smoke test")}
 DEFAULT_CASES = ("itp02", "itp04", "itp-all", "synthetic-10k", "synthetic-100k")
 
-COLUMNS = ["case", "policy", "jobs", "wall_s", "engine_s", "cpu_s", "jobs_per_s", "us_per_job", "events",
+COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s", "jobs_per_s", "us_per_job", "events",
            "events_per_s", "decisions", "decision_ms", "decision_share", "peak_rss_mb", "base_rss_mb", "status",
            "trace", "cluster", "invariants", "tag", "host", "cpu_model", "cpus", "python", "commit", "dirty",
-           "src_sha", "date"]
+           "src_sha", "out_sha", "date"]
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
@@ -122,7 +128,8 @@ def _child(spec: dict) -> dict:
     src = _src_sha()
     from sim.replay import ReplayConfig, replay
 
-    cfg = ReplayConfig(trace=spec["trace"], policy=spec["policy"], cluster=spec["cluster"], seed=0)
+    kw = {"cost_model": spec["cost_model"]} if spec.get("cost_model") else {}
+    cfg = ReplayConfig(trace=spec["trace"], policy=spec["policy"], cluster=spec["cluster"], seed=0, **kw)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with tempfile.TemporaryDirectory(prefix="tlora-bench-") as tmp:
         prof = None
@@ -140,11 +147,15 @@ def _child(spec: dict) -> dict:
             prof.disable()
             _write_profile(prof, Path(spec["profile"]))
         perf = json.loads((Path(tmp) / "perf.json").read_text())
+        cm = json.loads((Path(tmp) / "config.json").read_text()).get("cost_model", {})
+        out_sha = hashlib.sha256(b"".join((Path(tmp) / f).read_bytes()
+                                          for f in ("summary.json", "jobs.csv", "timeline.csv"))).hexdigest()[:12]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {"jobs": perf["jobs"], "wall_s": wall, "engine_s": perf["wall_s"], "cpu_s": cpu,
             "events": perf["events"], "decisions": perf["decisions"], "decision_ms": perf["decision_ms_per_call"],
-            "peak_rss_mb": peak, "base_rss_mb": base_rss, "src_sha": src}
+            "peak_rss_mb": peak, "base_rss_mb": base_rss, "src_sha": src, "out_sha": out_sha,
+            "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm)}
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -183,13 +194,13 @@ def _machine() -> dict:
 
 
 def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool, timeout: float,
-            profile: Path | None) -> dict:
+            profile: Path | None, cost_model: str | None = None) -> dict:
     """Run one (case, policy) in a child process; returns its result row (without provenance)."""
     trace = c.trace.format(itp=itp_dir)
     spec = {"trace": trace, "cluster": c.cluster, "policy": policy, "invariants": invariants,
-            "profile": str(profile) if profile else None}
+            "profile": str(profile) if profile else None, "cost_model": cost_model}
     row = {"case": case, "policy": policy, "trace": c.trace.replace("{itp}", "ITP"), "cluster": c.cluster,
-           "invariants": invariants}
+           "invariants": invariants, "cost_model": cost_model or "default"}
     try:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", json.dumps(spec)],
                               cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -207,20 +218,23 @@ def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool,
 
 
 def save(path: Path, rows: list[dict], order: list[str]) -> None:
-    """Merge ``rows`` into the CSV at ``path`` (same case + policy replaced) and rewrite it atomically."""
+    """Merge ``rows`` into the CSV at ``path`` (same case + policy + cost model replaced), rewrite it atomically."""
     import pandas as pd
 
     from sim.rundir import write_csv
 
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=COLUMNS)
+    if "cost_model" not in old.columns:  # files written before the column existed
+        old["cost_model"] = "?"
     new = pd.DataFrame(rows, columns=COLUMNS)
-    keys = set(zip(new["case"], new["policy"]))
-    old = old[[(c, p) not in keys for c, p in zip(old["case"], old["policy"])]]
+    keys = set(zip(new["case"], new["policy"], new["cost_model"]))
+    old = old[[k not in keys for k in zip(old["case"], old["policy"], old["cost_model"])]]
     df = pd.concat([x for x in (old, new) if len(x)], ignore_index=True)
     rank = {c: i for i, c in enumerate(order)}
     prank = {p: i for i, p in enumerate(POLICIES)}
     df = df.iloc[sorted(range(len(df)), key=lambda i: (rank.get(df["case"].iat[i], len(rank)), df["case"].iat[i],
-                                                       prank.get(df["policy"].iat[i], 99), df["policy"].iat[i]))]
+                                                       prank.get(df["policy"].iat[i], 99), df["policy"].iat[i],
+                                                       str(df["cost_model"].iat[i])))]
     extra = [c for c in df.columns if c not in COLUMNS]
     write_csv(path, df[COLUMNS + extra])
 
@@ -228,7 +242,7 @@ def save(path: Path, rows: list[dict], order: list[str]) -> None:
 def _fmt(r: dict) -> str:
     if r.get("status") != "ok":
         return f"{r['case']:>15} {r['policy']:>12}  {r.get('status')}"
-    return (f"{r['case']:>15} {r['policy']:>12} {r['jobs']:>8} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} "
+    return (f"{r['case']:>15} {r['policy']:>12} {str(r.get('cost_model'))[:9]:>9} {r['jobs']:>8} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} "
             f"{r['jobs_per_s']:9.0f} {r['us_per_job']:8.0f} {r['events_per_s']:9.0f} {r['decision_ms']:8.3f} "
             f"{r['peak_rss_mb']:7.0f}")
 
@@ -247,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="results directory (default: bench/results, or runs/bench with --quick)")
     ap.add_argument("--itp-dir", type=Path, default=ITP_DIR, help="directory of the ITP clusterNN.csv.gz files")
     ap.add_argument("--timeout", type=float, default=1800.0, help="limit per run, s (default: %(default)s)")
+    ap.add_argument("--cost-model", default=None, metavar="NAME",
+                    help="ReplayConfig.cost_model (auto, profiled, roofline); default: ReplayConfig's default "
+                         "(auto: the profiled model where profiler/data has one for the GPU); the column "
+                         "cost_model records the model actually used")
     ap.add_argument("--check-invariants", action="store_true", help="check sim.invariants while simulating")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile each run into OUT_DIR/profiles/ (timings not recorded: profiling slows runs)")
@@ -271,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     tag = args.tag or ("quick" if args.quick else f"{platform.machine()}-{machine['cpus']}cpu")
     out_dir = args.out_dir or (ROOT / "runs" / "bench" if args.quick else ROOT / "bench" / "results")
     path = out_dir / f"replay_{tag}.csv"
-    print(f"{'case':>15} {'policy':>12} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
+    print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
           f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7}", flush=True)
     failed = 0
     for name in names:
         for pol in policies:
             prof = out_dir / "profiles" / f"{tag}_{name}_{pol}.txt" if args.profile else None
             row = run_one(name, table[name], pol, itp_dir=args.itp_dir, invariants=args.check_invariants,
-                          timeout=args.timeout, profile=prof)
+                          timeout=args.timeout, profile=prof, cost_model=args.cost_model)
             row.update(tag=tag, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        **machine)
             print(_fmt(row) + (f"   profile -> {prof}" if prof else ""), flush=True)

@@ -196,8 +196,9 @@ def _replay_row(args) -> dict:
         _IN_TASK = False
 
 
-def _stop_pool(ex: ProcessPoolExecutor) -> None:
-    """Cancel queued replays, stop running ones with SIGTERM (they clean up), wait for the workers."""
+def stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel queued tasks, stop running ones with SIGTERM (they remove their temp files), wait for the
+    workers (replay comparisons and sweeps)."""
     procs = list((getattr(ex, "_processes", None) or {}).values())
     ex.shutdown(wait=False, cancel_futures=True)
     for p in procs:
@@ -234,7 +235,7 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
         try:
             rows = list(ex.map(_replay_row, tasks))
         except BaseException:
-            _stop_pool(ex)
+            stop_pool(ex)
             raise
         ex.shutdown()
     else:

@@ -610,6 +610,8 @@ def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], Non
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
+    from sim.replay import stop_pool
+
     ex = ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_worker_init)
     try:
         pending = {ex.submit(_run_cell, c, str(cell_dir(out, c))): c for c in todo}
@@ -624,23 +626,9 @@ def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], Non
                            "message": "a worker process died (killed, or out of memory)"}
                 finished(cell, res)
     except BaseException:
-        _stop_pool(ex)
+        stop_pool(ex)
         raise
     ex.shutdown()
-
-
-def _stop_pool(ex) -> None:
-    """Cancel queued cells, SIGTERM running ones (they remove their temp files), wait for the workers."""
-    procs = list((getattr(ex, "_processes", None) or {}).values())
-    ex.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 def _run_ray(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], address: str | None,
