@@ -13,7 +13,7 @@ from sim.placement import Placement
 from sim.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup
 
 
-@dataclass
+@dataclass(eq=False)
 class PlannedGroup:
     """A running group (``group_id`` set) or one planned in this decision (``group_id`` None)."""
 
@@ -58,25 +58,59 @@ class PlannedGroup:
 class Planner:
     """Planned state for one decision over ``snap`` with execution plan ``plan``."""
 
+    _serial = 0
+
     def __init__(self, snap: Snapshot, plan: str) -> None:
         self.snap = snap
         self.plan = plan
         self.free = snap.free.copy()
-        self.groups: list[PlannedGroup] = []
         self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
+        self._new: list[PlannedGroup] = []  # groups planned in this decision, in creation order
+        self._groups: list[PlannedGroup] | None = None
         self.version = 0  # bumped by every planned start, join or merge
+        self.kind_version: dict[tuple[str, int], int] = {}  # per (model, n_gpus): bumped when its groups change
+        Planner._serial += 1
+        self.serial = Planner._serial  # distinguishes planners (decisions)
         self.removed_groups: list[PlannedGroup] = []
-        for g in snap.groups.values():
-            self._add(PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members),
-                                   nano_batches=g.nano_batches))
+        # With the engine's kind index, running groups are read (and copied) only for the kinds asked about.
+        self._kinds = snap.kinds
+        if self._kinds is None:
+            for g in snap.groups.values():
+                self._by_kind.setdefault((g.model, g.n_gpus), []).append(self._copy(g))
 
-    def _add(self, g: PlannedGroup) -> None:
-        self.groups.append(g)
-        self._by_kind.setdefault((g.model, g.n_gpus), []).append(g)
+    @staticmethod
+    def _copy(g) -> PlannedGroup:
+        return PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members),
+                            nano_batches=g.nano_batches)
+
+    def _kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
+        lst = self._by_kind.get(kind)
+        if lst is None:
+            views = self.snap.groups
+            lst = [self._copy(views[gid]) for gid in self._kinds.get(kind, ())] if self._kinds is not None else []
+            self._by_kind[kind] = lst
+        return lst
+
+    @property
+    def groups(self) -> list[PlannedGroup]:
+        """Running groups in start order, then the groups planned in this decision (creation order)."""
+        if self._groups is None:
+            if self._kinds is not None:
+                for kind in self._kinds:
+                    self._kind(kind)
+            running = [g for lst in self._by_kind.values() for g in lst if g.group_id is not None]
+            running.sort(key=lambda g: g.group_id)
+            self._groups = running + self._new
+        return self._groups
+
+    def changed_groups(self) -> list[PlannedGroup]:
+        """Groups given members in this decision (planned new ones and joined running ones); only kinds
+        that were read can have changed, so this does not read the others."""
+        return [g for lst in self._by_kind.values() for g in lst if g.added]
 
     def candidates(self, job: Job) -> list[PlannedGroup]:
         """Groups ``job`` could join: same base model and GPU count (start/plan order)."""
-        return self._by_kind.get((job.model, job.num_gpus), [])
+        return self._kind((job.model, job.num_gpus))
 
     def start(self, job: Job) -> PlannedGroup | None:
         """Plan a new group for ``job`` alone on free GPUs; None if it does not fit now."""
@@ -84,8 +118,11 @@ class Planner:
         if p is None:
             return None
         g = PlannedGroup(None, 0, job.model, job.num_gpus, p, [job], [job])
-        self._add(g)
+        self._kind((job.model, job.num_gpus)).append(g)
+        self._new.append(g)
+        self._groups = None
         self.version += 1
+        self._bump((job.model, job.num_gpus))
         return g
 
     def join(self, group: PlannedGroup, job: Job) -> None:
@@ -93,6 +130,7 @@ class Planner:
         group.members.append(job)
         group.added.append(job)
         self.version += 1
+        self._bump((group.model, group.n_gpus))
 
     def merge(self, src: PlannedGroup, dst: PlannedGroup) -> None:
         """Plan moving every member of running group ``src`` into ``dst`` (``src`` closes, its GPUs free)."""
@@ -103,19 +141,23 @@ class Planner:
         src.removed = list(src.members)
         src.members = []
         self.free.apply(src.placement, +1)
-        self.groups.remove(src)
         self._by_kind[(src.model, src.n_gpus)].remove(src)
+        self._groups = None
         self.removed_groups.append(src)
         self.version += 1
+        self._bump((src.model, src.n_gpus))
+        self._bump((dst.model, dst.n_gpus))
+
+    def _bump(self, kind) -> None:
+        self.kind_version[kind] = self.kind_version.get(kind, 0) + 1
 
     def actions(self) -> list[Action]:
         """The engine actions that realise the plan (removals, then starts, then joins)."""
         out: list[Action] = [RemoveMembers(g.group_id, tuple(j.index for j in g.removed))
                              for g in self.removed_groups]
-        for g in self.groups:
-            if g.group_id is None:
-                out.append(StartGroup(tuple(j.index for j in g.members), g.placement, self.plan))
-        for g in self.groups:
-            if g.group_id is not None and g.added:
-                out.append(AddMembers(g.group_id, tuple(j.index for j in g.added)))
+        for g in self._new:
+            out.append(StartGroup(tuple(j.index for j in g.members), g.placement, self.plan))
+        changed = [g for lst in self._by_kind.values() for g in lst if g.group_id is not None and g.added]
+        for g in sorted(changed, key=lambda g: g.group_id):
+            out.append(AddMembers(g.group_id, tuple(j.index for j in g.added)))
         return out

@@ -86,6 +86,10 @@ class TLoRA:
         self.timer_s = self.config.tick_s if (self.config.grouping or self.config.nano_batching) else None
         self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
         self._memo: dict[int, tuple[tuple, dict]] = {}
+        self._join_memo: dict[int, tuple[tuple, dict]] = {}
+        self._pair_memo: dict[tuple, tuple[tuple, bool]] = {}
+        self._kind_sig: dict = {}
+        self._kind_memo: dict = {}
         self._last_tick = float("-inf")
 
     # ---- predicates (pure) -------------------------------------------------------------------
@@ -163,6 +167,10 @@ class TLoRA:
         plan = Planner(snap, self.plan)
         if len(self._memo) > 2 * len(snap.groups) + 64:
             self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
+        if len(self._join_memo) > 2 * len(snap.groups) + 64:
+            self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
+        if len(self._pair_memo) > 4 * len(snap.groups) ** 2 + 256:
+            self._pair_memo = {k: v for k, v in self._pair_memo.items() if k[0] in snap.groups and k[1] in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
@@ -172,7 +180,7 @@ class TLoRA:
         self._group_queue(snap, plan, queue)
         actions = plan.actions()
         if self.config.nano_batching:
-            changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.groups if g.added}
+            changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.changed_groups()}
             actions += self._tune(snap, tick, skip=changed)
         return actions
 
@@ -225,8 +233,52 @@ class TLoRA:
 
     def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
         """The running or planned group with the most residual capacity that ``job`` may join."""
+        cands = plan.candidates(job)
+        kind = (job.model, job.num_gpus)
+        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        kv = plan.kind_version.get(kind, 0)
+        ent = self._kind_sig.get(kind)
+        if ent is None or ent[0] != (plan.serial, kv):
+            if all(g.group_id is not None and not g.added for g in cands):
+                sig = tuple((g.group_id, g.version, g.nano_batches) for g in cands)
+            else:
+                sig = None
+            ent = self._kind_sig[kind] = ((plan.serial, kv), sig)
+        sig = ent[1]
+        if sig is not None:
+            km = self._kind_memo.get(kind)
+            if km is None or km[0] != sig:
+                km = self._kind_memo[kind] = (sig, {})
+            if jkey in km[1]:
+                i = km[1][jkey]
+                return None if i is None else cands[i]
+            best = self._join_target_scan(snap, cands, job, can_start)
+            km[1][jkey] = None if best is None else cands.index(best)
+            return best
+        return self._join_target_scan(snap, cands, job, can_start)
+
+    def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
         best, best_slack = None, 0.0
-        for g in plan.candidates(job):
+        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        for g in cands:
+            if g.group_id is not None and not g.added:
+                # unchanged running group: (slack, ok) is a pure function of its version and the job's shape
+                sig = (g.version, g.nano_batches)
+                ent = self._join_memo.get(g.group_id)
+                if ent is None or ent[0] != sig:
+                    ent = (sig, {})
+                    self._join_memo[g.group_id] = ent
+                hit = ent[1].get(jkey)
+                if hit is None:
+                    step = g.step_time_s(snap, self.plan)
+                    slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
+                    ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, step)
+                                                     + (1.0 if can_start else 0.0))
+                    hit = ent[1][jkey] = (slack, ok)
+                slack, ok = hit
+                if ok and slack > best_slack:
+                    best, best_slack = g, slack
+                continue
             step = g.step_time_s(snap, self.plan)
             slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
             if slack <= 0 or slack <= best_slack:
@@ -256,17 +308,56 @@ class TLoRA:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= src.n_gpus else 0.0
             partners = [d for d in plan.candidates(src.members[0])
                         if d is not src and d.group_id is not None and len(d.members) >= len(src.members)]
-            partners.sort(key=lambda d: (tier(src, d), -len(d.members), d.group_id))
-            for dst in partners:
-                rate_dst = self.collective_rate(dst.members, dst.step_time_s(snap, self.plan))
-                if self.merge_ok(snap, dst, list(src.members), rate_src + rate_dst - freed_value):
-                    plan.merge(src, dst)
-                    break
+            # The first partner in (tier, -size, id) order whose merge is allowed: the minimum key over
+            # the allowed ones (answers memoised per pair of group versions), so no sort is needed.
+            best_key, best = None, None
+            for d in partners:
+                key = (tier(src, d), -len(d.members), d.group_id)
+                if best_key is not None and key >= best_key:
+                    continue
+                if not d.added:
+                    mk = (src.group_id, d.group_id)
+                    sig = (src.version, src.nano_batches, d.version, d.nano_batches, freed_value)
+                    hit = self._pair_memo.get(mk)
+                    if hit is not None and hit[0] == sig:
+                        ok = hit[1]
+                    else:
+                        rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
+                        ok = self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value)
+                        self._pair_memo[mk] = (sig, ok)
+                else:
+                    rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
+                    ok = self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value)
+                if ok:
+                    best_key, best = key, d
+            if best is not None:
+                plan.merge(src, best)
 
     def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in
         ``skip`` change membership in this decision and are measured next tick)."""
         out: list[Action] = []
+        if not tick and snap.changed is not None:
+            # Between ticks only membership matters: groups that did not change keep their tuner as is,
+            # so touch the changed ones and the ones changing now (the full scan below would do the same).
+            for gid in skip:
+                self._tuners.pop(gid, None)
+            for gid in snap.changed:
+                if gid in skip:
+                    continue
+                if gid not in snap.groups:
+                    self._tuners.pop(gid, None)
+                    continue
+                g = snap.groups[gid]
+                members = tuple(j.index for j in g.members)
+                ent = self._tuners.get(gid)
+                if ent is None:
+                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
+                elif ent[2] != members:
+                    ent[0].reset()
+                    ent[0].n = g.nano_batches
+                    self._tuners[gid] = (ent[0], ent[1], members)
+            return out
         live = {}
         for g in snap.groups.values():
             if g.group_id in skip:

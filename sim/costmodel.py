@@ -25,15 +25,14 @@ for the ``fused``, ``lorafusion`` and ``grouped`` plans).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 from sim.errors import InputError
 
 PLANS = ("alone", "loop", "fused", "lorafusion", "grouped")
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Member:
+class Member(NamedTuple):
     """One adapter's share of a group step.
 
     Attributes:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import simpy
 
@@ -152,6 +152,9 @@ class Engine:
         self._decision_time = 0.0
         self._groups_started = 0
         self._finished = 0
+        self._running = 0  # members of running groups
+        self._dirty: set[int] = set()  # groups started, retimed or closed since the last decision
+        self._kinds: dict[tuple[str, int], dict[int, None]] = {}  # (model, n_gpus) -> running group ids
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
         self._timer_s = getattr(policy, "timer_s", None)
         self._timer_pending = False
@@ -199,18 +202,18 @@ class Engine:
             self.env.timeout(0).callbacks.append(self._decide)
 
     # ---- policy ----------------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        """The read-only view handed to the policy."""
-        now = self.env.now
-        views = {}
-        for g in self.groups.values():
-            done = self._progress_steps(g, now)
-            views[g.gid] = GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
-                                     tuple(self.jobs[i] for i in g.members),
-                                     tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
-                                     g.step_time_s, g.paused_until_s, g.version, g.nano_batches,
-                                     g.micro_batches, g.started_s)
-        return Snapshot(now, tuple(self.queue.values()), views, self.free.copy(), self.cluster, self.cost_model)
+    def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
+        """The read-only view handed to the policy (group views built on first access)."""
+        return Snapshot(self.env.now, tuple(self.queue.values()), _LazyViews(self), self.free.copy(), self.cluster,
+                        self.cost_model, self._kinds, changed)
+
+    def _view(self, g: "_Group", now: float) -> GroupView:
+        done = self._progress_steps(g, now)
+        return GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
+                         tuple(self.jobs[i] for i in g.members),
+                         tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
+                         g.step_time_s, g.paused_until_s, g.version, g.nano_batches,
+                         g.micro_batches, g.started_s)
 
     def _decide(self, _ev=None) -> None:
         self._pending = False
@@ -219,7 +222,10 @@ class Engine:
             self._record()
             return
         t0 = time.perf_counter()
-        actions = self.policy.decide(self.snapshot())
+        snap = self.snapshot(frozenset(self._dirty))
+        self._dirty.clear()
+        actions = self.policy.decide(snap)
+        snap.groups.freeze()  # the engine changes from here on
         self._decision_time += time.perf_counter() - t0
         self._decisions += 1
         if self._chk is not None:
@@ -281,6 +287,8 @@ class Engine:
         self._groups_started += 1
         self.groups[g.gid] = g
         self._gpus_alloc += n
+        self._kinds.setdefault((g.model, g.n_gpus), {})[g.gid] = None
+        self._running += len(idx)
         if self._chk is not None:
             self._chk.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
         for i in idx:
@@ -299,6 +307,7 @@ class Engine:
         now = self.env.now
         if self._chk is not None:
             self._chk.join(g.gid, idx)
+        self._running += len(idx)
         for i in idx:
             g.members.append(i)
             g.remaining[i] = self.remaining_queued.pop(i, float(self.jobs[i].total_steps))
@@ -315,6 +324,7 @@ class Engine:
         self._settle(g)
         if self._chk is not None:
             self._chk.leave(g.gid, a.job_indices)
+        self._running -= len(a.job_indices)
         for i in a.job_indices:
             g.members.remove(i)
             self.remaining_queued[i] = g.remaining.pop(i)
@@ -364,6 +374,7 @@ class Engine:
             if self._chk is not None:
                 self._chk.finish(g.gid, i, early=self.records[i].early_exit)
             g.members.remove(i)
+            self._running -= 1
             rec = self.records[i]
             if rec.finish_s is not None:
                 self._fail(f"job {self.jobs[i].job_id} finished twice")
@@ -413,6 +424,7 @@ class Engine:
             r.max_group_size = max(r.max_group_size, size)
         self._set_rates(g, active=now >= g.paused_until_s)
         g.version += 1
+        self._dirty.add(g.gid)
         first = min(g.remaining[i] for i in g.members)
         finish = max(now, g.paused_until_s) + max(first, 0.0) * g.step_time_s
         self.env.timeout(finish - now).callbacks.append(partial(self._on_timer, g.gid, g.version))
@@ -462,7 +474,12 @@ class Engine:
         self._gpus_alloc -= g.n_gpus
         self._gpu_seconds += g.n_gpus * (self.env.now - g.started_s)
         g.version += 1
+        self._dirty.add(g.gid)
         del self.groups[g.gid]
+        kind = self._kinds[(g.model, g.n_gpus)]
+        del kind[g.gid]
+        if not kind:
+            del self._kinds[(g.model, g.n_gpus)]
         if not self.groups:  # no float drift of the running sums into an idle cluster
             self._tok_rate = self._flop_rate = 0.0
         if self._chk is not None:
@@ -470,10 +487,50 @@ class Engine:
 
     def _record(self) -> None:
         now = self.env.now
-        running = sum(len(g.members) for g in self.groups.values())
-        row = (now, running, len(self.queue), len(self.groups), self._gpus_alloc,
+        row = (now, self._running, len(self.queue), len(self.groups), self._gpus_alloc,
                max(self._tok_rate, 0.0), max(self._flop_rate, 0.0))
         if self.timeline and self.timeline[-1][0] == now:
             self.timeline[-1] = row
         elif not self.timeline or self.timeline[-1][1:] != row[1:]:
             self.timeline.append(row)
+
+
+class _LazyViews(Mapping):
+    """``Snapshot.groups`` of an engine snapshot: a group's view is built when the policy first reads it,
+    so policies that never read groups (``independent``) pay nothing per running group.
+
+    Valid while the policy decides: the engine calls ``freeze`` once ``decide`` returns; views read
+    before stay readable, any other read then raises (a policy must copy what it keeps).
+    """
+
+    __slots__ = ("_engine", "_groups", "_now", "_views")
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+        self._groups = engine.groups  # not mutated while the policy decides
+        self._now = engine.env.now
+        self._views: dict = {}
+
+    def __getitem__(self, gid: int) -> GroupView:
+        v = self._views.get(gid)
+        if v is None:
+            if self._groups is None:
+                raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+            v = self._views[gid] = self._engine._view(self._groups[gid], self._now)
+        return v
+
+    def __iter__(self):
+        if self._groups is None:
+            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups) if self._groups is not None else len(self._views)
+
+    def __contains__(self, gid) -> bool:
+        return gid in self._views or (self._groups is not None and gid in self._groups)
+
+    def freeze(self) -> None:
+        """Detach from the engine (called when ``decide`` returns)."""
+        self._groups = None
+        self._engine = None

@@ -19,6 +19,9 @@ import json
 import os
 import signal
 import tempfile
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -95,6 +98,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         with _signals_held():  # the temp file's name is recorded before any signal can interrupt
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
         write(Path(tmp))
         with _signals_held():  # renamed and forgotten together
             os.replace(tmp, path)

@@ -66,6 +66,10 @@ class Snapshot:
         free: free GPUs per node (take a ``.copy()`` to plan several starts in one decision).
         cluster: the cluster.
         cost_model: the cost model, for predictions.
+        kinds: optional index (model, n_gpus) -> ids of the running groups of that kind, in start
+            order (engine snapshots set it; valid while the policy decides).
+        changed: ids of the groups started, changed or closed since the previous decision (engine
+            snapshots set it; None = unknown), so a policy may keep state and touch only those.
     """
 
     now_s: float
@@ -74,6 +78,8 @@ class Snapshot:
     free: FreeGpus
     cluster: ClusterSpec
     cost_model: CostModel
+    kinds: Mapping[tuple[str, int], Mapping[int, None]] | None = None
+    changed: frozenset[int] | None = None
 
     def step_time_s(self, model: str, members: Sequence[Member], n_gpus: int, plan: str,
                     nano_batches: int = 1, micro_batches: int = 1) -> float:
