@@ -112,6 +112,10 @@ class Planner:
         """Groups ``job`` could join: same base model and GPU count (start/plan order)."""
         return self._kind((job.model, job.num_gpus))
 
+    def of_kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
+        """Groups of base model and GPU count ``kind`` (start/plan order)."""
+        return self._kind(kind)
+
     def start(self, job: Job) -> PlannedGroup | None:
         """Plan a new group for ``job`` alone on free GPUs; None if it does not fit now."""
         p = self.free.take(job.num_gpus)

@@ -87,7 +87,12 @@ class TLoRA:
         self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
-        self._pair_memo: dict[tuple, tuple[tuple, bool]] = {}
+        # consolidation's change tracking (``_note_changes``)
+        self._stamp = 0
+        self._recent: dict[tuple[str, int], dict[int, int]] = {}  # kind -> {group id: stamp of last change}
+        self._kind_of: dict[int, tuple[str, int]] = {}
+        self._checked: dict[int, tuple[float, int]] = {}  # group id -> (freed value, stamp) when last refused
+        self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
         self._kind_sig: dict = {}
         self._kind_memo: dict = {}
         self._last_tick = float("-inf")
@@ -107,7 +112,8 @@ class TLoRA:
         """Whether ``extra`` may join ``g``: size, every bound, memory, and throughput above ``apart_rate``.
 
         Cheap tests first: a group's step time only grows as members join, so a group already at
-        the tightest bound of its members or of the newcomers cannot take them.
+        the tightest bound of its members or of the newcomers cannot take them; memory is checked
+        only for a step time within the bound.
         """
         members = g.members + extra
         if len(members) > self.config.max_group_size:
@@ -116,14 +122,16 @@ class TLoRA:
                     min(j.max_slowdown * j.isolated_step_time_s for j in extra))
         if g.step_time_s(snap, self.plan) >= bound:
             return False
-        step, fits = self._merged(snap, g, extra)
+        step, fits = self._merged(snap, g, extra, bound)
         if step > bound * (1 + 1e-12) or not fits:
             return False
         return self.collective_rate(members, step) > apart_rate + self.config.min_gain
 
-    def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job]) -> tuple[float, bool]:
+    def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
+                bound_s: float = float("inf")) -> tuple[float, bool]:
         """(step time, fits in memory) of ``g`` plus ``extra``; memoised per running group version
-        (the cost model is pure, so the memo never changes an answer)."""
+        (the cost model is pure, so the memo never changes an answer). Memory is predicted only
+        when the step time is within ``bound_s`` (else ``fits`` is reported False unpredicted)."""
         memo = None
         key = tuple(j.member for j in extra)
         if g.group_id is not None and not g.added:
@@ -132,14 +140,14 @@ class TLoRA:
                 memo = {}
                 self._memo[g.group_id] = ((g.version, g.nano_batches), memo)
             hit = memo.get(key)
-            if hit is not None:
-                return hit
+            if hit is not None and (hit[1] is not None or hit[0] > bound_s * (1 + 1e-12)):
+                return hit[0], bool(hit[1])
         members = [j.member for j in g.members] + list(key)
-        out = (snap.step_time_s(g.model, members, g.n_gpus, self.plan, g.nano_batches),
-               snap.fits_memory(g.model, members, g.n_gpus, self.plan))
+        step = snap.step_time_s(g.model, members, g.n_gpus, self.plan, g.nano_batches)
+        fits = snap.fits_memory(g.model, members, g.n_gpus, self.plan) if step <= bound_s * (1 + 1e-12) else None
         if memo is not None:
-            memo[key] = out
-        return out
+            memo[key] = (step, fits)
+        return step, bool(fits)
 
     def binary_cut(self, snap: Snapshot, g: PlannedGroup, cands: list[Job], base_rate: float,
                    can_start: dict[int, bool]) -> int:
@@ -169,14 +177,13 @@ class TLoRA:
             self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
         if len(self._join_memo) > 2 * len(snap.groups) + 64:
             self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
-        if len(self._pair_memo) > 4 * len(snap.groups) ** 2 + 256:
-            self._pair_memo = {k: v for k, v in self._pair_memo.items() if k[0] in snap.groups and k[1] in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
+        incremental = self._note_changes(snap)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
             self._last_tick = snap.now_s
             if self.config.grouping and self.config.consolidate:
-                self._consolidate(snap, plan, queue)
+                self._consolidate(snap, plan, queue, incremental)
         self._group_queue(snap, plan, queue)
         actions = plan.actions()
         if self.config.nano_batching:
@@ -288,9 +295,43 @@ class TLoRA:
                 best, best_slack = g, slack
         return best
 
-    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
+    def _note_changes(self, snap: Snapshot) -> bool:
+        """Record which running groups changed since the previous decision (``Snapshot.changed``),
+        per kind, in the order they changed. Returns False when the snapshot cannot say (then
+        consolidation examines every pair)."""
+        self._stamp += 1
+        if snap.changed is None or snap.kinds is None:
+            self._recent.clear()
+            self._kind_of.clear()
+            self._checked.clear()
+            return False
+        for gid in snap.changed:
+            if gid in snap.groups:
+                kind = self._kind_of.get(gid)
+                if kind is None:
+                    g = snap.groups[gid]
+                    kind = self._kind_of[gid] = (g.model, g.n_gpus)
+                rec = self._recent.setdefault(kind, {})
+                rec.pop(gid, None)
+                rec[gid] = self._stamp
+            else:
+                kind = self._kind_of.pop(gid, None)
+                self._checked.pop(gid, None)
+                if kind is not None:
+                    self._recent[kind].pop(gid, None)
+        return True
+
+    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job], incremental: bool) -> None:
         """Merge running groups pairwise; each group tries partners on its node, then its rack,
-        then the cluster (smaller groups move into larger ones)."""
+        then the cluster (smaller groups move into larger ones).
+
+        Groups go in (size, id) order; each moves into the first partner in (tier, -size, id)
+        order that ``merge_ok`` allows. A pair that was refused stays refused while neither group
+        changes (``merge_ok`` is a pure function of the two groups and of whether the freed GPUs
+        could serve the queue), so with ``incremental`` a group examines only the partners that
+        changed since it was last refused everywhere, and a kind where nothing changed is skipped
+        without reading its groups: the same merges as examining every pair, in O(changes) work.
+        """
         cluster = snap.cluster
 
         def tier(a: PlannedGroup, b: PlannedGroup) -> int:
@@ -298,40 +339,59 @@ class TLoRA:
             return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
 
         smallest_wait = min((j.num_gpus for j in queue), default=None)
-        groups = sorted((g for g in plan.groups if g.group_id is not None and not g.added),
-                        key=lambda g: (len(g.members), g.group_id))
-        for src in groups:
-            if src not in plan.groups or src.added or not src.members:
-                continue
-            src_step = src.step_time_s(snap, self.plan)
-            rate_src = self.collective_rate(src.members, src_step)
-            freed_value = 1.0 if smallest_wait is not None and smallest_wait <= src.n_gpus else 0.0
-            partners = [d for d in plan.candidates(src.members[0])
-                        if d is not src and d.group_id is not None and len(d.members) >= len(src.members)]
-            # The first partner in (tier, -size, id) order whose merge is allowed: the minimum key over
-            # the allowed ones (answers memoised per pair of group versions), so no sort is needed.
-            best_key, best = None, None
-            for d in partners:
-                key = (tier(src, d), -len(d.members), d.group_id)
-                if best_key is not None and key >= best_key:
+        kinds = list(snap.kinds) if incremental else sorted({(g.model, g.n_gpus) for g in plan.groups})
+        for kind in kinds:
+            freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
+            recent = self._recent.get(kind, {})
+            last = next(reversed(recent.values()), -1) if recent else -1
+            if incremental:
+                done = self._kind_checked.get(kind)
+                if done is not None and done == (freed_value, last):
+                    continue  # every pair of this kind was refused and none changed since
+            groups = sorted((g for g in plan.of_kind(kind) if g.group_id is not None and not g.added),
+                            key=lambda g: (len(g.members), g.group_id))
+            by_gid = {g.group_id: g for g in groups}
+            merged_into: list[PlannedGroup] = []
+            for src in groups:
+                if src.added or not src.members:
                     continue
-                if not d.added:
-                    mk = (src.group_id, d.group_id)
-                    sig = (src.version, src.nano_batches, d.version, d.nano_batches, freed_value)
-                    hit = self._pair_memo.get(mk)
-                    if hit is not None and hit[0] == sig:
-                        ok = hit[1]
-                    else:
-                        rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
-                        ok = self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value)
-                        self._pair_memo[mk] = (sig, ok)
+                chk = self._checked.get(src.group_id) if incremental else None
+                if chk is not None and chk[0] == freed_value and recent.get(src.group_id, -1) <= chk[1]:
+                    since = chk[1]
+                    partners = []
+                    for gid, st in reversed(recent.items()):
+                        if st <= since:
+                            break
+                        d = by_gid.get(gid)
+                        if d is not None:
+                            partners.append(d)
+                    partners += [d for d in merged_into if d not in partners]
                 else:
-                    rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
-                    ok = self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value)
-                if ok:
-                    best_key, best = key, d
-            if best is not None:
-                plan.merge(src, best)
+                    partners = plan.of_kind(kind)
+                n_src = len(src.members)
+                # merge_ok's cheap tests first: size, and a partner already at the tightest bound
+                bound_src = src.slowdown_bound_s(snap, self.plan)
+                partners = [d for d in partners if d is not src and d.group_id is not None and d.members
+                            and n_src <= len(d.members) <= self.config.max_group_size - n_src
+                            and d.step_time_s(snap, self.plan) < min(bound_src, d.slowdown_bound_s(snap, self.plan))]
+                partners.sort(key=lambda d: (tier(src, d), -len(d.members), d.group_id))
+                best = None
+                if partners:
+                    rate_src = self.collective_rate(src.members, src.step_time_s(snap, self.plan))
+                    for d in partners:
+                        rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
+                        if self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value):
+                            best = d
+                            break
+                if best is not None:
+                    plan.merge(src, best)
+                    merged_into.append(best)
+                elif incremental:
+                    self._checked[src.group_id] = (freed_value, self._stamp)
+            if incremental and not merged_into:
+                self._kind_checked[kind] = (freed_value, last)
+        # the removals in the (size, id) order of a scan over every group (engine event order)
+        plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
 
     def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in

@@ -379,6 +379,7 @@ class Prediction:
 
 
 _ARTS: dict[str, dict] = {}
+_MEMO_MAX = 1 << 18  # entries of each per-instance answer memo
 _STATS: dict[str, dict] = {}
 
 
@@ -407,6 +408,10 @@ class ProfiledCostModel:
         self.artifact = art
         self.gpu = art["gpu"]
         self.roofline = rf.RooflineCostModel()
+        # answers by the arguments as given (no validation, no sort): policies ask the same
+        # questions many times; bounded, and pure, so it never changes an answer
+        self._step_memo: dict = {}
+        self._mem_memo: dict = {}
 
     def __getstate__(self):
         return {"artifact": self.artifact, "checkpointing": self.checkpointing}
@@ -436,7 +441,14 @@ class ProfiledCostModel:
             InputError: unknown model, GPU or plan.
             ValueError: nano_batches or micro_batches below 1, or no members.
         """
-        return self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).step_time_s
+        key = (model, gpu, tuple(members), n_gpus, plan, nano_batches, micro_batches)
+        t = self._step_memo.get(key)
+        if t is None:
+            t = self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).step_time_s
+            if len(self._step_memo) >= _MEMO_MAX:
+                self._step_memo.clear()
+            self._step_memo[key] = t
+        return t
 
     def predict(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                 nano_batches: int = 1, micro_batches: int = 1) -> Prediction:
@@ -453,11 +465,19 @@ class ProfiledCostModel:
     def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                      micro_batches: int = 1) -> float:
         """Peak memory per GPU (bytes); see the module docstring."""
+        key = (model, gpu, tuple(members), n_gpus, plan, micro_batches)
+        b = self._mem_memo.get(key)
+        if b is not None:
+            return b
         if micro_batches < 1 or not members or n_gpus < 1:
             raise ValueError("need members, n_gpus >= 1 and micro_batches >= 1")
         get_model(model)
-        return _memory(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
-                       int(micro_batches), self.checkpointing)
+        b = _memory(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+                    int(micro_batches), self.checkpointing)
+        if len(self._mem_memo) >= _MEMO_MAX:
+            self._mem_memo.clear()
+        self._mem_memo[key] = b
+        return b
 
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (analytic, as the roofline) (FLOP)."""
