@@ -7,6 +7,7 @@ membership consistent while they do, then emits the engine actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from sim.jobs import Job
 from sim.placement import Placement
@@ -60,9 +61,13 @@ class Planner:
 
     _serial = 0
 
-    def __init__(self, snap: Snapshot, plan: str) -> None:
+    def __init__(self, snap: Snapshot, plan: str, judged: Mapping[int, tuple[int, int]] | None = None) -> None:
+        """``judged``: optional group id -> (version, nano-batch count) to plan running groups with,
+        instead of the engine's (a policy that judges groups at tuned counts and versions its own
+        memos by membership)."""
         self.snap = snap
         self.plan = plan
+        self._judged = judged
         self.free = snap.free.copy()
         self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
         self._new: list[PlannedGroup] = []  # groups planned in this decision, in creation order
@@ -74,22 +79,33 @@ class Planner:
         self.removed_groups: list[PlannedGroup] = []
         # With the engine's kind index, running groups are read (and copied) only for the kinds asked about.
         self._kinds = snap.kinds
+        self._copies: dict[int, PlannedGroup] = {}
+        self._joined: dict[int, PlannedGroup] = {}  # running groups given members in this decision
         if self._kinds is None:
             for g in snap.groups.values():
-                self._by_kind.setdefault((g.model, g.n_gpus), []).append(self._copy(g))
+                self._by_kind.setdefault((g.model, g.n_gpus), []).append(self.group(g.group_id))
 
-    @staticmethod
-    def _copy(g) -> PlannedGroup:
-        return PlannedGroup(g.group_id, g.version, g.model, g.n_gpus, g.placement, list(g.members),
-                            nano_batches=g.nano_batches)
+    def _copy(self, g) -> PlannedGroup:
+        version, nano = g.version, g.nano_batches
+        if self._judged is not None:
+            version, nano = self._judged.get(g.group_id, (version, nano))
+        return PlannedGroup(g.group_id, version, g.model, g.n_gpus, g.placement, list(g.members),
+                            nano_batches=nano)
 
     def _kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
         lst = self._by_kind.get(kind)
         if lst is None:
-            views = self.snap.groups
-            lst = [self._copy(views[gid]) for gid in self._kinds.get(kind, ())] if self._kinds is not None else []
+            lst = [self.group(gid) for gid in self._kinds.get(kind, ())] if self._kinds is not None else []
             self._by_kind[kind] = lst
         return lst
+
+    def group(self, gid: int) -> PlannedGroup:
+        """The planned copy of running group ``gid``, made on first use (the object ``candidates``
+        lists, so changes planned on either are one)."""
+        g = self._copies.get(gid)
+        if g is None:
+            g = self._copies[gid] = self._copy(self.snap.groups[gid])
+        return g
 
     @property
     def groups(self) -> list[PlannedGroup]:
@@ -104,9 +120,8 @@ class Planner:
         return self._groups
 
     def changed_groups(self) -> list[PlannedGroup]:
-        """Groups given members in this decision (planned new ones and joined running ones); only kinds
-        that were read can have changed, so this does not read the others."""
-        return [g for lst in self._by_kind.values() for g in lst if g.added]
+        """Groups given members in this decision (planned new ones and joined running ones)."""
+        return [g for g in self._new if g.added] + [g for g in self._joined.values() if g.added]
 
     def candidates(self, job: Job) -> list[PlannedGroup]:
         """Groups ``job`` could join: same base model and GPU count (start/plan order)."""
@@ -133,6 +148,8 @@ class Planner:
         """Plan ``job`` into ``group``."""
         group.members.append(job)
         group.added.append(job)
+        if group.group_id is not None:
+            self._joined[group.group_id] = group
         self.version += 1
         self._bump((group.model, group.n_gpus))
 
@@ -142,6 +159,8 @@ class Planner:
             raise ValueError("only unchanged running groups can be merged away")
         dst.members.extend(src.members)
         dst.added.extend(src.members)
+        if dst.group_id is not None:
+            self._joined[dst.group_id] = dst
         src.removed = list(src.members)
         src.members = []
         self.free.apply(src.placement, +1)
@@ -161,7 +180,6 @@ class Planner:
                              for g in self.removed_groups]
         for g in self._new:
             out.append(StartGroup(tuple(j.index for j in g.members), g.placement, self.plan))
-        changed = [g for lst in self._by_kind.values() for g in lst if g.group_id is not None and g.added]
-        for g in sorted(changed, key=lambda g: g.group_id):
+        for g in sorted(self._joined.values(), key=lambda g: g.group_id):
             out.append(AddMembers(g.group_id, tuple(j.index for j in g.added)))
         return out

@@ -89,12 +89,13 @@ class TLoRA:
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
+        self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, judged nano)
+        self._judged: dict[int, tuple[int, int]] = {}  # group id -> (membership version, judged nano)
+        self._retuned: set[int] = set()  # groups whose tuner's best count moved in the last decision
         self._recent: dict[tuple[str, int], dict[int, int]] = {}  # kind -> {group id: stamp of last change}
         self._kind_of: dict[int, tuple[str, int]] = {}
         self._checked: dict[int, tuple[float, int]] = {}  # group id -> (freed value, stamp) when last refused
         self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
-        self._kind_sig: dict = {}
-        self._kind_memo: dict = {}
         self._last_tick = float("-inf")
 
     # ---- predicates (pure) -------------------------------------------------------------------
@@ -172,18 +173,18 @@ class TLoRA:
     # ---- decision ------------------------------------------------------------------------------
     def decide(self, snap: Snapshot) -> list[Action]:
         """Order, group from the head, consolidate and tune nano-batches (see module docstring)."""
-        plan = Planner(snap, self.plan)
+        self._note_changes(snap)
+        plan = Planner(snap, self.plan, self._judged)
         if len(self._memo) > 2 * len(snap.groups) + 64:
             self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
         if len(self._join_memo) > 2 * len(snap.groups) + 64:
             self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
-        incremental = self._note_changes(snap)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
             self._last_tick = snap.now_s
             if self.config.grouping and self.config.consolidate:
-                self._consolidate(snap, plan, queue, incremental)
+                self._consolidate(snap, plan, queue)
         self._group_queue(snap, plan, queue)
         actions = plan.actions()
         if self.config.nano_batching:
@@ -239,30 +240,35 @@ class TLoRA:
                     placed.add(j.index)
 
     def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
-        """The running or planned group with the most residual capacity that ``job`` may join."""
-        cands = plan.candidates(job)
+        """The running or planned group with the most residual capacity that ``job`` may join
+        (ties: the earliest started). While nothing of the job's kind is planned in this decision,
+        each running group's answer for the job's shape is memoised per group as grouping sees it
+        (``_note_changes``), so only groups changed since are predicted again, and only those are
+        read from the snapshot."""
         kind = (job.model, job.num_gpus)
+        if plan.kind_version.get(kind, 0) or snap.kinds is None:
+            return self._join_target_scan(snap, plan.candidates(job), job, can_start)
         jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
-        kv = plan.kind_version.get(kind, 0)
-        ent = self._kind_sig.get(kind)
-        if ent is None or ent[0] != (plan.serial, kv):
-            if all(g.group_id is not None and not g.added for g in cands):
-                sig = tuple((g.group_id, g.version, g.nano_batches) for g in cands)
-            else:
-                sig = None
-            ent = self._kind_sig[kind] = ((plan.serial, kv), sig)
-        sig = ent[1]
-        if sig is not None:
-            km = self._kind_memo.get(kind)
-            if km is None or km[0] != sig:
-                km = self._kind_memo[kind] = (sig, {})
-            if jkey in km[1]:
-                i = km[1][jkey]
-                return None if i is None else cands[i]
-            best = self._join_target_scan(snap, cands, job, can_start)
-            km[1][jkey] = None if best is None else cands.index(best)
-            return best
-        return self._join_target_scan(snap, cands, job, can_start)
+        best, best_slack = None, 0.0
+        for gid in snap.kinds.get(kind, ()):
+            sig = self._judged.get(gid)
+            ent = self._join_memo.get(gid)
+            if ent is None or ent[0] != sig:
+                ent = self._join_memo[gid] = (sig, {})
+            hit = ent[1].get(jkey)
+            if hit is None:
+                hit = ent[1][jkey] = self._join_answer(snap, plan.group(gid), job, can_start)
+            if hit[1] and hit[0] > best_slack:
+                best, best_slack = gid, hit[0]
+        return None if best is None else plan.group(best)
+
+    def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
+        """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
+        step = g.step_time_s(snap, self.plan)
+        slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
+        ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, step)
+                                         + (1.0 if can_start else 0.0))
+        return slack, ok
 
     def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
         best, best_slack = None, 0.0
@@ -273,15 +279,10 @@ class TLoRA:
                 sig = (g.version, g.nano_batches)
                 ent = self._join_memo.get(g.group_id)
                 if ent is None or ent[0] != sig:
-                    ent = (sig, {})
-                    self._join_memo[g.group_id] = ent
+                    ent = self._join_memo[g.group_id] = (sig, {})
                 hit = ent[1].get(jkey)
                 if hit is None:
-                    step = g.step_time_s(snap, self.plan)
-                    slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
-                    ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, step)
-                                                     + (1.0 if can_start else 0.0))
-                    hit = ent[1][jkey] = (slack, ok)
+                    hit = ent[1][jkey] = self._join_answer(snap, g, job, can_start)
                 slack, ok = hit
                 if ok and slack > best_slack:
                     best, best_slack = g, slack
@@ -295,42 +296,56 @@ class TLoRA:
                 best, best_slack = g, slack
         return best
 
-    def _note_changes(self, snap: Snapshot) -> bool:
-        """Record which running groups changed since the previous decision (``Snapshot.changed``),
-        per kind, in the order they changed. Returns False when the snapshot cannot say (then
-        consolidation examines every pair)."""
+    def _note_changes(self, snap: Snapshot) -> None:
+        """Record which running groups changed *as grouping sees them* since the previous decision:
+        their members, or the nano-batch count they are judged at (the tuner's best, ``_judged_nano``).
+        A nano-batch probe alone changes neither. Changes are kept per kind, in the order they
+        happened (a stamp per decision), for ``_consolidate``; with no ``Snapshot.changed`` every
+        group is looked at."""
         self._stamp += 1
-        if snap.changed is None or snap.kinds is None:
-            self._recent.clear()
-            self._kind_of.clear()
-            self._checked.clear()
-            return False
-        for gid in snap.changed:
-            if gid in snap.groups:
-                kind = self._kind_of.get(gid)
-                if kind is None:
-                    g = snap.groups[gid]
-                    kind = self._kind_of[gid] = (g.model, g.n_gpus)
-                rec = self._recent.setdefault(kind, {})
-                rec.pop(gid, None)
-                rec[gid] = self._stamp
-            else:
+        changed = set(snap.changed) if snap.changed is not None else set(snap.groups) | set(self._sig)
+        changed |= self._retuned
+        self._retuned = set()
+        for gid in changed:
+            if gid not in snap.groups:
                 kind = self._kind_of.pop(gid, None)
                 self._checked.pop(gid, None)
+                self._sig.pop(gid, None)
+                self._judged.pop(gid, None)
                 if kind is not None:
                     self._recent[kind].pop(gid, None)
-        return True
+                continue
+            g = snap.groups[gid]
+            kind = self._kind_of.setdefault(gid, (g.model, g.n_gpus))
+            members = tuple(j.index for j in g.members)
+            nano = self._judged_nano(gid, g.nano_batches)
+            old = self._sig.get(gid)
+            if old is not None and old[0] == members and old[2] == nano:
+                continue
+            version = 0 if old is None else old[1] + (old[0] != members)
+            self._sig[gid] = (members, version, nano)
+            self._judged[gid] = (version, nano)
+            rec = self._recent.setdefault(kind, {})
+            rec.pop(gid, None)
+            rec[gid] = self._stamp
 
-    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job], incremental: bool) -> None:
+    def _judged_nano(self, gid: int, current: int) -> int:
+        """The nano-batch count grouping judges a group at: the best its tuner has measured
+        (probes are transient), else the count it runs."""
+        ent = self._tuners.get(gid)
+        return ent[0].best_n if ent is not None and self.config.nano_batching else current
+
+    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
         """Merge running groups pairwise; each group tries partners on its node, then its rack,
         then the cluster (smaller groups move into larger ones).
 
         Groups go in (size, id) order; each moves into the first partner in (tier, -size, id)
         order that ``merge_ok`` allows. A pair that was refused stays refused while neither group
-        changes (``merge_ok`` is a pure function of the two groups and of whether the freed GPUs
-        could serve the queue), so with ``incremental`` a group examines only the partners that
-        changed since it was last refused everywhere, and a kind where nothing changed is skipped
-        without reading its groups: the same merges as examining every pair, in O(changes) work.
+        changes as grouping sees it (members, judged nano-batch count: ``_note_changes``), since
+        ``merge_ok`` is a pure function of the two groups and of whether the freed GPUs could serve
+        the queue; so a group examines only the partners that changed since it was last refused
+        everywhere, and a kind where nothing changed is skipped without reading its groups: the
+        same merges as examining every pair, in O(changes) work.
         """
         cluster = snap.cluster
 
@@ -339,15 +354,12 @@ class TLoRA:
             return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
 
         smallest_wait = min((j.num_gpus for j in queue), default=None)
-        kinds = list(snap.kinds) if incremental else sorted({(g.model, g.n_gpus) for g in plan.groups})
-        for kind in kinds:
+        for kind in [k for k, rec in self._recent.items() if rec]:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
             recent = self._recent.get(kind, {})
             last = next(reversed(recent.values()), -1) if recent else -1
-            if incremental:
-                done = self._kind_checked.get(kind)
-                if done is not None and done == (freed_value, last):
-                    continue  # every pair of this kind was refused and none changed since
+            if self._kind_checked.get(kind) == (freed_value, last):
+                continue  # every pair of this kind was refused and none changed since
             groups = sorted((g for g in plan.of_kind(kind) if g.group_id is not None and not g.added),
                             key=lambda g: (len(g.members), g.group_id))
             by_gid = {g.group_id: g for g in groups}
@@ -355,7 +367,7 @@ class TLoRA:
             for src in groups:
                 if src.added or not src.members:
                     continue
-                chk = self._checked.get(src.group_id) if incremental else None
+                chk = self._checked.get(src.group_id)
                 if chk is not None and chk[0] == freed_value and recent.get(src.group_id, -1) <= chk[1]:
                     since = chk[1]
                     partners = []
@@ -386,9 +398,9 @@ class TLoRA:
                 if best is not None:
                     plan.merge(src, best)
                     merged_into.append(best)
-                elif incremental:
+                else:
                     self._checked[src.group_id] = (freed_value, self._stamp)
-            if incremental and not merged_into:
+            if not merged_into:
                 self._kind_checked[kind] = (freed_value, last)
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
@@ -412,7 +424,7 @@ class TLoRA:
                 members = tuple(j.index for j in g.members)
                 ent = self._tuners.get(gid)
                 if ent is None:
-                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
+                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches, best_n=g.nano_batches), -1.0, members)
                 elif ent[2] != members:
                     ent[0].reset()
                     ent[0].n = g.nano_batches
@@ -423,12 +435,16 @@ class TLoRA:
             if g.group_id in skip:
                 continue
             members = tuple(j.index for j in g.members)
-            tuner, last, seen_members = self._tuners.get(g.group_id, (NanoBatchTuner(n=g.nano_batches), -1.0, members))
+            tuner, last, seen_members = self._tuners.get(
+                g.group_id, (NanoBatchTuner(n=g.nano_batches, best_n=g.nano_batches), -1.0, members))
             if seen_members != members:
                 tuner.reset()
                 tuner.n = g.nano_batches
             if tick and g.paused_until_s <= snap.now_s:
+                best = tuner.best_n
                 nxt = tuner.observe(g.step_time_s)
+                if tuner.best_n != best:
+                    self._retuned.add(g.group_id)
                 if nxt != g.nano_batches:
                     out.append(SetExecution(g.group_id, nano_batches=nxt, micro_batches=g.micro_batches))
                 last = snap.now_s
