@@ -61,13 +61,13 @@ class Planner:
 
     _serial = 0
 
-    def __init__(self, snap: Snapshot, plan: str, judged: Mapping[int, tuple[int, int]] | None = None) -> None:
-        """``judged``: optional group id -> (version, nano-batch count) to plan running groups with,
-        instead of the engine's (a policy that judges groups at tuned counts and versions its own
-        memos by membership)."""
+    def __init__(self, snap: Snapshot, plan: str, protos: Mapping[int, PlannedGroup] | None = None) -> None:
+        """``protos``: optional group id -> the policy's own picture of a running group (version,
+        judged nano-batch count, cached step time); planned copies are cloned from it instead of
+        read from the snapshot. It must agree with the snapshot on members, model and placement."""
         self.snap = snap
         self.plan = plan
-        self._judged = judged
+        self._protos = protos
         self.free = snap.free.copy()
         self._by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
         self._new: list[PlannedGroup] = []  # groups planned in this decision, in creation order
@@ -81,30 +81,45 @@ class Planner:
         self._kinds = snap.kinds
         self._copies: dict[int, PlannedGroup] = {}
         self._joined: dict[int, PlannedGroup] = {}  # running groups given members in this decision
+        self._new_by_kind: dict[tuple[str, int], list[PlannedGroup]] = {}
+        self._removed_ids: set[int] = set()
         if self._kinds is None:
             for g in snap.groups.values():
                 self._by_kind.setdefault((g.model, g.n_gpus), []).append(self.group(g.group_id))
 
-    def _copy(self, g) -> PlannedGroup:
-        version, nano = g.version, g.nano_batches
-        if self._judged is not None:
-            version, nano = self._judged.get(g.group_id, (version, nano))
-        return PlannedGroup(g.group_id, version, g.model, g.n_gpus, g.placement, list(g.members),
-                            nano_batches=nano)
+    def _copy(self, gid: int) -> PlannedGroup:
+        g = self._protos.get(gid) if self._protos is not None else None
+        if g is None:
+            g = self.snap.groups[gid]
+        return PlannedGroup(gid, g.version, g.model, g.n_gpus, g.placement, list(g.members),
+                            nano_batches=g.nano_batches, _cached=getattr(g, "_cached", ()))
 
     def _kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
         lst = self._by_kind.get(kind)
         if lst is None:
             lst = [self.group(gid) for gid in self._kinds.get(kind, ())] if self._kinds is not None else []
+            lst += self._new_by_kind.get(kind, [])
             self._by_kind[kind] = lst
         return lst
+
+    def new_of_kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
+        """Groups of ``kind`` planned in this decision (creation order)."""
+        return self._new_by_kind.get(kind, [])
+
+    def joined(self, gid: int) -> bool:
+        """Whether running group ``gid`` was given members in this decision."""
+        return gid in self._joined
+
+    def removed(self, gid: int) -> bool:
+        """Whether running group ``gid`` was merged away in this decision."""
+        return gid in self._removed_ids
 
     def group(self, gid: int) -> PlannedGroup:
         """The planned copy of running group ``gid``, made on first use (the object ``candidates``
         lists, so changes planned on either are one)."""
         g = self._copies.get(gid)
         if g is None:
-            g = self._copies[gid] = self._copy(self.snap.groups[gid])
+            g = self._copies[gid] = self._copy(gid)
         return g
 
     @property
@@ -137,7 +152,10 @@ class Planner:
         if p is None:
             return None
         g = PlannedGroup(None, 0, job.model, job.num_gpus, p, [job], [job])
-        self._kind((job.model, job.num_gpus)).append(g)
+        kind = (job.model, job.num_gpus)
+        self._new_by_kind.setdefault(kind, []).append(g)
+        if kind in self._by_kind:
+            self._by_kind[kind].append(g)
         self._new.append(g)
         self._groups = None
         self.version += 1
@@ -164,9 +182,10 @@ class Planner:
         src.removed = list(src.members)
         src.members = []
         self.free.apply(src.placement, +1)
-        self._by_kind[(src.model, src.n_gpus)].remove(src)
+        self._kind((src.model, src.n_gpus)).remove(src)
         self._groups = None
         self.removed_groups.append(src)
+        self._removed_ids.add(src.group_id)
         self.version += 1
         self._bump((src.model, src.n_gpus))
         self._bump((dst.model, dst.n_gpus))

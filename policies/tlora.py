@@ -87,11 +87,17 @@ class TLoRA:
         self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
+        self._scan_memo: dict[int, tuple[tuple, dict]] = {}
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
         self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, judged nano)
-        self._judged: dict[int, tuple[int, int]] = {}  # group id -> (membership version, judged nano)
+        # group id -> the group as grouping judges it: membership version, judged nano-batch count,
+        # cached step time and bound (``Planner`` clones its copies from these)
+        self._protos: dict[int, PlannedGroup] = {}
         self._retuned: set[int] = set()  # groups whose tuner's best count moved in the last decision
+        # group id -> (member indices, step time, nano-batches, micro-batches, paused until), as of
+        # its last change: what the tuner reads each tick without re-reading unchanged groups
+        self._live: dict[int, tuple] = {}
         self._recent: dict[tuple[str, int], dict[int, int]] = {}  # kind -> {group id: stamp of last change}
         self._kind_of: dict[int, tuple[str, int]] = {}
         self._checked: dict[int, tuple[float, int]] = {}  # group id -> (freed value, stamp) when last refused
@@ -174,11 +180,13 @@ class TLoRA:
     def decide(self, snap: Snapshot) -> list[Action]:
         """Order, group from the head, consolidate and tune nano-batches (see module docstring)."""
         self._note_changes(snap)
-        plan = Planner(snap, self.plan, self._judged)
+        plan = Planner(snap, self.plan, self._protos)
         if len(self._memo) > 2 * len(snap.groups) + 64:
             self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
         if len(self._join_memo) > 2 * len(snap.groups) + 64:
             self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
+        if len(self._scan_memo) > 2 * len(snap.groups) + 64:
+            self._scan_memo = {gid: m for gid, m in self._scan_memo.items() if gid in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
@@ -241,26 +249,50 @@ class TLoRA:
 
     def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
         """The running or planned group with the most residual capacity that ``job`` may join
-        (ties: the earliest started). While nothing of the job's kind is planned in this decision,
-        each running group's answer for the job's shape is memoised per group as grouping sees it
-        (``_note_changes``), so only groups changed since are predicted again, and only those are
-        read from the snapshot."""
-        kind = (job.model, job.num_gpus)
-        if plan.kind_version.get(kind, 0) or snap.kinds is None:
+        (ties: the earliest in start/plan order). Groups are tried in order of residual capacity
+        left for the job (from each group's cached step time and bound), so ``merge_ok`` runs only
+        until the first that accepts; a running group unchanged in this decision keeps its answer
+        for the job's shape (memoised per group as grouping sees it, ``_note_changes``)."""
+        if snap.kinds is None:
             return self._join_target_scan(snap, plan.candidates(job), job, can_start)
+        kind = (job.model, job.num_gpus)
+        bound_job = job.max_slowdown * job.isolated_step_time_s
+        order = []
+        pos = 0
+        for pos, gid in enumerate(snap.kinds.get(kind, ())):
+            if plan.removed(gid):
+                continue
+            proto = None if plan.joined(gid) else self._protos.get(gid)
+            if proto is not None:
+                _, step, bound = proto._cached
+            else:
+                g = plan.group(gid)
+                step, bound = g.step_time_s(snap, self.plan), g.slowdown_bound_s(snap, self.plan)
+            slack = min(bound, bound_job) - step
+            if slack > 0:
+                order.append((-slack, pos, gid, proto))
+        for i, g in enumerate(plan.new_of_kind(kind), start=pos + 1):
+            slack = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+            if slack > 0:
+                order.append((-slack, i, g, None))
+        order.sort(key=lambda t: (t[0], t[1]))
         jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
-        best, best_slack = None, 0.0
-        for gid in snap.kinds.get(kind, ()):
-            sig = self._judged.get(gid)
-            ent = self._join_memo.get(gid)
-            if ent is None or ent[0] != sig:
-                ent = self._join_memo[gid] = (sig, {})
-            hit = ent[1].get(jkey)
-            if hit is None:
-                hit = ent[1][jkey] = self._join_answer(snap, plan.group(gid), job, can_start)
-            if hit[1] and hit[0] > best_slack:
-                best, best_slack = gid, hit[0]
-        return None if best is None else plan.group(best)
+        for _, _, x, proto in order:
+            g = x if isinstance(x, PlannedGroup) else plan.group(x)
+            if proto is not None:
+                sig = (proto.version, proto.nano_batches)
+                ent = self._join_memo.get(x)
+                if ent is None or ent[0] != sig:
+                    ent = self._join_memo[x] = (sig, {})
+                ok = ent[1].get(jkey)
+                if ok is None:
+                    ok = ent[1][jkey] = self._join_answer(snap, g, job, can_start)[1]
+            else:
+                step = g.step_time_s(snap, self.plan)
+                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, step) + (1.0 if can_start else 0.0))
+            if ok:
+                return g
+        return None
 
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
@@ -277,9 +309,9 @@ class TLoRA:
             if g.group_id is not None and not g.added:
                 # unchanged running group: (slack, ok) is a pure function of its version and the job's shape
                 sig = (g.version, g.nano_batches)
-                ent = self._join_memo.get(g.group_id)
+                ent = self._scan_memo.get(g.group_id)
                 if ent is None or ent[0] != sig:
-                    ent = self._join_memo[g.group_id] = (sig, {})
+                    ent = self._scan_memo[g.group_id] = (sig, {})
                 hit = ent[1].get(jkey)
                 if hit is None:
                     hit = ent[1][jkey] = self._join_answer(snap, g, job, can_start)
@@ -309,22 +341,26 @@ class TLoRA:
         for gid in changed:
             if gid not in snap.groups:
                 kind = self._kind_of.pop(gid, None)
+                self._live.pop(gid, None)
                 self._checked.pop(gid, None)
                 self._sig.pop(gid, None)
-                self._judged.pop(gid, None)
+                self._protos.pop(gid, None)
                 if kind is not None:
                     self._recent[kind].pop(gid, None)
                 continue
             g = snap.groups[gid]
             kind = self._kind_of.setdefault(gid, (g.model, g.n_gpus))
             members = tuple(j.index for j in g.members)
+            self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
             nano = self._judged_nano(gid, g.nano_batches)
             old = self._sig.get(gid)
             if old is not None and old[0] == members and old[2] == nano:
                 continue
             version = 0 if old is None else old[1] + (old[0] != members)
             self._sig[gid] = (members, version, nano)
-            self._judged[gid] = (version, nano)
+            proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
+            proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
+            self._protos[gid] = proto
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp
@@ -431,23 +467,23 @@ class TLoRA:
                     self._tuners[gid] = (ent[0], ent[1], members)
             return out
         live = {}
-        for g in snap.groups.values():
-            if g.group_id in skip:
+        for gid in snap.groups:  # start order; the state of groups unchanged since is as last noted
+            if gid in skip:
                 continue
-            members = tuple(j.index for j in g.members)
+            members, step_s, nano, micro, paused_until_s = self._live[gid]
             tuner, last, seen_members = self._tuners.get(
-                g.group_id, (NanoBatchTuner(n=g.nano_batches, best_n=g.nano_batches), -1.0, members))
+                gid, (NanoBatchTuner(n=nano, best_n=nano), -1.0, members))
             if seen_members != members:
                 tuner.reset()
-                tuner.n = g.nano_batches
-            if tick and g.paused_until_s <= snap.now_s:
+                tuner.n = nano
+            if tick and paused_until_s <= snap.now_s:
                 best = tuner.best_n
-                nxt = tuner.observe(g.step_time_s)
+                nxt = tuner.observe(step_s)
                 if tuner.best_n != best:
-                    self._retuned.add(g.group_id)
-                if nxt != g.nano_batches:
-                    out.append(SetExecution(g.group_id, nano_batches=nxt, micro_batches=g.micro_batches))
+                    self._retuned.add(gid)
+                if nxt != nano:
+                    out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
                 last = snap.now_s
-            live[g.group_id] = (tuner, last, members)
+            live[gid] = (tuner, last, members)
         self._tuners = live
         return out
