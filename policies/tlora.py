@@ -88,6 +88,7 @@ class TLoRA:
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         self._scan_memo: dict[int, tuple[tuple, dict]] = {}
+        self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
         self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, judged nano)
@@ -185,6 +186,8 @@ class TLoRA:
             self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
         if len(self._join_memo) > 2 * len(snap.groups) + 64:
             self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
+        if len(self._target_memo) > 4096:
+            self._target_memo.clear()
         if len(self._scan_memo) > 2 * len(snap.groups) + 64:
             self._scan_memo = {gid: m for gid, m in self._scan_memo.items() if gid in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
@@ -256,6 +259,26 @@ class TLoRA:
         if snap.kinds is None:
             return self._join_target_scan(snap, plan.candidates(job), job, can_start)
         kind = (job.model, job.num_gpus)
+        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
+        # shape are asked about again and again while they wait)
+        kv = plan.kind_version.get(kind, 0)
+        recent = self._recent.get(kind)
+        valid = (plan.serial, kv) if kv else (next(reversed(recent.values())) if recent else -1)
+        hit = self._target_memo.get((kind, jkey))
+        if hit is not None and hit[0] == valid:
+            x = hit[1]
+            if x is None or isinstance(x, PlannedGroup):
+                return x
+            if x in snap.kinds.get(kind, ()):
+                return plan.group(x)
+        best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
+        ans = best if best is None or best.group_id is None else best.group_id
+        self._target_memo[(kind, jkey)] = (valid, ans)
+        return best
+
+    def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                            jkey: tuple) -> PlannedGroup | None:
         bound_job = job.max_slowdown * job.isolated_step_time_s
         order = []
         pos = 0
@@ -276,7 +299,6 @@ class TLoRA:
             if slack > 0:
                 order.append((-slack, i, g, None))
         order.sort(key=lambda t: (t[0], t[1]))
-        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
         for _, _, x, proto in order:
             g = x if isinstance(x, PlannedGroup) else plan.group(x)
             if proto is not None:
