@@ -27,6 +27,17 @@ Each decision:
 4. **Nano-batching**: each group's nano-batch count follows ``NanoBatchTuner`` (the published
    AIMD rule N <- N + 4 / N <- max(1, N // 2), fixed to compare against the best time seen and to
    re-probe), measured on the group's cost-model step time once per tick.
+   Grouping (steps 2 and 3) judges a group at the count its tuner has found best, not at one it
+   is probing: a probe lasts one tick, and judging at it would re-open every decision about the
+   group twice per probe.
+
+**Incremental work** (issue 6: a replay of a large cluster must not re-examine every pair of
+groups on every tick). The policy keeps its own picture of each running group (members, judged
+nano-batch count, step time, bound) and a per-kind log of which groups changed as grouping sees
+them (``_note_changes``, from ``Snapshot.changed``). A refused merge stays refused until one side
+changes; a join answer for a job shape stands until its kind changes. Both are exact: the
+decisions are those of examining everything (``tests/test_tlora_incremental.py`` compares whole
+simulations against the brute-force reading).
 
 With ``grouping=False`` only the ordering and the fused kernel remain: every job runs alone
 (the ablation that separates the gain of grouping from the gain of ordering).
