@@ -146,13 +146,31 @@ class TLoRA:
             return False
         return self.collective_rate(members, step) > apart_rate + self.config.min_gain
 
+    def _move_ok(self, snap: Snapshot, d: PlannedGroup, extra: list[Job], key: tuple, bound_extra: float,
+                 rate_src: float, freed_value: float) -> bool:
+        """``merge_ok(snap, d, extra, rate_src + collective rate of d - freed_value)`` for
+        consolidation, with the newcomers' member key and tightest bound computed once by the
+        caller (same arithmetic in the same order, so the same answer)."""
+        if len(d.members) + len(extra) > self.config.max_group_size:
+            return False
+        step_d = d.step_time_s(snap, self.plan)
+        bound = min(d.slowdown_bound_s(snap, self.plan), bound_extra)
+        if step_d >= bound:
+            return False
+        step, fits = self._merged(snap, d, extra, bound, key)
+        if step > bound * (1 + 1e-12) or not fits:
+            return False
+        apart = rate_src + self.collective_rate(d.members, step_d) - freed_value
+        return self.collective_rate(d.members + extra, step) > apart + self.config.min_gain
+
     def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
-                bound_s: float = float("inf")) -> tuple[float, bool]:
+                bound_s: float = float("inf"), key: tuple | None = None) -> tuple[float, bool]:
         """(step time, fits in memory) of ``g`` plus ``extra``; memoised per running group version
         (the cost model is pure, so the memo never changes an answer). Memory is predicted only
         when the step time is within ``bound_s`` (else ``fits`` is reported False unpredicted)."""
         memo = None
-        key = tuple(j.member for j in extra)
+        if key is None:
+            key = tuple(j.member for j in extra)
         if g.group_id is not None and not g.added:
             ver, memo = self._memo.get(g.group_id, (None, None))
             if ver != (g.version, g.nano_batches):
@@ -417,11 +435,6 @@ class TLoRA:
         same merges as examining every pair, in O(changes) work.
         """
         cluster = snap.cluster
-
-        def tier(a: PlannedGroup, b: PlannedGroup) -> int:
-            na, nb = a.placement[0][0], b.placement[0][0]
-            return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
-
         smallest_wait = min((j.num_gpus for j in queue), default=None)
         for kind in [k for k, rec in self._recent.items() if rec]:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
@@ -455,13 +468,18 @@ class TLoRA:
                 partners = [d for d in partners if d is not src and d.group_id is not None and d.members
                             and n_src <= len(d.members) <= self.config.max_group_size - n_src
                             and d.step_time_s(snap, self.plan) < min(bound_src, d.slowdown_bound_s(snap, self.plan))]
-                partners.sort(key=lambda d: (tier(src, d), -len(d.members), d.group_id))
                 best = None
                 if partners:
+                    node = src.placement[0][0]
+                    rack = cluster.rack_of(node)
+                    partners.sort(key=lambda d: (0 if d.placement[0][0] == node else
+                                                 1 if cluster.rack_of(d.placement[0][0]) == rack else 2,
+                                                 -len(d.members), d.group_id))
                     rate_src = self.collective_rate(src.members, src.step_time_s(snap, self.plan))
+                    extra = list(src.members)
+                    key = tuple(j.member for j in extra)
                     for d in partners:
-                        rate_dst = self.collective_rate(d.members, d.step_time_s(snap, self.plan))
-                        if self.merge_ok(snap, d, list(src.members), rate_src + rate_dst - freed_value):
+                        if self._move_ok(snap, d, extra, key, bound_src, rate_src, freed_value):
                             best = d
                             break
                 if best is not None:

@@ -153,7 +153,14 @@ def _loglog(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
     """Piecewise-linear interpolation in log-log space (xs sorted ascending, inside the range)."""
     if len(xs) == 1:
         return float(ys[0])
-    return float(np.exp(np.interp(math.log(x), np.log(xs), np.log(ys))))
+    lx, ly = _logs(tuple(xs), tuple(ys))
+    return float(np.exp(np.interp(math.log(x), lx, ly)))
+
+
+@lru_cache(maxsize=1024)
+def _logs(xs: tuple, ys: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """log(xs), log(ys) of a measured table (computed once per table)."""
+    return np.log(xs), np.log(ys)
 
 
 def _roof_l0_ms(m, gpu, t: float) -> float:
