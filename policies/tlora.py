@@ -27,17 +27,16 @@ Each decision:
 4. **Nano-batching**: each group's nano-batch count follows ``NanoBatchTuner`` (the published
    AIMD rule N <- N + 4 / N <- max(1, N // 2), fixed to compare against the best time seen and to
    re-probe), measured on the group's cost-model step time once per tick.
-   Grouping (steps 2 and 3) judges a group at the count its tuner has found best, not at one it
-   is probing: a probe lasts one tick, and judging at it would re-open every decision about the
-   group twice per probe.
 
 **Incremental work** (issue 6: a replay of a large cluster must not re-examine every pair of
-groups on every tick). The policy keeps its own picture of each running group (members, judged
+groups on every tick). The policy keeps its own picture of each running group (members,
 nano-batch count, step time, bound) and a per-kind log of which groups changed as grouping sees
 them (``_note_changes``, from ``Snapshot.changed``). A refused merge stays refused until one side
-changes; a join answer for a job shape stands until its kind changes. Both are exact: the
-decisions are those of examining everything (``tests/test_tlora_incremental.py`` compares whole
-simulations against the brute-force reading).
+changes; a join answer for a job shape stands until its kind changes; merged step times are kept
+per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
+answers again. All of it is exact: the decisions are those of examining everything
+(``tests/test_tlora_incremental.py`` compares whole simulations against the brute-force reading,
+and the replay benchmark's output hashes match those from before the change).
 
 With ``grouping=False`` only the ordering and the fused kernel remain: every job runs alone
 (the ablation that separates the gain of grouping from the gain of ordering).
@@ -102,11 +101,10 @@ class TLoRA:
         self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
-        self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, judged nano)
-        # group id -> the group as grouping judges it: membership version, judged nano-batch count,
+        self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, nano-batches)
+        # group id -> the group as grouping judges it: membership version, nano-batch count,
         # cached step time and bound (``Planner`` clones its copies from these)
         self._protos: dict[int, PlannedGroup] = {}
-        self._retuned: set[int] = set()  # groups whose tuner's best count moved in the last decision
         # group id -> (member indices, step time, nano-batches, micro-batches, paused until), as of
         # its last change: what the tuner reads each tick without re-reading unchanged groups
         self._live: dict[int, tuple] = {}
@@ -165,17 +163,22 @@ class TLoRA:
 
     def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
                 bound_s: float = float("inf"), key: tuple | None = None) -> tuple[float, bool]:
-        """(step time, fits in memory) of ``g`` plus ``extra``; memoised per running group version
-        (the cost model is pure, so the memo never changes an answer). Memory is predicted only
-        when the step time is within ``bound_s`` (else ``fits`` is reported False unpredicted)."""
+        """(step time, fits in memory) of ``g`` plus ``extra``; memoised per running group
+        membership version and nano-batch count, keeping every count the group ran at (the tuner's
+        probes return to the best count, and the answers at it are still good; the cost model is
+        pure, so the memo never changes an answer). Memory is predicted only when the step time is
+        within ``bound_s`` (else ``fits`` is reported False unpredicted)."""
         memo = None
         if key is None:
             key = tuple(j.member for j in extra)
         if g.group_id is not None and not g.added:
-            ver, memo = self._memo.get(g.group_id, (None, None))
-            if ver != (g.version, g.nano_batches):
-                memo = {}
-                self._memo[g.group_id] = ((g.version, g.nano_batches), memo)
+            ver, by_nano = self._memo.get(g.group_id, (None, None))
+            if ver != g.version:
+                by_nano = {}
+                self._memo[g.group_id] = (g.version, by_nano)
+            memo = by_nano.get(g.nano_batches)
+            if memo is None:
+                memo = by_nano[g.nano_batches] = {}
             hit = memo.get(key)
             if hit is not None and (hit[1] is not None or hit[0] > bound_s * (1 + 1e-12)):
                 return hit[0], bool(hit[1])
@@ -380,15 +383,13 @@ class TLoRA:
         return best
 
     def _note_changes(self, snap: Snapshot) -> None:
-        """Record which running groups changed *as grouping sees them* since the previous decision:
-        their members, or the nano-batch count they are judged at (the tuner's best, ``_judged_nano``).
-        A nano-batch probe alone changes neither. Changes are kept per kind, in the order they
-        happened (a stamp per decision), for ``_consolidate``; with no ``Snapshot.changed`` every
+        """Record which running groups changed *as grouping sees them* since the previous decision
+        (their members or their nano-batch count; a regroup pause alone is no change), refresh the
+        policy's picture of them, and log the change per kind in the order it happened (a stamp per
+        decision) for ``_consolidate`` and ``_join_target``. With no ``Snapshot.changed`` every
         group is looked at."""
         self._stamp += 1
         changed = set(snap.changed) if snap.changed is not None else set(snap.groups) | set(self._sig)
-        changed |= self._retuned
-        self._retuned = set()
         for gid in changed:
             if gid not in snap.groups:
                 kind = self._kind_of.pop(gid, None)
@@ -403,7 +404,7 @@ class TLoRA:
             kind = self._kind_of.setdefault(gid, (g.model, g.n_gpus))
             members = tuple(j.index for j in g.members)
             self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
-            nano = self._judged_nano(gid, g.nano_batches)
+            nano = g.nano_batches
             old = self._sig.get(gid)
             if old is not None and old[0] == members and old[2] == nano:
                 continue
@@ -416,19 +417,13 @@ class TLoRA:
             rec.pop(gid, None)
             rec[gid] = self._stamp
 
-    def _judged_nano(self, gid: int, current: int) -> int:
-        """The nano-batch count grouping judges a group at: the best its tuner has measured
-        (probes are transient), else the count it runs."""
-        ent = self._tuners.get(gid)
-        return ent[0].best_n if ent is not None and self.config.nano_batching else current
-
     def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
         """Merge running groups pairwise; each group tries partners on its node, then its rack,
         then the cluster (smaller groups move into larger ones).
 
         Groups go in (size, id) order; each moves into the first partner in (tier, -size, id)
         order that ``merge_ok`` allows. A pair that was refused stays refused while neither group
-        changes as grouping sees it (members, judged nano-batch count: ``_note_changes``), since
+        changes as grouping sees it (members, nano-batch count: ``_note_changes``), since
         ``merge_ok`` is a pure function of the two groups and of whether the freed GPUs could serve
         the queue; so a group examines only the partners that changed since it was last refused
         everywhere, and a kind where nothing changed is skipped without reading its groups: the
@@ -511,7 +506,7 @@ class TLoRA:
                 members = tuple(j.index for j in g.members)
                 ent = self._tuners.get(gid)
                 if ent is None:
-                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches, best_n=g.nano_batches), -1.0, members)
+                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
                 elif ent[2] != members:
                     ent[0].reset()
                     ent[0].n = g.nano_batches
@@ -523,15 +518,12 @@ class TLoRA:
                 continue
             members, step_s, nano, micro, paused_until_s = self._live[gid]
             tuner, last, seen_members = self._tuners.get(
-                gid, (NanoBatchTuner(n=nano, best_n=nano), -1.0, members))
+                gid, (NanoBatchTuner(n=nano), -1.0, members))
             if seen_members != members:
                 tuner.reset()
                 tuner.n = nano
             if tick and paused_until_s <= snap.now_s:
-                best = tuner.best_n
                 nxt = tuner.observe(step_s)
-                if tuner.best_n != best:
-                    self._retuned.add(gid)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
                 last = snap.now_s
