@@ -309,3 +309,24 @@ def test_ray_backend_matches_local(tmp_path):
             assert (tmp_path / "ray" / "cells" / c.cell_id / name).is_file()
         assert ((tmp_path / "ray" / "cells" / c.cell_id / "jobs.csv").read_bytes()
                 == (tmp_path / "local" / "cells" / c.cell_id / "jobs.csv").read_bytes())
+
+
+def test_ray_backend_gives_the_local_rows_on_a_100_cell_sweep(tmp_path, reliability):
+    """Issue 6's target as ``bench/sweep_ray.py`` measures it: 100 cells, local pool vs a local
+    two-CPU Ray, byte-identical ``sweep.csv`` and every cell's ``jobs.csv``."""
+    pytest.importorskip("ray")
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "sweep_ray.py"
+    res = tmp_path / "result.json"
+    r = subprocess.run([sys.executable, str(script), "--out-dir", str(tmp_path / "s"), "--results", str(res)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(res.read_text())
+    assert (out["cells"], out["local_ran"], out["ray_ran"], out["failed"]) == (100, 100, 100, 0)
+    assert out["same_sweep_csv"] and out["same_jobs_csv_every_cell"]
+    rows = (tmp_path / "s" / "ray" / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 101
+    reliability("determinism_cases", 100)
