@@ -315,10 +315,6 @@ def test_ray_backend_gives_the_local_rows_on_a_100_cell_sweep(tmp_path, reliabil
     """Issue 6's target as ``bench/sweep_ray.py`` measures it: 100 cells, local pool vs a local
     two-CPU Ray, byte-identical ``sweep.csv`` and every cell's ``jobs.csv``."""
     pytest.importorskip("ray")
-    import json
-    import subprocess
-    import sys
-
     script = Path(__file__).resolve().parents[1] / "bench" / "sweep_ray.py"
     res = tmp_path / "result.json"
     r = subprocess.run([sys.executable, str(script), "--out-dir", str(tmp_path / "s"), "--results", str(res)],
