@@ -148,3 +148,35 @@ def test_validate_last_line(capsys):
     assert run(ap.parse_args(["costmodel", "show", "--gpu", "H100"])) == 0
     out = capsys.readouterr().out
     assert "held-out" in out and "llama3-70b" in out
+
+
+@pytest.mark.skipif(not artifact_path("H200").is_file(), reason="no shipped H200 artifact")
+def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
+    """The H200 artifact (two quick profiles on an H200): default for H200, its provenance names
+    the H200, held-out error within the targets (median <= 5%, p90 <= 10%) when refitted from the
+    shipped rows, and every full Llama-3-8B step of the e2e CSV within 10%."""
+    import argparse
+
+    from sim.costmodel_cli import add_parsers, run
+
+    cm = default_cost_model("H200")
+    assert cm.name == "profiled"
+    d = cm.describe()
+    assert d["gpu"] == "H200" and d["source"]["gpu_name"] == ["NVIDIA H200"] and len(d["source"]["profile_id"]) == 2
+    assert d["heldout"]["median_ape"] <= 0.05 and d["heldout"]["p90_ape"] <= 0.10
+    mm = [Member(16, 2, 1024)] * 4
+    assert not cm.predict("llama3-8b", "H200", mm, 1, "fused").extrapolated
+    # the H200 is faster than the H100 on a GPU-bound mix (more bandwidth, same compute)
+    big = [Member(16, 8, 4096)] * 4
+    assert cm.step_time_s("llama3-8b", "H200", big, 1, "fused") < default_cost_model("H100").step_time_s(
+        "llama3-8b", "H100", big, 1, "fused")
+    ap = argparse.ArgumentParser()
+    add_parsers(ap.add_subparsers(dest="command"))
+    e2e = ART.parent / "costmodel_h200_e2e.csv"
+    assert run(ap.parse_args(["costmodel", "validate", "--gpu", "H200", "--e2e", str(e2e)])) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    mape = float(out[-1].split("=")[1])
+    assert mape <= 0.05
+    rows = [ln.split() for ln in out if ln.strip().startswith("llama3-8b") and len(ln.split()) >= 8]
+    errors = [abs(float(r[6])) for r in rows]
+    assert len(errors) == 12 and max(errors) <= 0.10
