@@ -53,7 +53,8 @@ class Reference(TLoRA):
             return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
 
         smallest_wait = min((j.num_gpus for j in queue), default=None)
-        for src in sorted((g for g in plan.groups if g.group_id is not None), key=lambda g: (len(g.members), g.group_id)):
+        running = [g for g in plan.groups if g.group_id is not None]
+        for src in sorted(running, key=lambda g: (len(g.members), g.group_id)):
             if src.added or not src.members:
                 continue
             freed = 1.0 if smallest_wait is not None and smallest_wait <= src.n_gpus else 0.0
