@@ -94,6 +94,11 @@ class TLoRA:
             raise InputError("tlora needs max_group_size >= 1, window >= 0, tick_s > 0", field="tlora")
         order_queue([], self.config.ordering, 0.0)  # validate the ordering name
         self.timer_s = self.config.tick_s if (self.config.grouping or self.config.nano_batching) else None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every per-simulation memo and tuner (called at construction, and when time runs
+        backwards: the policy object is serving a new simulation)."""
         self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
@@ -101,7 +106,7 @@ class TLoRA:
         self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
-        self._sig: dict[int, tuple[tuple, int, int]] = {}  # group id -> (member indices, version, nano-batches)
+        self._sig: dict[int, tuple] = {}  # group id -> (members, membership version, nano-batches, placement)
         # group id -> the group as grouping judges it: membership version, nano-batch count,
         # cached step time and bound (``Planner`` clones its copies from these)
         self._protos: dict[int, PlannedGroup] = {}
@@ -113,6 +118,7 @@ class TLoRA:
         self._checked: dict[int, tuple[float, int]] = {}  # group id -> (freed value, stamp) when last refused
         self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
         self._last_tick = float("-inf")
+        self._last_now = float("-inf")
 
     # ---- predicates (pure) -------------------------------------------------------------------
     @staticmethod
@@ -212,6 +218,9 @@ class TLoRA:
     # ---- decision ------------------------------------------------------------------------------
     def decide(self, snap: Snapshot) -> list[Action]:
         """Order, group from the head, consolidate and tune nano-batches (see module docstring)."""
+        if snap.now_s < self._last_now:
+            self._reset()
+        self._last_now = snap.now_s
         self._note_changes(snap)
         plan = Planner(snap, self.plan, self._protos)
         if len(self._memo) > 2 * len(snap.groups) + 64:
@@ -401,15 +410,21 @@ class TLoRA:
                     self._recent[kind].pop(gid, None)
                 continue
             g = snap.groups[gid]
-            kind = self._kind_of.setdefault(gid, (g.model, g.n_gpus))
-            members = tuple(j.index for j in g.members)
+            kind = (g.model, g.n_gpus)
+            prev = self._kind_of.get(gid)
+            if prev != kind:  # new group (or, on hand-built snapshots, an id reused for another kind)
+                if prev is not None:
+                    self._recent[prev].pop(gid, None)
+                    self._sig.pop(gid, None)
+                self._kind_of[gid] = kind
+            members = tuple(g.members)  # the Job objects: compared by identity first, then by value
             self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
             nano = g.nano_batches
             old = self._sig.get(gid)
-            if old is not None and old[0] == members and old[2] == nano:
+            if old is not None and old[0] == members and old[2] == nano and old[3] == g.placement:
                 continue
             version = 0 if old is None else old[1] + (old[0] != members)
-            self._sig[gid] = (members, version, nano)
+            self._sig[gid] = (members, version, nano, g.placement)
             proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
             proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
             self._protos[gid] = proto
@@ -503,7 +518,7 @@ class TLoRA:
                     self._tuners.pop(gid, None)
                     continue
                 g = snap.groups[gid]
-                members = tuple(j.index for j in g.members)
+                members = tuple(g.members)
                 ent = self._tuners.get(gid)
                 if ent is None:
                     self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)

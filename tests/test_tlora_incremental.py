@@ -81,3 +81,17 @@ def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, reliabil
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in slow.records]
     assert fast.timeline == slow.timeline
     reliability("determinism_cases", 1)
+
+
+def test_a_reused_policy_object_forgets_the_previous_simulation():
+    """The memos are per simulation: a second run with the same object (time starts over) matches
+    a run with a fresh object."""
+    spec = "4x8xH100"
+    jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=500,seed=2,load=0.6,gpus=32", policy="tlora",
+                                          cluster=spec, seed=0, cost_model="roofline"))
+    reused = TLoRA(TLoRAConfig(tick_s=300.0))
+    run_engine(jobs, reused, spec, check=False)
+    again = run_engine(jobs, reused, spec, check=False)
+    fresh = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, check=False)
+    assert again.timeline == fresh.timeline
+    assert [(r.start_s, r.finish_s) for r in again.records] == [(r.start_s, r.finish_s) for r in fresh.records]
