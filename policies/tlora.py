@@ -320,6 +320,9 @@ class TLoRA:
 
     def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
                             jkey: tuple) -> PlannedGroup | None:
+        """``_join_target`` without its per-shape memo: running groups of the kind in start order,
+        then the groups planned in this decision, ranked by residual capacity for ``job``; the first
+        that ``merge_ok`` accepts (memoised per unchanged running group and ``jkey``)."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         order = []
         pos = 0
@@ -366,6 +369,7 @@ class TLoRA:
         return slack, ok
 
     def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
+        """The join target by a scan over ``cands`` (snapshots without the engine's kind index)."""
         best, best_slack = None, 0.0
         jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
         for g in cands:
