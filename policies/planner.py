@@ -62,8 +62,8 @@ class Planner:
     _serial = 0
 
     def __init__(self, snap: Snapshot, plan: str, protos: Mapping[int, PlannedGroup] | None = None) -> None:
-        """``protos``: optional group id -> the policy's own picture of a running group (version,
-        judged nano-batch count, cached step time); planned copies are cloned from it instead of
+        """``protos``: optional group id -> the policy's own picture of a running group (its
+        version, nano-batch count, cached step time); planned copies are cloned from it instead of
         read from the snapshot. It must agree with the snapshot on members, model and placement."""
         self.snap = snap
         self.plan = plan
@@ -136,7 +136,7 @@ class Planner:
 
     def changed_groups(self) -> list[PlannedGroup]:
         """Groups given members in this decision (planned new ones and joined running ones)."""
-        return [g for g in self._new if g.added] + [g for g in self._joined.values() if g.added]
+        return self._new + list(self._joined.values())
 
     def candidates(self, job: Job) -> list[PlannedGroup]:
         """Groups ``job`` could join: same base model and GPU count (start/plan order)."""

@@ -131,41 +131,28 @@ class TLoRA:
         """Every member's step time in the group within its tolerated slowdown."""
         return all(step_s <= j.max_slowdown * j.isolated_step_time_s * (1 + 1e-12) for j in members)
 
-    def merge_ok(self, snap: Snapshot, g: PlannedGroup, extra: list[Job], apart_rate: float) -> bool:
+    def merge_ok(self, snap: Snapshot, g: PlannedGroup, extra: list[Job], apart_rate: float, *,
+                 bound_extra: float | None = None, key: tuple | None = None) -> bool:
         """Whether ``extra`` may join ``g``: size, every bound, memory, and throughput above ``apart_rate``.
 
         Cheap tests first: a group's step time only grows as members join, so a group already at
         the tightest bound of its members or of the newcomers cannot take them; memory is checked
-        only for a step time within the bound.
+        only for a step time within the bound. ``bound_extra`` (the newcomers' tightest bound,
+        min max_slowdown x T_iso) and ``key`` (their cost-model members) may be passed in by a
+        caller that tries the same newcomers against many groups.
         """
         members = g.members + extra
         if len(members) > self.config.max_group_size:
             return False
-        bound = min(g.slowdown_bound_s(snap, self.plan),
-                    min(j.max_slowdown * j.isolated_step_time_s for j in extra))
+        if bound_extra is None:
+            bound_extra = min(j.max_slowdown * j.isolated_step_time_s for j in extra)
+        bound = min(g.slowdown_bound_s(snap, self.plan), bound_extra)
         if g.step_time_s(snap, self.plan) >= bound:
             return False
-        step, fits = self._merged(snap, g, extra, bound)
+        step, fits = self._merged(snap, g, extra, bound, key)
         if step > bound * (1 + 1e-12) or not fits:
             return False
         return self.collective_rate(members, step) > apart_rate + self.config.min_gain
-
-    def _move_ok(self, snap: Snapshot, d: PlannedGroup, extra: list[Job], key: tuple, bound_extra: float,
-                 rate_src: float, freed_value: float) -> bool:
-        """``merge_ok(snap, d, extra, rate_src + collective rate of d - freed_value)`` for
-        consolidation, with the newcomers' member key and tightest bound computed once by the
-        caller (same arithmetic in the same order, so the same answer)."""
-        if len(d.members) + len(extra) > self.config.max_group_size:
-            return False
-        step_d = d.step_time_s(snap, self.plan)
-        bound = min(d.slowdown_bound_s(snap, self.plan), bound_extra)
-        if step_d >= bound:
-            return False
-        step, fits = self._merged(snap, d, extra, bound, key)
-        if step > bound * (1 + 1e-12) or not fits:
-            return False
-        apart = rate_src + self.collective_rate(d.members, step_d) - freed_value
-        return self.collective_rate(d.members + extra, step) > apart + self.config.min_gain
 
     def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
                 bound_s: float = float("inf"), key: tuple | None = None) -> tuple[float, bool]:
@@ -223,14 +210,12 @@ class TLoRA:
         self._last_now = snap.now_s
         self._note_changes(snap)
         plan = Planner(snap, self.plan, self._protos)
-        if len(self._memo) > 2 * len(snap.groups) + 64:
-            self._memo = {gid: m for gid, m in self._memo.items() if gid in snap.groups}
-        if len(self._join_memo) > 2 * len(snap.groups) + 64:
-            self._join_memo = {gid: m for gid, m in self._join_memo.items() if gid in snap.groups}
+        for memo in (self._memo, self._join_memo, self._scan_memo):  # per group id: drop closed groups
+            if len(memo) > 2 * len(snap.groups) + 64:
+                for gid in [gid for gid in memo if gid not in snap.groups]:
+                    del memo[gid]
         if len(self._target_memo) > 4096:
             self._target_memo.clear()
-        if len(self._scan_memo) > 2 * len(snap.groups) + 64:
-            self._scan_memo = {gid: m for gid, m in self._scan_memo.items() if gid in snap.groups}
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
@@ -343,19 +328,20 @@ class TLoRA:
             if slack > 0:
                 order.append((-slack, i, g, None))
         order.sort(key=lambda t: (t[0], t[1]))
+        bonus = 1.0 if can_start else 0.0
         for _, _, x, proto in order:
             g = x if isinstance(x, PlannedGroup) else plan.group(x)
-            if proto is not None:
-                sig = (proto.version, proto.nano_batches)
+            ent = ok = None
+            if proto is not None:  # an unchanged running group: its answer for this job shape is kept
                 ent = self._join_memo.get(x)
-                if ent is None or ent[0] != sig:
-                    ent = self._join_memo[x] = (sig, {})
+                if ent is None or ent[0] != (proto.version, proto.nano_batches):
+                    ent = self._join_memo[x] = ((proto.version, proto.nano_batches), {})
                 ok = ent[1].get(jkey)
-                if ok is None:
-                    ok = ent[1][jkey] = self._join_answer(snap, g, job, can_start)[1]
-            else:
-                step = g.step_time_s(snap, self.plan)
-                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, step) + (1.0 if can_start else 0.0))
+            if ok is None:
+                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
+                                   + bonus)
+                if ent is not None:
+                    ent[1][jkey] = ok
             if ok:
                 return g
         return None
@@ -450,10 +436,9 @@ class TLoRA:
         """
         cluster = snap.cluster
         smallest_wait = min((j.num_gpus for j in queue), default=None)
-        for kind in [k for k, rec in self._recent.items() if rec]:
+        for kind, recent in [(k, rec) for k, rec in self._recent.items() if rec]:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
-            recent = self._recent.get(kind, {})
-            last = next(reversed(recent.values()), -1) if recent else -1
+            last = next(reversed(recent.values()))
             if self._kind_checked.get(kind) == (freed_value, last):
                 continue  # every pair of this kind was refused and none changed since
             groups = sorted((g for g in plan.of_kind(kind) if g.group_id is not None and not g.added),
@@ -493,7 +478,8 @@ class TLoRA:
                     extra = list(src.members)
                     key = tuple(j.member for j in extra)
                     for d in partners:
-                        if self._move_ok(snap, d, extra, key, bound_src, rate_src, freed_value):
+                        apart = rate_src + self.collective_rate(d.members, d.step_time_s(snap, self.plan)) - freed_value
+                        if self.merge_ok(snap, d, extra, apart, bound_extra=bound_src, key=key):
                             best = d
                             break
                 if best is not None:
