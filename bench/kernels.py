@@ -238,6 +238,21 @@ def make_weights(K, N, ranks, gen):
     return W, A, B
 
 
+def case_tensors(layer, mix, seed_key, n_sets):
+    """The tensors of one (layer, mix) case, drawn from a generator seeded by ``seed_key``:
+    (K, N, ranks, segs, W, A, B, [(x, dy)] * n_sets), x (M, K) and dy (M, N) in bf16."""
+    import torch
+    K, N = _layer(layer)
+    ranks, segs = MIXES[mix]
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(seed_key.encode()))
+    W, A, B = make_weights(K, N, ranks, gen)
+    M = sum(segs)
+    xy = [(torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16),
+           torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16))
+          for _ in range(n_sets)]
+    return K, N, ranks, segs, W, A, B, xy
+
+
 def scales_for(ranks):
     return [2.0 for _ in ranks]  # alpha = 2 r, a common LoRA choice
 
@@ -349,14 +364,7 @@ def tune(cands, args):
     from profiler.kernels.baselines import make_impl
     times = {i: [] for i in range(len(cands))}
     for layer, mix in TUNE_CASES:
-        K, N = _layer(layer)
-        ranks, segs = MIXES[mix]
-        gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"tune|{layer}|{mix}".encode()))
-        W, A, B = make_weights(K, N, ranks, gen)
-        M = sum(segs)
-        xy = [(torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16),
-               torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16))
-              for _ in range(args.sets)]
+        _, _, ranks, segs, W, A, B, xy = case_tensors(layer, mix, f"tune|{layer}|{mix}", args.sets)
         for i, c in enumerate(cands):
             try:
                 impl = make_impl("fused", W, A, B, segs, ranks, scales_for(ranks), args.dropout,
@@ -381,15 +389,9 @@ def tune(cands, args):
 def run_case(layer, mix, impls, args, ceil, vers, cfgs):
     import torch
     from profiler.kernels.baselines import make_impl
-    K, N = _layer(layer)
-    ranks, segs = MIXES[mix]
+    K, N, ranks, segs, W, A, B, sets_xy = case_tensors(layer, mix, f"{layer}|{mix}", args.sets)
     M = sum(segs)
-    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"{layer}|{mix}".encode()))
-    W, A, B = make_weights(K, N, ranks, gen)
     sc = scales_for(ranks)
-    sets_xy = [(torch.randn(M, K, device=DEV, generator=gen).to(torch.bfloat16),
-                torch.randn(M, N, device=DEV, generator=gen).to(torch.bfloat16))
-               for _ in range(args.sets)]
     rate, bw = ceil
     sum_r = sum(ranks)
     gemm_ms = 4.0 * M * K * N / rate * 1e3
