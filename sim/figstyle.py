@@ -25,10 +25,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from sim.errors import InputError
 
@@ -360,3 +362,24 @@ def save_figure(fig, out_dir: str | os.PathLike, name: str, formats: Iterable[st
             raise
         written.append(target)
     return written
+
+
+def run_figure_command(draw: Callable[[], Iterable[Path]], category: type[Warning]) -> int:
+    """The shared tail of the figure commands (``python -m sim.plots``, ``sim.profiler_plots``):
+    run ``draw`` with each warning of ``category`` printed as one ``warning: ...`` line on stderr,
+    then print the written paths.
+
+    Returns:
+        The exit status: 0, or 2 on an :class:`InputError` (printed as one ``error: ...`` line).
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", category)
+            warnings.showwarning = lambda message, *a, **k: print(f"warning: {message}", file=sys.stderr)
+            paths = list(draw())
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0

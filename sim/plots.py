@@ -1245,21 +1245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           "of comparison directories (queueing delay against load)")
     parser.add_argument("--formats", default="png,pdf", help="comma-separated: png, pdf, svg")
     args = parser.parse_args(argv)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", PlotWarning)
-            warnings.showwarning = _show_warning
-            paths = plot_any(args.directory, args.formats)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
-    return 0
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    return fs.run_figure_command(lambda: plot_any(args.directory, args.formats), PlotWarning)
 
 
 if __name__ == "__main__":

@@ -661,7 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--formats", default="png,pdf", help="comma-separated: png, pdf, svg")
     args = ap.parse_args(argv)
     formats = [f for f in args.formats.split(",") if f]
-    try:
+
+    def draw() -> list[Path]:
         kernels, costmodel = args.kernels, args.costmodel
         if not kernels and costmodel is None:
             from sim.profiled import data_dir
@@ -671,30 +672,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not kernels and costmodel is None:
                 raise InputError("no committed profiler data (kernel_bench_*.csv, profile_*.csv)", file=str(data_dir()))
         written: list[Path] = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", ProfilerPlotWarning)
-            warnings.showwarning = lambda m, *a, **k: print(f"warning: {m}", file=sys.stderr)
-            for csv_path in kernels or []:
-                suffix = "" if len(kernels) == 1 else "_" + Path(csv_path).stem.replace("kernel_bench_", "")
-                for timing in ("ms", "eager_ms"):
-                    df_name = ("kernels" + ("_eager" if timing == "eager_ms" else "")
-                               + ("_vs_base" if args.relative_to == "base" else "") + suffix)
-                    try:
-                        written += plot_kernels(csv_path, args.out, formats, relative_to=args.relative_to,
-                                                timing=timing, name=df_name)
-                    except InputError as err:
-                        if timing == "ms":
-                            raise
-                        print(f"warning: {err}", file=sys.stderr)  # no eager times: skip that figure
-            if costmodel is not None:
-                written += plot_costmodel(costmodel, args.out, formats, gpu=args.gpu,
-                                          holdout_every=args.holdout_every)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for p in written:
-        print(p)
-    return 0
+        for csv_path in kernels or []:
+            suffix = "" if len(kernels) == 1 else "_" + Path(csv_path).stem.replace("kernel_bench_", "")
+            for timing in ("ms", "eager_ms"):
+                df_name = ("kernels" + ("_eager" if timing == "eager_ms" else "")
+                           + ("_vs_base" if args.relative_to == "base" else "") + suffix)
+                try:
+                    written += plot_kernels(csv_path, args.out, formats, relative_to=args.relative_to,
+                                            timing=timing, name=df_name)
+                except InputError as err:
+                    if timing == "ms":
+                        raise
+                    print(f"warning: {err}", file=sys.stderr)  # no eager times: skip that figure
+        if costmodel is not None:
+            written += plot_costmodel(costmodel, args.out, formats, gpu=args.gpu, holdout_every=args.holdout_every)
+        return written
+
+    return fs.run_figure_command(draw, ProfilerPlotWarning)
 
 
 if __name__ == "__main__":
