@@ -25,7 +25,7 @@ from sim import metrics
 from sim.cluster import parse_cluster
 from sim.engine import Engine
 from sim.errors import InputError
-from sim.rundir import interrupt_handler, write_csv, write_json
+from sim.rundir import interrupt_handler, redeliver_interrupts, write_csv, write_json
 from sim.profiled import make_cost_model
 from sim.workload import build_jobs
 
@@ -184,6 +184,7 @@ def _worker_init() -> None:
     running replay (temp files removed) or ends an idle worker quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _worker_signal)
+    redeliver_interrupts()  # a SIGTERM that lands in a finalizer unwinds the replay, not prints
 
 
 def _replay_row(args) -> dict:

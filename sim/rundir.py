@@ -8,7 +8,9 @@ Within :func:`signals_raise_interrupt` (the CLI runs inside it) SIGINT, SIGTERM 
 :class:`Interrupted` (a ``KeyboardInterrupt``) in the main thread, so the ``finally`` clauses that
 delete temp files run; a signal that arrives while a temp file is being created or renamed is held
 until that step is done (Python-level, so it works whatever thread the OS delivers the signal to).
-Only SIGKILL, which no process can catch, can leave a stray ``.tmp`` file; complete files stay
+An :class:`Interrupted` that lands inside a finalizer (a weakref callback or ``__del__``, where
+Python can only print and drop an exception) is delivered again instead (:func:`redeliver_interrupts`),
+so it unwinds ordinary code. Only SIGKILL, which no process can catch, can leave a stray ``.tmp`` file; complete files stay
 complete even then.
 """
 
@@ -18,7 +20,9 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
+import time
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -54,6 +58,41 @@ def interrupt_handler(signum: int, _frame: Any = None) -> None:
     raise Interrupted(signum)
 
 
+def _redeliver_unraisable(hook_args) -> None:
+    """``sys.unraisablehook`` installed by :func:`redeliver_interrupts`: an :class:`Interrupted`
+    raised where Python cannot propagate it (a finalizer) is signalled again a millisecond later
+    from another thread (signalled from here, the handler would run inside this hook, where an
+    exception is dropped too), so the handler raises it in ordinary code; anything else goes to
+    the hook that was there before."""
+    if isinstance(hook_args.exc_value, Interrupted):
+        threading.Thread(target=_signal_later, args=(hook_args.exc_value.signum,), daemon=True).start()
+        return
+    _redeliver_unraisable.previous(hook_args)
+
+
+_redeliver_unraisable.previous = sys.unraisablehook
+
+
+def _signal_later(signum: int) -> None:
+    time.sleep(0.001)
+    os.kill(os.getpid(), signum)
+
+
+def redeliver_interrupts() -> Callable[[], None]:
+    """Install :func:`_redeliver_unraisable` as ``sys.unraisablehook``; returns a function that
+    puts the previous hook back. Without it, a signal handled while a weakref callback or
+    ``__del__`` runs prints "Exception ignored ... Interrupted" and the interrupt is lost."""
+    previous = sys.unraisablehook
+    if previous is not _redeliver_unraisable:
+        _redeliver_unraisable.previous = previous
+        sys.unraisablehook = _redeliver_unraisable
+
+    def restore() -> None:
+        sys.unraisablehook = previous
+
+    return restore
+
+
 @contextlib.contextmanager
 def signals_raise_interrupt() -> Iterator[None]:
     """Within the block, SIGINT/SIGTERM/SIGHUP raise :class:`Interrupted` in the main thread (so cleanup
@@ -63,11 +102,13 @@ def signals_raise_interrupt() -> Iterator[None]:
         yield
         return
     previous = {s: signal.signal(s, interrupt_handler) for s in _SIGNALS}
+    restore_hook = redeliver_interrupts()
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        restore_hook()
 
 
 @contextlib.contextmanager

@@ -315,6 +315,34 @@ def test_a_signal_while_writing_leaves_the_previous_file_and_no_temp(sig, tmp_pa
     reliability("signal_cases")
 
 
+def test_a_signal_inside_a_finalizer_is_delivered_again_not_printed(capfd, reliability):
+    """A signal handled while a weakref callback runs raises ``Interrupted`` where Python can only
+    print and drop it ("Exception ignored in ..."); it must instead interrupt the ordinary code that
+    follows (seen as a flaky traceback in the killed-compare test below)."""
+    import weakref
+
+    from sim.rundir import Interrupted, signals_raise_interrupt
+
+    class Thing:
+        pass
+
+    def callback(_ref):
+        signal.raise_signal(signal.SIGTERM)  # handled at the next bytecode check: inside this callback
+        for _ in range(1000):
+            pass
+
+    with signals_raise_interrupt(), pytest.raises(Interrupted) as info:
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # runs the callback
+        for _ in range(10**7):  # the re-delivered signal lands here
+            pass
+    assert info.value.signum == signal.SIGTERM and ref() is None
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    reliability("signal_cases")
+
+
 def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path, monkeypatch, reliability):
     from sim import rundir
     from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
