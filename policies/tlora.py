@@ -46,11 +46,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from policies.nanobatch import NanoBatchTuner
 from policies.ordering import order_queue
 from policies.planner import Planner, PlannedGroup
 from policies.registry import register
 from sim.errors import InputError
+from sim.fused_batch import REL_MARGIN, WIDTH, FusedBatch
 from sim.jobs import Job
 from sim.snapshot import Action, SetExecution, Snapshot
 
@@ -104,6 +107,10 @@ class TLoRA:
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         self._scan_memo: dict[int, tuple[tuple, dict]] = {}
         self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
+        self._batches: dict[tuple, tuple] = {}  # (cost model id, GPU, kind) -> (cost model, FusedBatch or None)
+        self._feats: dict[int, tuple] = {}  # group id -> (membership version, batch, (feature row, Σ T_iso))
+        self._tables: dict[tuple, _KindTable] = {}  # kind -> its running groups as arrays
+        self._job_rows: dict[tuple, tuple] = {}  # (batch id, job shape) -> (batch, feature row)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
         self._sig: dict[int, tuple] = {}  # group id -> (members, membership version, nano-batches, placement)
@@ -210,12 +217,14 @@ class TLoRA:
         self._last_now = snap.now_s
         self._note_changes(snap)
         plan = Planner(snap, self.plan, self._protos)
-        for memo in (self._memo, self._join_memo, self._scan_memo):  # per group id: drop closed groups
+        for memo in (self._memo, self._join_memo, self._scan_memo, self._feats):  # per group id: drop closed groups
             if len(memo) > 2 * len(snap.groups) + 64:
                 for gid in [gid for gid in memo if gid not in snap.groups]:
                     del memo[gid]
         if len(self._target_memo) > 4096:
             self._target_memo.clear()
+        if len(self._job_rows) > 4096:
+            self._job_rows.clear()
         queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
@@ -307,7 +316,9 @@ class TLoRA:
                             jkey: tuple) -> PlannedGroup | None:
         """``_join_target`` without its per-shape memo: running groups of the kind in start order,
         then the groups planned in this decision, ranked by residual capacity for ``job``; the first
-        that ``merge_ok`` accepts (memoised per unchanged running group and ``jkey``)."""
+        that ``merge_ok`` accepts (memoised per unchanged running group and ``jkey``; groups the
+        batch cost model refuses by more than its margin are recorded refused unasked,
+        ``_screen_joins``)."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         order = []
         pos = 0
@@ -329,22 +340,49 @@ class TLoRA:
                 order.append((-slack, i, g, None))
         order.sort(key=lambda t: (t[0], t[1]))
         bonus = 1.0 if can_start else 0.0
+        answers = {}  # unchanged running group -> its answers for job shapes
+        todo = []
         for _, _, x, proto in order:
-            g = x if isinstance(x, PlannedGroup) else plan.group(x)
-            ent = ok = None
-            if proto is not None:  # an unchanged running group: its answer for this job shape is kept
+            if proto is not None:
                 ent = self._join_memo.get(x)
                 if ent is None or ent[0] != (proto.version, proto.nano_batches):
                     ent = self._join_memo[x] = ((proto.version, proto.nano_batches), {})
-                ok = ent[1].get(jkey)
+                answers[x] = ent[1]
+                if jkey not in ent[1]:
+                    todo.append(x)
+        if len(todo) >= _SCREEN_MIN:
+            self._screen_joins(snap, kind, job, jkey, todo, answers, bonus)
+        for _, _, x, proto in order:
+            g = x if isinstance(x, PlannedGroup) else plan.group(x)
+            ok = answers[x].get(jkey) if proto is not None else None
             if ok is None:
                 ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
                                    + bonus)
-                if ent is not None:
-                    ent[1][jkey] = ok
+                if proto is not None:
+                    answers[x][jkey] = ok
             if ok:
                 return g
         return None
+
+    def _screen_joins(self, snap: Snapshot, kind: tuple, job: Job, jkey: tuple, todo: list[int], answers: dict,
+                      bonus: float) -> None:
+        """Record, in the per-group answer memos ``answers`` (group id -> {job shape: may join}),
+        a refusal for each unchanged running group in ``todo`` that the batch cost model refuses
+        ``job`` by more than its margin (one call for all of them; exactly what ``merge_ok``
+        would answer, ``sim.fused_batch``)."""
+        fb = self._batch(snap, kind)
+        row = None if fb is None else self._job_row(fb, job)
+        if row is None:
+            return
+        tab = self._kind_table(snap, kind)
+        at = tab.index()
+        i = np.fromiter((at[gid] for gid in todo), int, len(todo))
+        i = i[tab.known[i]]
+        t = fb.step_times(FusedBatch.merge(tab.rows[i], row), tab.nano[i])
+        refuse = _refused(t, np.minimum(tab.bound[i], job.max_slowdown * job.isolated_step_time_s),
+                          tab.iso[i] + job.isolated_step_time_s, tab.rate[i] + bonus + self.config.min_gain)
+        for k in np.flatnonzero(refuse).tolist():
+            answers[tab.gids[i[k]]][jkey] = False
 
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
@@ -431,8 +469,11 @@ class TLoRA:
         changes as grouping sees it (members, nano-batch count: ``_note_changes``), since
         ``merge_ok`` is a pure function of the two groups and of whether the freed GPUs could serve
         the queue; so a group examines only the partners that changed since it was last refused
-        everywhere, and a kind where nothing changed is skipped without reading its groups: the
-        same merges as examining every pair, in O(changes) work.
+        everywhere, and a kind where nothing changed is skipped without reading its groups.
+        The pairs left are screened at once (``_pair_candidates``: the size and bound tests, and
+        the batch cost model's refusals with a margin); ``merge_ok`` decides the rest in order,
+        and the groups that received members in this tick are judged by ``merge_ok`` alone. The
+        same merges as examining every pair, in O(changes) Python work.
         """
         cluster = snap.cluster
         smallest_wait = min((j.num_gpus for j in queue), default=None)
@@ -441,32 +482,25 @@ class TLoRA:
             last = next(reversed(recent.values()))
             if self._kind_checked.get(kind) == (freed_value, last):
                 continue  # every pair of this kind was refused and none changed since
-            groups = sorted((g for g in plan.of_kind(kind) if g.group_id is not None and not g.added),
-                            key=lambda g: (len(g.members), g.group_id))
-            by_gid = {g.group_id: g for g in groups}
-            merged_into: list[PlannedGroup] = []
-            for src in groups:
-                if src.added or not src.members:
+            if snap.kinds is not None:
+                views = [self._protos[gid] for gid in snap.kinds.get(kind, ())]
+            else:
+                views = [g for g in plan.of_kind(kind) if g.group_id is not None and not g.added]
+            views.sort(key=lambda g: (len(g.members), g.group_id))
+            cands = self._pair_candidates(snap, kind, views, recent, freed_value)
+            merged_into: list[PlannedGroup] = []  # groups given members in this tick
+            consumed: set[int] = set()  # ids of groups merged away or given members
+            for i, view in enumerate(views):
+                gid = view.group_id
+                if gid in consumed:
                     continue
-                chk = self._checked.get(src.group_id)
-                if chk is not None and chk[0] == freed_value and recent.get(src.group_id, -1) <= chk[1]:
-                    since = chk[1]
-                    partners = []
-                    for gid, st in reversed(recent.items()):
-                        if st <= since:
-                            break
-                        d = by_gid.get(gid)
-                        if d is not None:
-                            partners.append(d)
-                    partners += [d for d in merged_into if d not in partners]
-                else:
-                    partners = plan.of_kind(kind)
+                partners = [plan.group(views[j].group_id) for j in cands.get(i, ()) if views[j].group_id not in consumed]
+                src = plan.group(gid) if partners or merged_into else view
                 n_src = len(src.members)
-                # merge_ok's cheap tests first: size, and a partner already at the tightest bound
                 bound_src = src.slowdown_bound_s(snap, self.plan)
-                partners = [d for d in partners if d is not src and d.group_id is not None and d.members
-                            and n_src <= len(d.members) <= self.config.max_group_size - n_src
-                            and d.step_time_s(snap, self.plan) < min(bound_src, d.slowdown_bound_s(snap, self.plan))]
+                # groups changed in this tick: merge_ok's cheap tests here, the batch screened the rest
+                partners += [d for d in merged_into if n_src <= len(d.members) <= self.config.max_group_size - n_src
+                             and d.step_time_s(snap, self.plan) < min(bound_src, d.slowdown_bound_s(snap, self.plan))]
                 best = None
                 if partners:
                     node = src.placement[0][0]
@@ -484,13 +518,115 @@ class TLoRA:
                             break
                 if best is not None:
                     plan.merge(src, best)
-                    merged_into.append(best)
+                    consumed.update((gid, best.group_id))
+                    if best not in merged_into:
+                        merged_into.append(best)
                 else:
-                    self._checked[src.group_id] = (freed_value, self._stamp)
+                    self._checked[gid] = (freed_value, self._stamp)
             if not merged_into:
                 self._kind_checked[kind] = (freed_value, last)
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
+
+    def _pair_candidates(self, snap: Snapshot, kind: tuple, views: list[PlannedGroup], recent: dict,
+                         freed_value: float) -> dict[int, list[int]]:
+        """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
+        ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
+        the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
+        and that the batch cost model (``sim.fused_batch``, where it applies) does not refuse by
+        more than its margin (merged step time over the bound, or collective throughput short of
+        what the two do apart). Sources with no partner left are absent."""
+        g = len(views)
+        if g < 2:
+            return {}
+        if snap.kinds is not None:
+            tab = self._kind_table(snap, kind)
+            at = tab.index()
+            perm = np.fromiter((at[v.group_id] for v in views), int, g)
+            tab = tab.take(perm)
+        else:
+            tab = self._table_of(snap, kind, views)
+        size, step, bound = tab.size, tab.step, tab.bound
+        stamp = np.fromiter((recent.get(v.group_id, 0) for v in views), float, g)
+        since = np.full(g, -1.0)
+        for i, v in enumerate(views):
+            chk = self._checked.get(v.group_id)
+            if chk is not None and chk[0] == freed_value and recent.get(v.group_id, -1) <= chk[1]:
+                since[i] = chk[1]
+        cap = self.config.max_group_size
+        mask = ((size[:, None] <= size[None, :]) & (size[None, :] <= cap - size[:, None])
+                & (step[None, :] < np.minimum(bound[:, None], bound[None, :])) & (stamp[None, :] > since[:, None]))
+        np.fill_diagonal(mask, False)
+        src, dst = np.nonzero(mask)
+        if src.size and tab.batch is not None:
+            known = tab.known[src] & tab.known[dst]
+            s, d = src[known], dst[known]
+            t = tab.batch.step_times(FusedBatch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
+            refuse = _refused(t, np.minimum(bound[s], bound[d]), tab.iso[s] + tab.iso[d],
+                              tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain)
+            keep = np.ones(src.size, bool)
+            keep[np.flatnonzero(known)[refuse]] = False
+            src, dst = src[keep], dst[keep]
+        out: dict[int, list[int]] = {}
+        for i, j in zip(src.tolist(), dst.tolist()):
+            out.setdefault(i, []).append(j)
+        return out
+
+    def _kind_table(self, snap: Snapshot, kind: tuple) -> "_KindTable":
+        """The running groups of ``kind`` as arrays (start order), as grouping last noted them;
+        rebuilt when a group of the kind changes, opens or closes."""
+        gids = snap.kinds.get(kind, ())
+        recent = self._recent.get(kind)
+        valid = (next(reversed(recent.values())) if recent else -1, len(gids), id(snap.cost_model))
+        hit = self._tables.get(kind)
+        if hit is None or hit.valid != valid:
+            hit = self._tables[kind] = self._table_of(snap, kind, [self._protos[gid] for gid in gids])
+            hit.valid = valid
+        return hit
+
+    def _table_of(self, snap: Snapshot, kind: tuple, groups: list[PlannedGroup]) -> "_KindTable":
+        """``_KindTable`` of ``groups`` (all of ``kind``, none changed in this decision)."""
+        n = len(groups)
+        fb = self._batch(snap, kind)
+        feats = [self._features(fb, g) for g in groups] if fb is not None else [None] * n
+        iso = np.fromiter((f[1] if f is not None else sum(j.isolated_step_time_s for j in g.members)
+                           for f, g in zip(feats, groups)), float, n)
+        step = np.fromiter((g.step_time_s(snap, self.plan) for g in groups), float, n)
+        known = np.fromiter((f is not None for f in feats), bool, n)
+        rows = np.stack([f[0] if f is not None else np.zeros(WIDTH) for f in feats]) if fb is not None and n \
+            else np.zeros((n, WIDTH))
+        return _KindTable(gids=[g.group_id for g in groups],
+                          size=np.fromiter((len(g.members) for g in groups), float, n), step=step,
+                          bound=np.fromiter((g.slowdown_bound_s(snap, self.plan) for g in groups), float, n),
+                          iso=iso, rate=iso / step, nano=np.fromiter((g.nano_batches for g in groups), float, n),
+                          rows=rows, known=known, batch=fb)
+
+    def _batch(self, snap: Snapshot, kind: tuple) -> FusedBatch | None:
+        """The batch cost model for groups of ``kind`` (None where it does not apply)."""
+        key = (id(snap.cost_model), snap.cluster.gpu.name, kind)
+        hit = self._batches.get(key)
+        if hit is None or hit[0] is not snap.cost_model:
+            fb = FusedBatch.of(snap.cost_model, kind[0], snap.cluster.gpu.name, kind[1]) if self.plan == "fused" else None
+            hit = self._batches[key] = (snap.cost_model, fb)
+        return hit[1]
+
+    def _features(self, fb: FusedBatch, g: PlannedGroup) -> tuple | None:
+        """(batch feature row, Σ isolated step time) of a running group, kept per membership
+        version; None if the batch cannot describe it."""
+        hit = self._feats.get(g.group_id)
+        if hit is None or hit[0] != g.version or hit[1] is not fb:
+            row = fb.row([j.member for j in g.members])
+            val = None if row is None else (row, sum(j.isolated_step_time_s for j in g.members))
+            hit = self._feats[g.group_id] = (g.version, fb, val)
+        return hit[2]
+
+    def _job_row(self, fb: FusedBatch, job: Job) -> np.ndarray | None:
+        """Batch feature row of one job (kept per batch and job shape)."""
+        key = (id(fb), job.member)
+        hit = self._job_rows.get(key)
+        if hit is None or hit[0] is not fb:
+            hit = self._job_rows[key] = (fb, fb.row([job.member]))
+        return hit[1]
 
     def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in
@@ -535,3 +671,48 @@ class TLoRA:
             live[gid] = (tuner, last, members)
         self._tuners = live
         return out
+
+
+_SCREEN_MIN = 4
+"""Fewest unanswered join candidates worth one batch cost-model call (``TLoRA._screen_joins``)."""
+
+
+@dataclass
+class _KindTable:
+    """Running groups of one kind as arrays (index i = ``gids[i]``): members, step time (s),
+    slowdown bound (s), Σ isolated step time (s), collective rate, nano-batches, and the batch
+    cost model's feature rows (``known``: the row describes the group)."""
+
+    gids: list[int]
+    size: np.ndarray
+    step: np.ndarray
+    bound: np.ndarray
+    iso: np.ndarray
+    rate: np.ndarray
+    nano: np.ndarray
+    rows: np.ndarray
+    known: np.ndarray
+    batch: FusedBatch | None
+    valid: tuple = ()
+    _index: dict | None = None
+
+    def index(self) -> dict[int, int]:
+        """Group id -> row."""
+        if self._index is None:
+            self._index = {gid: i for i, gid in enumerate(self.gids)}
+        return self._index
+
+    def take(self, idx: np.ndarray) -> "_KindTable":
+        """The table re-ordered (or subset) by ``idx``."""
+        return _KindTable([self.gids[i] for i in idx.tolist()], self.size[idx], self.step[idx], self.bound[idx],
+                          self.iso[idx], self.rate[idx], self.nano[idx], self.rows[idx], self.known[idx], self.batch)
+
+
+def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
+    time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
+    (the apart rate plus the minimum gain), each by more than ``REL_MARGIN`` beyond the batch's
+    error (``sim.fused_batch``)."""
+    over = step_s > bound_s * (1 + 1e-12) * (1 + REL_MARGIN)
+    short = (need > 0) & (iso_s / step_s * (1 + REL_MARGIN) < need * (1 - REL_MARGIN))
+    return over | short

@@ -133,9 +133,11 @@ def group_view(gid: int, members: Sequence[Job], placement, plan: str = "fused",
 
 
 def run_engine(jobs: Sequence[Job], policy, spec: str = "2x8xH100", *, pause: float = 30.0,
-               check: bool = True) -> SimResult:
-    """Run the engine (invariants checked by default) and return its result."""
-    return Engine(list(jobs), cluster(spec), CM, policy, regroup_pause_s=pause, check_invariants=check).run()
+               check: bool = True, cost_model=None) -> SimResult:
+    """Run the engine (invariants checked by default) and return its result (cost model: the
+    suite's roofline ``CM`` unless given)."""
+    return Engine(list(jobs), cluster(spec), cost_model or CM, policy, regroup_pause_s=pause,
+                  check_invariants=check).run()
 
 
 def policy(name: str, **options):

@@ -68,15 +68,28 @@ class Reference(TLoRA):
 
 
 # workloads where a stale "refused" answer would show (checked: skipping the changed partners, or
-# never invalidating the join-target memo, makes the comparison fail on each of them)
-@pytest.mark.parametrize("trace, spec", [("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100"),
-                                         ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100")])
-def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, reliability):
-    jobs, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0, cost_model="roofline"))
+# never invalidating the join-target memo, makes the comparison fail on each of them); under the
+# profiled model the batch cost model's screen (``sim.fused_batch``) refuses most pairs unasked
+@pytest.mark.parametrize("trace, spec, cost_model", [
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "roofline"),
+    ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100", "roofline"),
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "profiled"),
+    ("synthetic:jobs=500,seed=3,load=0.8,gpus=32", "4x8xH100", "profiled"),
+])
+def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, reliability, monkeypatch):
+    import policies.tlora as tlora_module
+
+    screened = []
+    real = tlora_module._refused
+    monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
+                                                    cost_model=cost_model))
     ref = Reference(TLoRAConfig(tick_s=300.0))
-    fast = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec)
-    slow = run_engine(jobs, ref, spec)
+    fast = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, cost_model=model)
+    slow = run_engine(jobs, ref, spec, cost_model=model)
     assert ref.merges > 0 and ref.joins > 0, "the workload must exercise consolidation and joins"
+    if cost_model == "profiled":
+        assert sum(screened) > 0, "the batch screen must refuse candidates for the comparison to test it"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in fast.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in slow.records]
     assert fast.timeline == slow.timeline

@@ -1,0 +1,269 @@
+"""Profiled fused-plan step times of many candidate groups in one numpy call (issue 6: cost-model
+lookups vectorised), for the policies' merge tests.
+
+The profiled model (``sim/profiled.py``) sees a group's mix, for the ``fused`` plan, only through
+sums over its members (tokens, rank x tokens, ranks, bucketed rank x tokens, adapters, adapter
+parameters, sequences per sequence length) and its largest rank. So the features of a merged group
+are its parts' features added (the largest rank: their maximum), and ``FusedBatch.step_times``
+evaluates the model's formula on many rows of features at once: the same tables, the same
+interpolation and extrapolation rules, the same terms (layer = smoothmax(GPU part, host part),
+head, AdamW, communication, nano-batching), with one micro-batch.
+
+Exactness: the batch's sums are associated differently from the scalar model's and numpy's
+log/exp/power may differ from the C library's in the last place, so its answers agree with
+``ProfiledCostModel.step_time_s`` to a relative error of a few 1e-16 per operation
+(``tests/test_fused_batch.py`` bounds it by 1e-12 over every shipped model). Callers use the
+batch only to *refuse* candidates that miss a threshold by more than ``REL_MARGIN`` (1e-9, three
+orders above that bound) and ask the scalar model about everything else, so no decision changes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from sim import roofline as rf
+from sim.cluster import GPUS
+from sim.costmodel import Member
+from sim.profiled import LINEARS_PER_LAYER, ProfiledCostModel, _bucket, _tables
+from sim.models import get_model
+
+REL_MARGIN = 1e-9
+"""Relative margin a batch answer must clear a threshold by before a caller may act on it."""
+
+# feature columns of a row; then one column of sequences per known sequence length
+ADAPTERS, TOKENS, RANK_TOKENS, RANKS, BUCKET_RANK_TOKENS, LORA_PARAMS, MAX_RANK = range(7)
+N_FIXED = 7
+MAX_SEQ_LENS = 16
+WIDTH = N_FIXED + MAX_SEQ_LENS
+
+
+class FusedBatch:
+    """Vectorised ``fused`` step times of one (base model, GPU type, GPU count) under a profiled
+    artifact. Build with ``FusedBatch.of``; ``None`` where the batch does not apply (another cost
+    model, a GPU or model without measured tables, an artifact with a residual correction).
+
+    Rows (``row``) are float64 arrays of shape (``WIDTH``,): per-GPU sums over the members
+    (micro-batch of ``batch_size / n_gpus`` sequences each) in the columns ``ADAPTERS`` ...
+    ``LORA_PARAMS``, the largest rank in ``MAX_RANK``, and sequences per sequence length in the
+    columns after ``N_FIXED`` (the instance numbers sequence lengths as it meets them, at most
+    ``MAX_SEQ_LENS``).
+    """
+
+    def __init__(self, cost_model: ProfiledCostModel, model: str, gpu_name: str, n_gpus: int):
+        art = cost_model.artifact
+        self.m, self.gpu, self.n = get_model(model), GPUS[gpu_name], int(n_gpus)
+        self.tab = _tables(cost_model.key, model)
+        entry = art["models"][model]
+        self.pe = entry["plans"]["fused"]
+        self.opt = art["optimizer"]["coef"]
+        self.seq_col: dict[int, int] = {}
+        self.seqs: list[int] = []
+        t = self.tab
+        self._l0 = (np.log(t.l0_t), np.log(t.l0_ms))
+        self._head = (np.log(t.h_t), np.log(t.h_ms))
+        self._attn = {s: (np.log(bs), np.log(ms)) for s, (bs, ms, _) in t.attn.items()}
+        coef = self.pe["coef"]
+        cols = (("adapters", ADAPTERS), ("tokens", TOKENS), ("rank_tokens", RANK_TOKENS), ("ranks", RANKS),
+                ("bucket_rank_tokens", BUCKET_RANK_TOKENS))
+        self._coef = (coef.get("const", 0.0), [(col, coef[name]) for name, col in cols if coef.get(name)])
+        self._c_max = coef.get("max_rank_tokens", 0.0)
+
+    @classmethod
+    def of(cls, cost_model, model: str, gpu_name: str, n_gpus: int) -> "FusedBatch | None":
+        """The batch for this kind of group, or None where the scalar model must answer alone."""
+        if not isinstance(cost_model, ProfiledCostModel):
+            return None
+        art = cost_model.artifact
+        if gpu_name != art["gpu"] or gpu_name not in GPUS or model not in art["models"]:
+            return None
+        pe = art["models"][model]["plans"].get("fused")
+        if pe is None or pe.get("correction"):
+            return None
+        return cls(cost_model, model, gpu_name, n_gpus)
+
+    # ---- features ------------------------------------------------------------------------------
+    def row(self, members: Sequence[Member]) -> np.ndarray | None:
+        """Feature row of a group (shape (``WIDTH``,)); None if it brings more than
+        ``MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
+        out = np.zeros(WIDTH)
+        n = self.n
+        lp = self.m.lora_dims_per_rank
+        a = t_sum = rt = r_sum = brt = p_sum = 0.0
+        max_r = 0
+        for x in members:
+            b = x.batch_size / n
+            t = b * x.seq_len
+            a += 1.0
+            t_sum += t
+            rt += x.rank * t
+            r_sum += x.rank
+            brt += _bucket(x.rank) * t
+            p_sum += x.rank * lp
+            max_r = max(max_r, x.rank)
+            c = self.seq_col.get(x.seq_len)
+            if c is None:
+                if len(self.seqs) >= MAX_SEQ_LENS:
+                    return None
+                c = self.seq_col[x.seq_len] = N_FIXED + len(self.seqs)
+                self.seqs.append(int(x.seq_len))
+            out[c] += b
+        out[:N_FIXED] = (a, t_sum, rt, r_sum, brt, p_sum, max_r)
+        return out
+
+    @staticmethod
+    def merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Rows of the groups ``a`` and ``b`` merged (broadcasting: shapes (W,) or (P, W))."""
+        out = a + b
+        out[..., MAX_RANK] = np.maximum(a[..., MAX_RANK], b[..., MAX_RANK])
+        return out
+
+    # ---- the model -----------------------------------------------------------------------------
+    def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
+        """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
+        ``nano`` (shape (P,) or one int), one micro-batch: ``sim.profiled._predict`` for the
+        ``fused`` plan, row by row."""
+        rows = np.atleast_2d(rows)
+        N = np.broadcast_to(np.asarray(nano, dtype=float), (len(rows),))
+        k, T, P = rows[:, ADAPTERS], rows[:, TOKENS], rows[:, LORA_PARAMS]
+        pe, m = self.pe, self.m
+        # layer: GPU part (base curve, attention, adapter term) and host part (sim.profiled.layer_ms)
+        gpu_ms = self._l0g(T / N) * N
+        groups = 0.0
+        for j, s in enumerate(self.seqs):
+            b = rows[:, N_FIXED + j]
+            has = b > 0
+            if has.all():
+                gpu_ms = gpu_ms + self._attg(s, b)
+                groups = groups + 1.0
+            elif has.any():
+                at = np.zeros(len(b))
+                at[has] = self._attg(s, b[has])
+                gpu_ms = gpu_ms + at
+                groups = groups + has
+        c0, coefs = self._coef
+        term = c0 * 1.0
+        for col, c in coefs:
+            term = term + c * rows[:, col]
+        if self._c_max:
+            term = term + self._c_max * (rows[:, MAX_RANK] * T)
+        term = np.where(N > 1, c0 * N + (term - c0) / N, term)
+        host = pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * k + pe.get("cpu_g", 0.0) * groups
+        host = np.maximum(host - pe.get("call_ms", 0.0), 0.5 * host)
+        lay = _smoothmax(gpu_ms + term, N * host, pe.get("p", 64.0))
+        c = self.opt
+        opt = c["const"] + c["per_mparam"] * P / 1e6 + c["per_tensor"] * (2 * LINEARS_PER_LAYER * m.layers)
+        step = (m.layers * lay + self._head_ms(T)) / 1e3 + opt / 1e3
+        if self.n > 1:
+            step = step + self._comm_s(P) / N
+        return step
+
+    def _comm_s(self, P: np.ndarray) -> np.ndarray:
+        """``sim.profiled._comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
+        m, gpu, n = self.m, self.gpu, self.n
+        link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
+        comm = 2.0 * (n - 1) / n * 2 * P / link + rf.ALLREDUCE_LATENCY_S * m.layers
+        if rf._base_sharded(m, gpu, n):
+            comm = comm + 2.0 * (n - 1) / n * 2 * (m.layers * m.block_linear_params + m.vocab * m.hidden) / link
+        return comm
+
+    def _gemm_rate(self, t: np.ndarray) -> np.ndarray:
+        scale = self.gpu.matmul_flops / rf._H100_MATMUL
+        t = np.maximum(t, 1e-9)
+        lo = rf._GEMM_TOKENS[0]
+        low = rf._GEMM_TFLOPS[0] * 1e12 * scale * t / lo
+        high = np.interp(np.log(t), np.log(rf._GEMM_TOKENS), rf._GEMM_TFLOPS) * 1e12 * scale
+        return np.where(t < lo, low, high)
+
+    def _roof(self, t: np.ndarray) -> np.ndarray:
+        """``sim.profiled._roof_l0_ms``, vectorised."""
+        m, gpu = self.m, self.gpu
+        t = np.maximum(t, 1e-6)
+        p = m.block_linear_params
+        base = np.maximum(4.0 * p * t / self._gemm_rate(t), 2 * 2 * p / gpu.mem_bw_bytes_s)
+        return 1e3 * (base + t * rf.ELEMENTWISE_BYTES_PER_TOKEN(m) / gpu.mem_bw_bytes_s)
+
+    def _roof_head(self, t: np.ndarray) -> np.ndarray:
+        m, gpu = self.m, self.gpu
+        t = np.maximum(t, 1e-6)
+        p = m.vocab * m.hidden
+        return 1e3 * (np.maximum(4.0 * p * t / self._gemm_rate(t), 2 * 2 * p / gpu.mem_bw_bytes_s)
+                      + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
+
+    def _l0g(self, t: np.ndarray) -> np.ndarray:
+        """``Tables.l0g``, vectorised: log-log inside the table, roofline-shaped beyond it and
+        below the first GPU-bound point."""
+        tab = self.tab
+        xs, ys = tab.l0_t, tab.l0_ms
+        out = _loglog(t, *self._l0, len(xs), ys[0])
+        hi = t > xs[-1]
+        if hi.any():
+            out[hi] = ys[-1] * self._roof(t[hi]) / self._roof(np.float64(xs[-1]))
+        lo = t < tab.l0_from
+        if lo.any():
+            out[lo] = tab.l0_from_ms * self._roof(t[lo]) / self._roof(np.float64(tab.l0_from))
+            below = (t >= tab.l0_from) & (t < xs[0])  # only where the first GPU-bound point is not the first measured one
+            if below.any():
+                out[below] = ys[0] * self._roof(t[below]) / self._roof(np.float64(xs[0]))
+        return out
+
+    def _head_ms(self, t: np.ndarray) -> np.ndarray:
+        """``Tables.head``, vectorised."""
+        xs, ys = self.tab.h_t, self.tab.h_ms
+        out = _loglog(t, *self._head, len(xs), ys[0])
+        for edge, v, side in ((xs[-1], ys[-1], t > xs[-1]), (xs[0], ys[0], t < xs[0])):
+            if side.any():
+                out[side] = v * self._roof_head(t[side]) / self._roof_head(np.float64(edge))
+        return out
+
+    def _attn_at(self, s: int, b: np.ndarray) -> np.ndarray:
+        """``Tables._attn_at(s, b, gpu=True)`` for a measured sequence length, vectorised."""
+        bs, ms, b0 = self.tab.attn[s]
+        lx, ly = self._attn[s]
+        out = _loglog(b, lx, ly, len(bs), ms[0])
+        hi = b > bs[-1]
+        if hi.any():
+            out[hi] = ms[-1] * b[hi] / bs[-1]
+        lo = b < b0
+        if lo.any():
+            at_b0 = float(_loglog(np.float64(b0), lx, ly, len(bs), ms[0]))
+            out[lo] = at_b0 * b[lo] / b0
+            below = (b >= b0) & (b < bs[0])
+            if below.any():
+                out[below] = ms[0] * b[below] / bs[0]
+        return out
+
+    def _attg(self, s: int, b: np.ndarray) -> np.ndarray:
+        """``Tables.attg``, vectorised over sequence counts ``b`` (> 0)."""
+        ss = self.tab.attn_s
+        if s in self.tab.attn:
+            return self._attn_at(s, b)
+        if s < ss[0] or s > ss[-1]:
+            edge = ss[0] if s < ss[0] else ss[-1]
+            return self._attn_at(edge, b) * (s / edge) ** 2
+        j = int(np.searchsorted(ss, s))
+        s0, s1 = ss[j - 1], ss[j]
+        v0, v1 = self._attn_at(s0, b), self._attn_at(s1, b)
+        w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return np.exp((1 - w) * np.log(v0) + w * np.log(v1))
+
+
+def _loglog(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
+    """``sim.profiled._loglog`` on an array (values outside the table are the edge values;
+    callers replace them)."""
+    if n == 1:
+        return np.full(np.shape(x), float(y0))
+    return np.exp(np.interp(np.log(x), lx, ly))
+
+
+def _smoothmax(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+    """``sim.profiled.smoothmax``, vectorised (a, b > 0)."""
+    if p >= 64:
+        return np.maximum(a, b)
+    hi = np.maximum(a, b)
+    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+
+
+__all__ = ["FusedBatch", "REL_MARGIN"]

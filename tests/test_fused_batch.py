@@ -1,0 +1,75 @@
+"""The batch form of the profiled fused-plan model (``sim.fused_batch``) gives the scalar model's
+step times, for single groups and merged pairs, inside and outside the measured grids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.costmodel import Member
+from sim.fused_batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
+from sim.profiled import default_cost_model
+from sim.roofline import RooflineCostModel
+
+RANKS = [4, 8, 16, 32, 64, 128, 256]
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+SEQS = [128, 512, 1024, 1536, 2048, 3000, 4096, 8192]  # measured lengths, between them and beyond them
+TOLERANCE = 1e-12  # the batch's own error; callers act only beyond REL_MARGIN
+
+
+def _groups(rng, count):
+    return [[Member(int(rng.choice(RANKS)), int(rng.choice(BATCHES)), int(rng.choice(SEQS)))
+             for _ in range(int(rng.integers(1, 9)))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("gpu", ["H100", "H200"])
+def test_batch_step_times_equal_the_scalar_model_for_groups_and_merges(gpu):
+    cm = default_cost_model(gpu)
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for model in cm.artifact["models"]:
+        for n in (1, 4, 8, 16):
+            fb = FusedBatch.of(cm, model, gpu, n)
+            assert fb is not None
+            groups = _groups(rng, 24)
+            rows = np.array([fb.row(g) for g in groups])
+            i, j = rng.integers(0, len(groups), 24), rng.integers(0, len(groups), 24)
+            for nano in (1, 2, 8):
+                nanos = rng.choice([1, nano], len(i))
+                got = np.concatenate([fb.step_times(rows, nano), fb.step_times(FusedBatch.merge(rows[i], rows[j]), nanos)])
+                want = [cm.step_time_s(model, gpu, tuple(sorted(g)), n, "fused", nano) for g in groups]
+                want += [cm.step_time_s(model, gpu, tuple(sorted(groups[a] + groups[b])), n, "fused", int(k))
+                         for a, b, k in zip(i, j, nanos)]
+                worst = max(worst, float(np.max(np.abs(got / np.array(want) - 1))))
+    assert worst < TOLERANCE < REL_MARGIN
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(RANKS), st.integers(1, 128), st.sampled_from(SEQS)), min_size=1, max_size=16),
+       st.sampled_from([1, 2, 8, 32]), st.integers(1, 16))
+def test_batch_matches_the_scalar_model_on_any_mix(mix, n, nano):
+    cm = default_cost_model("H100")
+    members = [Member(*x) for x in mix]
+    fb = FusedBatch.of(cm, "llama3-8b", "H100", n)
+    got = float(fb.step_times(fb.row(members), nano)[0])
+    want = cm.step_time_s("llama3-8b", "H100", tuple(sorted(members)), n, "fused", nano)
+    assert got == pytest.approx(want, rel=TOLERANCE)
+
+
+def test_merged_rows_are_the_rows_of_the_union():
+    cm = default_cost_model("H100")
+    fb = FusedBatch.of(cm, "qwen3-8b", "H100", 2)
+    a = [Member(8, 4, 512), Member(64, 2, 2048)]
+    b = [Member(128, 1, 512)]
+    assert np.array_equal(FusedBatch.merge(fb.row(a), fb.row(b)), fb.row(a + b))
+
+
+def test_the_batch_declines_what_it_cannot_describe():
+    assert FusedBatch.of(RooflineCostModel(), "llama3-8b", "H100", 8) is None
+    cm = default_cost_model("H100")
+    assert FusedBatch.of(cm, "llama3-8b", "A100", 8) is None  # no measured tables for that GPU
+    fb = FusedBatch.of(cm, "llama3-8b", "H100", 8)
+    assert fb.row([Member(8, 1, 100 + s) for s in range(MAX_SEQ_LENS)]) is not None
+    assert fb.row([Member(8, 1, 5000)]) is None  # one sequence length too many for its columns
