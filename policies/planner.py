@@ -97,7 +97,8 @@ class Planner:
     def _kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
         lst = self._by_kind.get(kind)
         if lst is None:
-            lst = [self.group(gid) for gid in self._kinds.get(kind, ())] if self._kinds is not None else []
+            lst = [self.group(gid) for gid in self._kinds.get(kind, ()) if gid not in self._removed_ids] \
+                if self._kinds is not None else []
             lst += self._new_by_kind.get(kind, [])
             self._by_kind[kind] = lst
         return lst
@@ -182,7 +183,9 @@ class Planner:
         src.removed = list(src.members)
         src.members = []
         self.free.apply(src.placement, +1)
-        self._kind((src.model, src.n_gpus)).remove(src)
+        lst = self._by_kind.get((src.model, src.n_gpus))  # a kind not read yet leaves src out when it is
+        if lst is not None:
+            lst.remove(src)
         self._groups = None
         self.removed_groups.append(src)
         self._removed_ids.add(src.group_id)

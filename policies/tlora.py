@@ -109,7 +109,7 @@ class TLoRA:
         self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
         self._batches: dict[tuple, tuple] = {}  # (cost model id, GPU, kind) -> (cost model, FusedBatch or None)
         self._feats: dict[int, tuple] = {}  # group id -> (membership version, batch, (feature row, Σ T_iso))
-        self._tables: dict[tuple, _KindTable] = {}  # kind -> its running groups as arrays
+        self._tables: dict[tuple, _KindTable] = {}  # kind -> its running groups as arrays (``_note_changes``)
         self._job_rows: dict[tuple, tuple] = {}  # (batch id, job shape) -> (batch, feature row)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
@@ -374,15 +374,16 @@ class TLoRA:
         row = None if fb is None else self._job_row(fb, job)
         if row is None:
             return
-        tab = self._kind_table(snap, kind)
-        at = tab.index()
-        i = np.fromiter((at[gid] for gid in todo), int, len(todo))
-        i = i[tab.known[i]]
+        tab = self._tables[kind]
+        todo = np.asarray(todo)
+        i = tab.slots(todo)
+        known = tab.known[i]
+        i, todo = i[known], todo[known]
         t = fb.step_times(FusedBatch.merge(tab.rows[i], row), tab.nano[i])
         refuse = _refused(t, np.minimum(tab.bound[i], job.max_slowdown * job.isolated_step_time_s),
                           tab.iso[i] + job.isolated_step_time_s, tab.rate[i] + bonus + self.config.min_gain)
-        for k in np.flatnonzero(refuse).tolist():
-            answers[tab.gids[i[k]]][jkey] = False
+        for gid in todo[refuse].tolist():
+            answers[gid][jkey] = False
 
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
@@ -436,6 +437,7 @@ class TLoRA:
                 self._protos.pop(gid, None)
                 if kind is not None:
                     self._recent[kind].pop(gid, None)
+                    self._tables[kind].drop(gid)
                 continue
             g = snap.groups[gid]
             kind = (g.model, g.n_gpus)
@@ -444,6 +446,7 @@ class TLoRA:
                 if prev is not None:
                     self._recent[prev].pop(gid, None)
                     self._sig.pop(gid, None)
+                    self._tables[prev].drop(gid)
                 self._kind_of[gid] = kind
             members = tuple(g.members)  # the Job objects: compared by identity first, then by value
             self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
@@ -454,8 +457,14 @@ class TLoRA:
             version = 0 if old is None else old[1] + (old[0] != members)
             self._sig[gid] = (members, version, nano, g.placement)
             proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
-            proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
+            step = proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
             self._protos[gid] = proto
+            tab = self._tables.get(kind)
+            if tab is None:
+                tab = self._tables[kind] = _KindTable(snap.cost_model, self._batch(snap, kind))
+            feats = self._features(tab.batch, proto) if tab.batch is not None else None
+            iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
+            tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano, None if feats is None else feats[0])
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp
@@ -487,22 +496,25 @@ class TLoRA:
             else:
                 views = [g for g in plan.of_kind(kind) if g.group_id is not None and not g.added]
             views.sort(key=lambda g: (len(g.members), g.group_id))
-            cands = self._pair_candidates(snap, kind, views, recent, freed_value)
+            at = self._tables[kind].slots([v.group_id for v in views])
+            cands = self._pair_candidates(snap, kind, views, at, recent, freed_value)
             merged_into: list[PlannedGroup] = []  # groups given members in this tick
+            screens: dict[int, np.ndarray | None] = {}  # their screens over the sources (``_screen_column``)
             consumed: set[int] = set()  # ids of groups merged away or given members
             for i, view in enumerate(views):
                 gid = view.group_id
                 if gid in consumed:
                     continue
                 partners = [plan.group(views[j].group_id) for j in cands.get(i, ()) if views[j].group_id not in consumed]
-                src = plan.group(gid) if partners or merged_into else view
-                n_src = len(src.members)
-                bound_src = src.slowdown_bound_s(snap, self.plan)
+                n_src = len(view.members)
+                bound_src = view.slowdown_bound_s(snap, self.plan)
                 # groups changed in this tick: merge_ok's cheap tests here, the batch screened the rest
-                partners += [d for d in merged_into if n_src <= len(d.members) <= self.config.max_group_size - n_src
+                partners += [d for d in merged_into if (screens[d.group_id] is None or screens[d.group_id][i])
+                             and n_src <= len(d.members) <= self.config.max_group_size - n_src
                              and d.step_time_s(snap, self.plan) < min(bound_src, d.slowdown_bound_s(snap, self.plan))]
                 best = None
                 if partners:
+                    src = plan.group(gid)
                     node = src.placement[0][0]
                     rack = cluster.rack_of(node)
                     partners.sort(key=lambda d: (0 if d.placement[0][0] == node else
@@ -521,6 +533,7 @@ class TLoRA:
                     consumed.update((gid, best.group_id))
                     if best not in merged_into:
                         merged_into.append(best)
+                    screens[best.group_id] = self._screen_column(snap, kind, at, best, freed_value)
                 else:
                     self._checked[gid] = (freed_value, self._stamp)
             if not merged_into:
@@ -528,25 +541,20 @@ class TLoRA:
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
 
-    def _pair_candidates(self, snap: Snapshot, kind: tuple, views: list[PlannedGroup], recent: dict,
-                         freed_value: float) -> dict[int, list[int]]:
+    def _pair_candidates(self, snap: Snapshot, kind: tuple, views: list[PlannedGroup], at: np.ndarray,
+                         recent: dict, freed_value: float) -> dict[int, list[int]]:
         """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
         ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
         the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
         and that the batch cost model (``sim.fused_batch``, where it applies) does not refuse by
         more than its margin (merged step time over the bound, or collective throughput short of
-        what the two do apart). Sources with no partner left are absent."""
+        what the two do apart). ``at``: the views' slots in the kind's table. Sources with no
+        partner left are absent."""
         g = len(views)
         if g < 2:
             return {}
-        if snap.kinds is not None:
-            tab = self._kind_table(snap, kind)
-            at = tab.index()
-            perm = np.fromiter((at[v.group_id] for v in views), int, g)
-            tab = tab.take(perm)
-        else:
-            tab = self._table_of(snap, kind, views)
-        size, step, bound = tab.size, tab.step, tab.bound
+        tab = self._tables[kind]
+        size, step, bound = tab.size[at], tab.step[at], tab.bound[at]
         stamp = np.fromiter((recent.get(v.group_id, 0) for v in views), float, g)
         since = np.full(g, -1.0)
         for i, v in enumerate(views):
@@ -559,10 +567,10 @@ class TLoRA:
         np.fill_diagonal(mask, False)
         src, dst = np.nonzero(mask)
         if src.size and tab.batch is not None:
-            known = tab.known[src] & tab.known[dst]
-            s, d = src[known], dst[known]
+            known = tab.known[at[src]] & tab.known[at[dst]]
+            s, d = at[src[known]], at[dst[known]]
             t = tab.batch.step_times(FusedBatch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
-            refuse = _refused(t, np.minimum(bound[s], bound[d]), tab.iso[s] + tab.iso[d],
+            refuse = _refused(t, np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
                               tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain)
             keep = np.ones(src.size, bool)
             keep[np.flatnonzero(known)[refuse]] = False
@@ -572,34 +580,22 @@ class TLoRA:
             out.setdefault(i, []).append(j)
         return out
 
-    def _kind_table(self, snap: Snapshot, kind: tuple) -> "_KindTable":
-        """The running groups of ``kind`` as arrays (start order), as grouping last noted them;
-        rebuilt when a group of the kind changes, opens or closes."""
-        gids = snap.kinds.get(kind, ())
-        recent = self._recent.get(kind)
-        valid = (next(reversed(recent.values())) if recent else -1, len(gids), id(snap.cost_model))
-        hit = self._tables.get(kind)
-        if hit is None or hit.valid != valid:
-            hit = self._tables[kind] = self._table_of(snap, kind, [self._protos[gid] for gid in gids])
-            hit.valid = valid
-        return hit
-
-    def _table_of(self, snap: Snapshot, kind: tuple, groups: list[PlannedGroup]) -> "_KindTable":
-        """``_KindTable`` of ``groups`` (all of ``kind``, none changed in this decision)."""
-        n = len(groups)
-        fb = self._batch(snap, kind)
-        feats = [self._features(fb, g) for g in groups] if fb is not None else [None] * n
-        iso = np.fromiter((f[1] if f is not None else sum(j.isolated_step_time_s for j in g.members)
-                           for f, g in zip(feats, groups)), float, n)
-        step = np.fromiter((g.step_time_s(snap, self.plan) for g in groups), float, n)
-        known = np.fromiter((f is not None for f in feats), bool, n)
-        rows = np.stack([f[0] if f is not None else np.zeros(WIDTH) for f in feats]) if fb is not None and n \
-            else np.zeros((n, WIDTH))
-        return _KindTable(gids=[g.group_id for g in groups],
-                          size=np.fromiter((len(g.members) for g in groups), float, n), step=step,
-                          bound=np.fromiter((g.slowdown_bound_s(snap, self.plan) for g in groups), float, n),
-                          iso=iso, rate=iso / step, nano=np.fromiter((g.nano_batches for g in groups), float, n),
-                          rows=rows, known=known, batch=fb)
+    def _screen_column(self, snap: Snapshot, kind: tuple, at: np.ndarray, d: PlannedGroup,
+                       freed_value: float) -> np.ndarray | None:
+        """For group ``d``, just given members in this tick, whether ``merge_ok`` must still be
+        asked about moving each source (the kind's table slots ``at``) into it: False where the
+        batch cost model refuses the pair by more than its margin. None: no screen (the batch does
+        not apply)."""
+        tab = self._tables[kind]
+        row = None if tab.batch is None else tab.batch.row([j.member for j in d.members])
+        if row is None:
+            return None
+        step, bound = d.step_time_s(snap, self.plan), d.slowdown_bound_s(snap, self.plan)
+        iso = sum(j.isolated_step_time_s for j in d.members)
+        t = tab.batch.step_times(FusedBatch.merge(tab.rows[at], row), d.nano_batches)
+        refuse = _refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
+                          tab.rate[at] + iso / step - freed_value + self.config.min_gain)
+        return ~(refuse & tab.known[at])
 
     def _batch(self, snap: Snapshot, kind: tuple) -> FusedBatch | None:
         """The batch cost model for groups of ``kind`` (None where it does not apply)."""
@@ -677,35 +673,58 @@ _SCREEN_MIN = 4
 """Fewest unanswered join candidates worth one batch cost-model call (``TLoRA._screen_joins``)."""
 
 
-@dataclass
 class _KindTable:
-    """Running groups of one kind as arrays (index i = ``gids[i]``): members, step time (s),
-    slowdown bound (s), Σ isolated step time (s), collective rate, nano-batches, and the batch
-    cost model's feature rows (``known``: the row describes the group)."""
+    """The running groups of one kind as arrays, one slot per group, kept up to date as groups
+    change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
+    time (s), collective rate (Σ T_iso / step), nano-batches, and the batch cost model's feature
+    rows (``known``: the slot's row describes its group). ``slot`` maps group id -> slot."""
 
-    gids: list[int]
-    size: np.ndarray
-    step: np.ndarray
-    bound: np.ndarray
-    iso: np.ndarray
-    rate: np.ndarray
-    nano: np.ndarray
-    rows: np.ndarray
-    known: np.ndarray
-    batch: FusedBatch | None
-    valid: tuple = ()
-    _index: dict | None = None
+    def __init__(self, cost_model, batch: FusedBatch | None, capacity: int = 16):
+        self.cost_model, self.batch = cost_model, batch
+        self.slot: dict[int, int] = {}
+        self._free: list[int] = []
+        self._alloc(capacity)
 
-    def index(self) -> dict[int, int]:
-        """Group id -> row."""
-        if self._index is None:
-            self._index = {gid: i for i, gid in enumerate(self.gids)}
-        return self._index
+    def _alloc(self, cap: int) -> None:
+        old = getattr(self, "size", None)
+        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano")}
+        new["known"] = np.zeros(cap, bool)
+        new["rows"] = np.zeros((cap, WIDTH))
+        if old is not None:
+            n = len(old)
+            for name, arr in new.items():
+                arr[:n] = getattr(self, name)
+            self._free = list(range(cap - 1, n - 1, -1)) + self._free
+        else:
+            self._free = list(range(cap - 1, -1, -1))
+        for name, arr in new.items():
+            setattr(self, name, arr)
 
-    def take(self, idx: np.ndarray) -> "_KindTable":
-        """The table re-ordered (or subset) by ``idx``."""
-        return _KindTable([self.gids[i] for i in idx.tolist()], self.size[idx], self.step[idx], self.bound[idx],
-                          self.iso[idx], self.rate[idx], self.nano[idx], self.rows[idx], self.known[idx], self.batch)
+    def put(self, gid: int, size: int, step: float, bound: float, iso: float, nano: int,
+            row: np.ndarray | None) -> None:
+        """Write group ``gid``'s state (a new group takes a free slot)."""
+        i = self.slot.get(gid)
+        if i is None:
+            if not self._free:
+                self._alloc(2 * len(self.size))
+            i = self.slot[gid] = self._free.pop()
+        self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
+        self.rate[i] = iso / step
+        self.known[i] = row is not None
+        if row is not None:
+            self.rows[i] = row
+
+    def drop(self, gid: int) -> None:
+        """Forget group ``gid`` (closed, or moved to another kind)."""
+        i = self.slot.pop(gid, None)
+        if i is not None:
+            self.known[i] = False
+            self._free.append(i)
+
+    def slots(self, gids) -> np.ndarray:
+        """Slots of ``gids`` (in that order)."""
+        slot = self.slot
+        return np.fromiter((slot[g] for g in gids), int, len(gids))
 
 
 def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray) -> np.ndarray:
