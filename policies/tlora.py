@@ -353,8 +353,10 @@ class TLoRA:
         if len(todo) >= _SCREEN_MIN:
             self._screen_joins(snap, kind, job, jkey, todo, answers, bonus)
         for _, _, x, proto in order:
-            g = x if isinstance(x, PlannedGroup) else plan.group(x)
             ok = answers[x].get(jkey) if proto is not None else None
+            if ok is False:
+                continue
+            g = x if isinstance(x, PlannedGroup) else plan.group(x)
             if ok is None:
                 ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
                                    + bonus)

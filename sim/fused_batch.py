@@ -30,6 +30,7 @@ from sim.costmodel import Member
 from sim.profiled import LINEARS_PER_LAYER, ProfiledCostModel, _bucket, _tables
 from sim.models import get_model
 
+_OFFSET = 32.0  # log-count shift between columns' tables in ``_attention`` (above any table's log range: e^32 sequences)
 REL_MARGIN = 1e-9
 """Relative margin a batch answer must clear a threshold by before a caller may act on it."""
 
@@ -59,6 +60,7 @@ class FusedBatch:
         entry = art["models"][model]
         self.pe = entry["plans"]["fused"]
         self.opt = art["optimizer"]["coef"]
+        self._att = None  # attention tables per column (``_attention_tables``), for len(self.seqs) columns
         self.seq_col: dict[int, int] = {}
         self.seqs: list[int] = []
         t = self.tab
@@ -131,18 +133,9 @@ class FusedBatch:
         pe, m = self.pe, self.m
         # layer: GPU part (base curve, attention, adapter term) and host part (sim.profiled.layer_ms)
         gpu_ms = self._l0g(T / N) * N
-        groups = 0.0
-        for j, s in enumerate(self.seqs):
-            b = rows[:, N_FIXED + j]
-            has = b > 0
-            if has.all():
-                gpu_ms = gpu_ms + self._attg(s, b)
-                groups = groups + 1.0
-            elif has.any():
-                at = np.zeros(len(b))
-                at[has] = self._attg(s, b[has])
-                gpu_ms = gpu_ms + at
-                groups = groups + has
+        B = rows[:, N_FIXED:N_FIXED + len(self.seqs)]
+        groups = (B > 0).sum(axis=1)
+        gpu_ms = gpu_ms + self._attention(B)
         c0, coefs = self._coef
         term = c0 * 1.0
         for col, c in coefs:
@@ -217,6 +210,48 @@ class FusedBatch:
             if side.any():
                 out[side] = v * self._roof_head(t[side]) / self._roof_head(np.float64(edge))
         return out
+
+    def _attention(self, B: np.ndarray) -> np.ndarray:
+        """Attention of each row (ms): Σ over sequence lengths of ``Tables.attg(s, b)``, for the
+        sequences per length ``B`` (shape (P, K), columns as ``self.seqs``, 0 = none)."""
+        if self._att is None or self._att[0] != len(self.seqs):
+            self._att = (len(self.seqs), self._attention_tables())
+        _, (measured, b0, last, c_lin, c_hi, lx, ly) = self._att
+        out = np.zeros(len(B))
+        if measured.any():
+            Bm = B[:, measured]
+            at = np.where(Bm < b0, Bm * c_lin, Bm * c_hi)  # below the first GPU-bound count, beyond the grid
+            mid = (Bm >= b0) & (Bm <= last)
+            if mid.any():
+                r, c = np.nonzero(mid)
+                at[r, c] = np.exp(np.interp(np.log(Bm[r, c]) + c * _OFFSET, lx, ly))
+            out += at.sum(axis=1)
+        for j in np.flatnonzero(~measured).tolist():
+            b = B[:, j]
+            has = b > 0
+            if has.any():
+                out[has] += self._attg(self.seqs[j], b[has])
+        return out
+
+    def _attention_tables(self) -> tuple:
+        """Per column: whether its length was measured (then: first GPU-bound count, last count,
+        ms per sequence below and beyond the grid, and the log-log tables laid end to end, column
+        c shifted by c x ``_OFFSET`` in log count, so one ``np.interp`` serves every column)."""
+        tab = self.tab
+        measured = np.array([s in tab.attn and tab.attn[s][2] >= tab.attn[s][0][0] >= 1
+                             and math.log(tab.attn[s][0][-1]) < _OFFSET for s in self.seqs], bool)
+        b0, last, c_lin, c_hi, lx, ly = [], [], [], [], [], []
+        for c, s in enumerate(x for x, ok in zip(self.seqs, measured) if ok):
+            bs, ms, g0 = tab.attn[s]
+            llx, lly = self._attn[s]
+            b0.append(g0)
+            last.append(bs[-1])
+            c_lin.append(float(_loglog(np.float64(g0), llx, lly, len(bs), ms[0])) / g0)
+            c_hi.append(ms[-1] / bs[-1])
+            lx.append(llx + c * _OFFSET)
+            ly.append(lly)
+        cat = (lambda v: np.concatenate(v)) if lx else (lambda v: np.zeros(0))
+        return measured, np.array(b0), np.array(last), np.array(c_lin), np.array(c_hi), cat(lx), cat(ly)
 
     def _attn_at(self, s: int, b: np.ndarray) -> np.ndarray:
         """``Tables._attn_at(s, b, gpu=True)`` for a measured sequence length, vectorised."""
