@@ -111,6 +111,10 @@ class Planner:
         """Whether running group ``gid`` was given members in this decision."""
         return gid in self._joined
 
+    def touched_ids(self):
+        """Ids of the running groups given members or merged away in this decision."""
+        return self._joined.keys() | self._removed_ids
+
     def removed(self, gid: int) -> bool:
         """Whether running group ``gid`` was merged away in this decision."""
         return gid in self._removed_ids

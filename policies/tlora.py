@@ -316,13 +316,49 @@ class TLoRA:
                             jkey: tuple) -> PlannedGroup | None:
         """``_join_target`` without its per-shape memo: running groups of the kind in start order,
         then the groups planned in this decision, ranked by residual capacity for ``job``; the first
-        that ``merge_ok`` accepts (memoised per unchanged running group and ``jkey``; groups the
-        batch cost model refuses by more than its margin are recorded refused unasked,
-        ``_screen_joins``)."""
+        that ``merge_ok`` accepts. Running groups unchanged in this decision are read from the
+        kind's table, and those the batch cost model refuses by more than its margin are passed
+        over unasked (``sim.fused_batch``); ``merge_ok``'s answers for the rest are memoised per
+        unchanged group and ``jkey``."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
+        bonus = 1.0 if can_start else 0.0
+        tab = self._tables.get(kind)
+        if tab is None or not tab.slot:
+            order = []
+        elif len(tab.slot) < _ARRAY_MIN:
+            order = self._join_order_scan(snap, plan, kind, bound_job)
+        else:
+            order = self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
+        for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
+            sl = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+            if sl > 0:
+                order.append((-sl, _AFTER_RUNNING + i, g, None))
+        order.sort(key=lambda t: (t[0], t[1]))
+        for _, _, x, proto in order:
+            ent = ok = None
+            if proto is not None:  # an unchanged running group: its answer for this job shape is kept
+                ent = self._join_memo.get(x)
+                if ent is None or ent[0] != (proto.version, proto.nano_batches):
+                    ent = self._join_memo[x] = ((proto.version, proto.nano_batches), {})
+                ok = ent[1].get(jkey)
+                if ok is False:
+                    continue
+            g = x if isinstance(x, PlannedGroup) else plan.group(x)
+            if ok is None:
+                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
+                                   + bonus)
+                if ent is not None:
+                    ent[1][jkey] = ok
+            if ok:
+                return g
+        return None
+
+    def _join_order_scan(self, snap: Snapshot, plan: Planner, kind: tuple, bound_job: float) -> list[tuple]:
+        """The running groups of ``kind`` with residual capacity left for a job of bound
+        ``bound_job``, as (-slack, start rank, group id, proto or None if changed in this decision),
+        by a scan (cheaper than the table for a few groups)."""
         order = []
-        pos = 0
-        for pos, gid in enumerate(snap.kinds.get(kind, ())):
+        for gid in snap.kinds.get(kind, ()):
             if plan.removed(gid):
                 continue
             proto = None if plan.joined(gid) else self._protos.get(gid)
@@ -333,59 +369,34 @@ class TLoRA:
                 step, bound = g.step_time_s(snap, self.plan), g.slowdown_bound_s(snap, self.plan)
             slack = min(bound, bound_job) - step
             if slack > 0:
-                order.append((-slack, pos, gid, proto))
-        for i, g in enumerate(plan.new_of_kind(kind), start=pos + 1):
-            slack = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
-            if slack > 0:
-                order.append((-slack, i, g, None))
-        order.sort(key=lambda t: (t[0], t[1]))
-        bonus = 1.0 if can_start else 0.0
-        answers = {}  # unchanged running group -> its answers for job shapes
-        todo = []
-        for _, _, x, proto in order:
-            if proto is not None:
-                ent = self._join_memo.get(x)
-                if ent is None or ent[0] != (proto.version, proto.nano_batches):
-                    ent = self._join_memo[x] = ((proto.version, proto.nano_batches), {})
-                answers[x] = ent[1]
-                if jkey not in ent[1]:
-                    todo.append(x)
-        if len(todo) >= _SCREEN_MIN:
-            self._screen_joins(snap, kind, job, jkey, todo, answers, bonus)
-        for _, _, x, proto in order:
-            ok = answers[x].get(jkey) if proto is not None else None
-            if ok is False:
-                continue
-            g = x if isinstance(x, PlannedGroup) else plan.group(x)
-            if ok is None:
-                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
-                                   + bonus)
-                if proto is not None:
-                    answers[x][jkey] = ok
-            if ok:
-                return g
-        return None
+                order.append((-slack, gid, gid, proto))
+        return order
 
-    def _screen_joins(self, snap: Snapshot, kind: tuple, job: Job, jkey: tuple, todo: list[int], answers: dict,
-                      bonus: float) -> None:
-        """Record, in the per-group answer memos ``answers`` (group id -> {job shape: may join}),
-        a refusal for each unchanged running group in ``todo`` that the batch cost model refuses
-        ``job`` by more than its margin (one call for all of them; exactly what ``merge_ok``
-        would answer, ``sim.fused_batch``)."""
-        fb = self._batch(snap, kind)
-        row = None if fb is None else self._job_row(fb, job)
-        if row is None:
-            return
-        tab = self._tables[kind]
-        todo = np.asarray(todo)
-        i = tab.slots(todo)
-        known = tab.known[i]
-        i, todo = i[known], todo[known]
-        t = fb.step_times(FusedBatch.merge(tab.rows[i], row), tab.nano[i])
-        refuse = _refused(t, np.minimum(tab.bound[i], job.max_slowdown * job.isolated_step_time_s),
-                          tab.iso[i] + job.isolated_step_time_s, tab.rate[i] + bonus + self.config.min_gain)
-        for gid in todo[refuse].tolist():
-            answers[gid][jkey] = False
+    def _join_order_table(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, tab: "_KindTable",
+                          bound_job: float, bonus: float) -> list[tuple]:
+        """``_join_order_scan`` from the kind's table, leaving out the groups the batch cost model
+        refuses ``job`` by more than its margin (``sim.fused_batch``): they would be refused."""
+        slack = np.minimum(tab.bound, bound_job) - tab.step
+        live = tab.alive & (slack > 0)
+        planned = [gid for gid in plan.touched_ids() if self._kind_of.get(gid) == kind]
+        for gid in planned:  # joined or merged away in this decision: read as planned, below
+            live[tab.slot[gid]] = False
+        idx = np.flatnonzero(live)
+        if tab.batch is not None and (row := self._job_row(tab.batch, job)) is not None:
+            k = idx[tab.known[idx]]
+            t = tab.batch.step_times(FusedBatch.merge(tab.rows[k], row), tab.nano[k])
+            live[k[_refused(t, np.minimum(tab.bound[k], bound_job), tab.iso[k] + job.isolated_step_time_s,
+                            tab.rate[k] + bonus + self.config.min_gain)]] = False
+            idx = np.flatnonzero(live)
+        protos = self._protos
+        order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
+        for gid in planned:
+            if not plan.removed(gid):
+                g = plan.group(gid)
+                sl = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+                if sl > 0:
+                    order.append((-sl, gid, gid, None))
+        return order
 
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
@@ -671,15 +682,20 @@ class TLoRA:
         return out
 
 
-_SCREEN_MIN = 4
-"""Fewest unanswered join candidates worth one batch cost-model call (``TLoRA._screen_joins``)."""
+_ARRAY_MIN = 32
+"""Fewest running groups of a kind for which the join search reads the kind's table and screens
+with the batch cost model (below, a scan with the memoised ``merge_ok`` answers is cheaper)."""
+_AFTER_RUNNING = 1 << 62
+"""Rank of the first group planned in a decision, after every running group (whose rank is its id,
+in start order) in the join-target order."""
 
 
 class _KindTable:
     """The running groups of one kind as arrays, one slot per group, kept up to date as groups
     change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
-    time (s), collective rate (Σ T_iso / step), nano-batches, and the batch cost model's feature
-    rows (``known``: the slot's row describes its group). ``slot`` maps group id -> slot."""
+    time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
+    (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
+    group). ``slot`` maps group id -> slot."""
 
     def __init__(self, cost_model, batch: FusedBatch | None, capacity: int = 16):
         self.cost_model, self.batch = cost_model, batch
@@ -691,6 +707,8 @@ class _KindTable:
         old = getattr(self, "size", None)
         new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano")}
         new["known"] = np.zeros(cap, bool)
+        new["alive"] = np.zeros(cap, bool)
+        new["gid"] = np.full(cap, -1, np.int64)
         new["rows"] = np.zeros((cap, WIDTH))
         if old is not None:
             n = len(old)
@@ -712,6 +730,7 @@ class _KindTable:
             i = self.slot[gid] = self._free.pop()
         self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
         self.rate[i] = iso / step
+        self.gid[i], self.alive[i] = gid, True
         self.known[i] = row is not None
         if row is not None:
             self.rows[i] = row
@@ -720,7 +739,7 @@ class _KindTable:
         """Forget group ``gid`` (closed, or moved to another kind)."""
         i = self.slot.pop(gid, None)
         if i is not None:
-            self.known[i] = False
+            self.known[i] = self.alive[i] = False
             self._free.append(i)
 
     def slots(self, gids) -> np.ndarray:

@@ -70,15 +70,20 @@ class Reference(TLoRA):
 # workloads where a stale "refused" answer would show (checked: skipping the changed partners, or
 # never invalidating the join-target memo, makes the comparison fail on each of them); under the
 # profiled model the batch cost model's screen (``sim.fused_batch``) refuses most pairs unasked
-@pytest.mark.parametrize("trace, spec, cost_model", [
-    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "roofline"),
-    ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100", "roofline"),
-    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "profiled"),
-    ("synthetic:jobs=500,seed=3,load=0.8,gpus=32", "4x8xH100", "profiled"),
+# (``array_min``: kinds with at least that many running groups are searched through the kind's
+# table; 1 puts every kind through it)
+@pytest.mark.parametrize("trace, spec, cost_model, array_min", [
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "roofline", None),
+    ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100", "roofline", 1),
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "profiled", 1),
+    ("synthetic:jobs=500,seed=3,load=0.8,gpus=32", "4x8xH100", "profiled", None),
 ])
-def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, reliability, monkeypatch):
+def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, array_min, reliability,
+                                                           monkeypatch):
     import policies.tlora as tlora_module
 
+    if array_min is not None:
+        monkeypatch.setattr(tlora_module, "_ARRAY_MIN", array_min)
     screened = []
     real = tlora_module._refused
     monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
