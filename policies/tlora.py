@@ -34,9 +34,15 @@ nano-batch count, step time, bound) and a per-kind log of which groups changed a
 them (``_note_changes``, from ``Snapshot.changed``). A refused merge stays refused until one side
 changes; a join answer for a job shape stands until its kind changes; merged step times are kept
 per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
-answers again. All of it is exact: the decisions are those of examining everything
-(``tests/test_tlora_incremental.py`` compares whole simulations against the brute-force reading,
-and the replay benchmark's output hashes match those from before the change).
+answers again. The running groups of each kind are also kept as arrays (``_KindTable``, updated
+as groups change), so the pairs a tick must examine are found with array operations, and under the
+profiled model the batch form of its fused-plan step time (``sim.fused_batch``) evaluates every
+such pair, or every join candidate of a large kind, in one call: candidates it refuses by more
+than its error margin are refused without asking ``merge_ok``, which decides the rest as before.
+All of it is exact: the decisions are those of examining everything
+(``tests/test_tlora_incremental.py`` compares whole simulations against the brute-force reading
+under both cost models, and the replay benchmark's output hashes match those from before the
+change).
 
 With ``grouping=False`` only the ordering and the fused kernel remain: every job runs alone
 (the ablation that separates the gain of grouping from the gain of ordering).
