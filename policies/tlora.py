@@ -476,7 +476,13 @@ class TLoRA:
             version = 0 if old is None else old[1] + (old[0] != members)
             self._sig[gid] = (members, version, nano, g.placement)
             proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
-            step = proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
+            if snap.changed is not None and g.micro_batches == 1 and g.plan == self.plan:
+                # an engine snapshot's step time is the very prediction grouping makes (same cost model,
+                # members in the same order, plan and counts)
+                step = g.step_time_s
+                proto._cached = (len(members), step, min(j.max_slowdown * j.isolated_step_time_s for j in members))
+            else:
+                step = proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
             self._protos[gid] = proto
             tab = self._tables.get(kind)
             if tab is None:
