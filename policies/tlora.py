@@ -530,7 +530,8 @@ class TLoRA:
                 gid = view.group_id
                 if gid in consumed:
                     continue
-                partners = [plan.group(views[j].group_id) for j in cands.get(i, ()) if views[j].group_id not in consumed]
+                partners = [plan.group(views[j].group_id) for j in cands.get(i, ())
+                            if views[j].group_id not in consumed]
                 n_src = len(view.members)
                 bound_src = view.slowdown_bound_s(snap, self.plan)
                 # groups changed in this tick: merge_ok's cheap tests here, the batch screened the rest
@@ -627,7 +628,8 @@ class TLoRA:
         key = (id(snap.cost_model), snap.cluster.gpu.name, kind)
         hit = self._batches.get(key)
         if hit is None or hit[0] is not snap.cost_model:
-            fb = FusedBatch.of(snap.cost_model, kind[0], snap.cluster.gpu.name, kind[1]) if self.plan == "fused" else None
+            fb = FusedBatch.of(snap.cost_model, kind[0], snap.cluster.gpu.name, kind[1]) \
+                if self.plan == "fused" else None
             hit = self._batches[key] = (snap.cost_model, fb)
         return hit[1]
 

@@ -38,7 +38,8 @@ def test_batch_step_times_equal_the_scalar_model_for_groups_and_merges(gpu):
             i, j = rng.integers(0, len(groups), 24), rng.integers(0, len(groups), 24)
             for nano in (1, 2, 8):
                 nanos = rng.choice([1, nano], len(i))
-                got = np.concatenate([fb.step_times(rows, nano), fb.step_times(FusedBatch.merge(rows[i], rows[j]), nanos)])
+                merged = fb.step_times(FusedBatch.merge(rows[i], rows[j]), nanos)
+                got = np.concatenate([fb.step_times(rows, nano), merged])
                 want = [cm.step_time_s(model, gpu, tuple(sorted(g)), n, "fused", nano) for g in groups]
                 want += [cm.step_time_s(model, gpu, tuple(sorted(groups[a] + groups[b])), n, "fused", int(k))
                          for a, b, k in zip(i, j, nanos)]
