@@ -33,13 +33,17 @@ class PlannedGroup:
         """Predicted step time with ``extra`` added (s); the value without ``extra`` is cached."""
         if extra is None:
             if not self._cached or self._cached[0] != len(self.members):
-                t = snap.step_time_s(self.model, [j.member for j in self.members], self.n_gpus, plan,
-                                     self.nano_batches)
-                bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
-                self._cached = (len(self.members), t, bound)
+                self.know_step_time(snap.step_time_s(self.model, [j.member for j in self.members], self.n_gpus,
+                                                     plan, self.nano_batches))
             return self._cached[1]
         return snap.step_time_s(self.model, [j.member for j in self.members] + [extra.member], self.n_gpus, plan,
                                 self.nano_batches)
+
+    def know_step_time(self, step_s: float) -> None:
+        """Cache ``step_s`` (s) as the group's predicted step time with its current members, and
+        their slowdown bound with it (for a caller that already holds that prediction)."""
+        bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
+        self._cached = (len(self.members), step_s, bound)
 
     def step_time_with(self, snap: Snapshot, plan: str, extra: list[Job]) -> float:
         """Predicted step time with all of ``extra`` added (s)."""

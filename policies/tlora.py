@@ -336,7 +336,7 @@ class TLoRA:
         else:
             order = self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
         for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
-            sl = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+            sl = self._slack(snap, g, bound_job)
             if sl > 0:
                 order.append((-sl, _AFTER_RUNNING + i, g, None))
         order.sort(key=lambda t: (t[0], t[1]))
@@ -368,12 +368,11 @@ class TLoRA:
             if plan.removed(gid):
                 continue
             proto = None if plan.joined(gid) else self._protos.get(gid)
-            if proto is not None:
+            if proto is not None:  # the cached (step, bound) read directly: this loop is hot on long queues
                 _, step, bound = proto._cached
+                slack = min(bound, bound_job) - step
             else:
-                g = plan.group(gid)
-                step, bound = g.step_time_s(snap, self.plan), g.slowdown_bound_s(snap, self.plan)
-            slack = min(bound, bound_job) - step
+                slack = self._slack(snap, plan.group(gid), bound_job)
             if slack > 0:
                 order.append((-slack, gid, gid, proto))
         return order
@@ -398,17 +397,20 @@ class TLoRA:
         order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
         for gid in planned:
             if not plan.removed(gid):
-                g = plan.group(gid)
-                sl = min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+                sl = self._slack(snap, plan.group(gid), bound_job)
                 if sl > 0:
                     order.append((-sl, gid, gid, None))
         return order
 
+    def _slack(self, snap: Snapshot, g: PlannedGroup, bound_job: float) -> float:
+        """Residual capacity (s) left in ``g`` for a job whose own bound is ``bound_job`` (s):
+        min(g's bound, bound_job) - g's step time."""
+        return min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
-        step = g.step_time_s(snap, self.plan)
-        slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
-        ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, step)
+        slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
+        ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
                                          + (1.0 if can_start else 0.0))
         return slack, ok
 
@@ -430,11 +432,10 @@ class TLoRA:
                 if ok and slack > best_slack:
                     best, best_slack = g, slack
                 continue
-            step = g.step_time_s(snap, self.plan)
-            slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
+            slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
             if slack <= 0 or slack <= best_slack:
                 continue
-            apart = self.collective_rate(g.members, step) + (1.0 if can_start else 0.0)
+            apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
             if self.merge_ok(snap, g, [job], apart):
                 best, best_slack = g, slack
         return best
@@ -479,14 +480,12 @@ class TLoRA:
             if snap.changed is not None and g.micro_batches == 1 and g.plan == self.plan:
                 # an engine snapshot's step time is the very prediction grouping makes (same cost model,
                 # members in the same order, plan and counts)
-                step = g.step_time_s
-                proto._cached = (len(members), step, min(j.max_slowdown * j.isolated_step_time_s for j in members))
-            else:
-                step = proto.step_time_s(snap, self.plan)  # fills its cached step time and bound
+                proto.know_step_time(g.step_time_s)
+            step = proto.step_time_s(snap, self.plan)  # cached above, else predicted now
             self._protos[gid] = proto
             tab = self._tables.get(kind)
             if tab is None:
-                tab = self._tables[kind] = _KindTable(snap.cost_model, self._batch(snap, kind))
+                tab = self._tables[kind] = _KindTable(self._batch(snap, kind))
             feats = self._features(tab.batch, proto) if tab.batch is not None else None
             iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
             tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano, None if feats is None else feats[0])
@@ -522,7 +521,7 @@ class TLoRA:
                 views = [g for g in plan.of_kind(kind) if g.group_id is not None and not g.added]
             views.sort(key=lambda g: (len(g.members), g.group_id))
             at = self._tables[kind].slots([v.group_id for v in views])
-            cands = self._pair_candidates(snap, kind, views, at, recent, freed_value)
+            cands = self._pair_candidates(kind, views, at, recent, freed_value)
             merged_into: list[PlannedGroup] = []  # groups given members in this tick
             screens: dict[int, np.ndarray | None] = {}  # their screens over the sources (``_screen_column``)
             consumed: set[int] = set()  # ids of groups merged away or given members
@@ -567,8 +566,8 @@ class TLoRA:
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
 
-    def _pair_candidates(self, snap: Snapshot, kind: tuple, views: list[PlannedGroup], at: np.ndarray,
-                         recent: dict, freed_value: float) -> dict[int, list[int]]:
+    def _pair_candidates(self, kind: tuple, views: list[PlannedGroup], at: np.ndarray, recent: dict,
+                         freed_value: float) -> dict[int, list[int]]:
         """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
         ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
         the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
@@ -613,11 +612,11 @@ class TLoRA:
         batch cost model refuses the pair by more than its margin. None: no screen (the batch does
         not apply)."""
         tab = self._tables[kind]
-        row = None if tab.batch is None else tab.batch.row([j.member for j in d.members])
-        if row is None:
+        feats = None if tab.batch is None else _group_features(tab.batch, d.members)
+        if feats is None:
             return None
+        row, iso = feats
         step, bound = d.step_time_s(snap, self.plan), d.slowdown_bound_s(snap, self.plan)
-        iso = sum(j.isolated_step_time_s for j in d.members)
         t = tab.batch.step_times(FusedBatch.merge(tab.rows[at], row), d.nano_batches)
         refuse = _refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
                           tab.rate[at] + iso / step - freed_value + self.config.min_gain)
@@ -638,9 +637,7 @@ class TLoRA:
         version; None if the batch cannot describe it."""
         hit = self._feats.get(g.group_id)
         if hit is None or hit[0] != g.version or hit[1] is not fb:
-            row = fb.row([j.member for j in g.members])
-            val = None if row is None else (row, sum(j.isolated_step_time_s for j in g.members))
-            hit = self._feats[g.group_id] = (g.version, fb, val)
+            hit = self._feats[g.group_id] = (g.version, fb, _group_features(fb, g.members))
         return hit[2]
 
     def _job_row(self, fb: FusedBatch, job: Job) -> np.ndarray | None:
@@ -711,8 +708,8 @@ class _KindTable:
     (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
     group). ``slot`` maps group id -> slot."""
 
-    def __init__(self, cost_model, batch: FusedBatch | None, capacity: int = 16):
-        self.cost_model, self.batch = cost_model, batch
+    def __init__(self, batch: FusedBatch | None, capacity: int = 16):
+        self.batch = batch
         self.slot: dict[int, int] = {}
         self._free: list[int] = []
         self._alloc(capacity)
@@ -760,6 +757,13 @@ class _KindTable:
         """Slots of ``gids`` (in that order)."""
         slot = self.slot
         return np.fromiter((slot[g] for g in gids), int, len(gids))
+
+
+def _group_features(fb: FusedBatch, members: list[Job]) -> tuple[np.ndarray, float] | None:
+    """(batch feature row, Σ isolated step time (s)) of a group of ``members``; None if the batch
+    cannot describe it (``FusedBatch.row``)."""
+    row = fb.row([j.member for j in members])
+    return None if row is None else (row, sum(j.isolated_step_time_s for j in members))
 
 
 def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray) -> np.ndarray:

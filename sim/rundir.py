@@ -9,9 +9,9 @@ Within :func:`signals_raise_interrupt` (the CLI runs inside it) SIGINT, SIGTERM 
 delete temp files run; a signal that arrives while a temp file is being created or renamed is held
 until that step is done (Python-level, so it works whatever thread the OS delivers the signal to).
 An :class:`Interrupted` that lands inside a finalizer (a weakref callback or ``__del__``, where
-Python can only print and drop an exception) is delivered again instead (:func:`redeliver_interrupts`),
-so it unwinds ordinary code. Only SIGKILL, which no process can catch, can leave a stray ``.tmp`` file; complete files stay
-complete even then.
+Python can only print and drop an exception) is delivered again instead
+(:func:`redeliver_interrupts`), so it unwinds ordinary code. Only SIGKILL, which no process can
+catch, can leave a stray ``.tmp`` file; complete files stay complete even then.
 """
 
 from __future__ import annotations
