@@ -9,8 +9,8 @@ Within :func:`signals_raise_interrupt` (the CLI runs inside it) SIGINT, SIGTERM 
 delete temp files run; a signal that arrives while a temp file is being created or renamed is held
 until that step is done (Python-level, so it works whatever thread the OS delivers the signal to).
 An :class:`Interrupted` that lands inside a finalizer (a weakref callback or ``__del__``, where
-Python can only print and drop an exception) is delivered again instead
-(:func:`redeliver_interrupts`), so it unwinds ordinary code. Only SIGKILL, which no process can
+Python can only print and drop an exception) is raised again at the next line of ordinary code
+instead (:func:`redeliver_interrupts`), so it unwinds that code. Only SIGKILL, which no process can
 catch, can leave a stray ``.tmp`` file; complete files stay complete even then.
 """
 
@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -58,24 +57,47 @@ def interrupt_handler(signum: int, _frame: Any = None) -> None:
     raise Interrupted(signum)
 
 
+_redelivery: dict[str, Any] = {"signum": None, "frames": []}  # main thread only
+
+
 def _redeliver_unraisable(hook_args) -> None:
     """``sys.unraisablehook`` installed by :func:`redeliver_interrupts`: an :class:`Interrupted`
-    raised where Python cannot propagate it (a finalizer) is signalled again a millisecond later
-    from another thread (signalled from here, the handler would run inside this hook, where an
-    exception is dropped too), so the handler raises it in ordinary code; anything else goes to
-    the hook that was there before."""
-    if isinstance(hook_args.exc_value, Interrupted):
-        threading.Thread(target=_signal_later, args=(hook_args.exc_value.signum,), daemon=True).start()
+    raised where Python cannot propagate it (a finalizer) is raised again by a trace function at
+    the next line of ordinary code (the frames below this hook, or any frame entered later), in
+    the same thread and with no timing involved; anything else goes to the hook that was there
+    before. (Session 2 signalled again from a thread a millisecond later; under load that signal
+    could land inside this hook, where it was dropped too.)"""
+    if not isinstance(hook_args.exc_value, Interrupted):
+        _redeliver_unraisable.previous(hook_args)
         return
-    _redeliver_unraisable.previous(hook_args)
+    _redelivery["signum"] = hook_args.exc_value.signum
+    frame = sys._getframe(1)
+    while frame is not None:
+        frame.f_trace = _raise_pending
+        _redelivery["frames"].append(frame)
+        frame = frame.f_back
+    sys.settrace(_raise_pending)
 
 
 _redeliver_unraisable.previous = sys.unraisablehook
 
 
-def _signal_later(signum: int) -> None:
-    time.sleep(0.001)
-    os.kill(os.getpid(), signum)
+def _raise_pending(frame: Any, _event: str, _arg: Any) -> Any:
+    """Trace function armed by :func:`_redeliver_unraisable`: raises the dropped
+    :class:`Interrupted` in ``frame``, or holds it like a signal while a write is being committed.
+    Python unsets the trace function when one raises, so a tracer installed before (a debugger,
+    coverage) is off from then on; the process is being interrupted anyway."""
+    signum = _redelivery["signum"]
+    if signum is None:
+        return None
+    if frame.f_code is _redeliver_unraisable.__code__:
+        return _raise_pending  # still inside the hook: the next frame is ordinary code
+    for armed in _redelivery["frames"]:
+        armed.f_trace = None
+    _redelivery.update(signum=None, frames=[])
+    sys.settrace(None)  # also when the interrupt is held (nothing raises here then)
+    interrupt_handler(signum)  # raises, or is held until the commit is done
+    return None
 
 
 def redeliver_interrupts() -> Callable[[], None]:

@@ -343,6 +343,40 @@ def test_a_signal_inside_a_finalizer_is_delivered_again_not_printed(capfd, relia
     reliability("signal_cases")
 
 
+def test_an_interrupt_dropped_in_a_finalizer_unwinds_the_write_at_its_next_line(tmp_path, reliability):
+    """The dropped interrupt is raised again by a trace function at the next line of the frame the
+    finalizer ran under: the write stops there, the previous file and no temp file are left, and no
+    trace function is left behind."""
+    import traceback
+    import weakref
+
+    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+
+    class Thing:
+        pass
+
+    def callback(_ref):
+        signal.raise_signal(signal.SIGTERM)
+
+    def write(p):
+        p.write_text("partial")
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # the interrupt is dropped inside the callback ...
+        p.write_text("complete\n")  # ... and raised again here
+        assert ref() is None
+
+    target = tmp_path / "out.txt"
+    target.write_text("previous\n")
+    with signals_raise_interrupt(), pytest.raises(Interrupted) as info:
+        atomic_write(target, write)
+    raised_in = [f for f in traceback.extract_tb(info.value.__traceback__) if f.name == "write"]
+    assert raised_in and raised_in[-1].line == 'p.write_text("complete\\n")  # ... and raised again here'
+    assert sys.gettrace() is None
+    assert target.read_text() == "previous\n" and os.listdir(tmp_path) == ["out.txt"]
+    reliability("signal_cases")
+
+
 def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path, monkeypatch, reliability):
     from sim import rundir
     from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
