@@ -75,6 +75,16 @@ class FusedBatch:
                 ("bucket_rank_tokens", BUCKET_RANK_TOKENS))
         self._coef = (coef.get("const", 0.0), [(col, coef[name]) for name, col in cols if coef.get(name)])
         self._c_max = coef.get("max_rank_tokens", 0.0)
+        pe, c = self.pe, self.opt
+        self._host = (pe.get("cpu0", 0.0), pe.get("cpu_n", 0.0), pe.get("cpu_g", 0.0), pe.get("call_ms", 0.0))
+        self._p = pe.get("p", 64.0)
+        self._opt = (c["const"] + c["per_tensor"] * (2 * LINEARS_PER_LAYER * self.m.layers), c["per_mparam"])
+        # inputs inside every table edge take the plain log-log path (``_l0g``, ``_head_ms``)
+        self._l0_in = (max(t.l0_from, t.l0_t[0]), t.l0_t[-1])
+        self._head_in = (t.h_t[0], t.h_t[-1])
+        # the roofline at the table edges that extrapolations scale from
+        self._l0_edge = {x: float(self._roof(np.float64(x))) for x in (t.l0_t[0], t.l0_t[-1], t.l0_from)}
+        self._head_edge = {x: float(self._roof_head(np.float64(x))) for x in (t.h_t[0], t.h_t[-1])}
 
     @classmethod
     def of(cls, cost_model, model: str, gpu_name: str, n_gpus: int) -> "FusedBatch | None":
@@ -129,29 +139,39 @@ class FusedBatch:
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
         ``nano`` (shape (P,) or one int), one micro-batch: ``sim.profiled._predict`` for the
-        ``fused`` plan, row by row."""
-        rows = np.atleast_2d(rows)
-        N = np.broadcast_to(np.asarray(nano, dtype=float), (len(rows),))
+        ``fused`` plan, row by row. (Written for few numpy calls: the policies call it ~10^5
+        times per replay with P mostly under 100, where each call's fixed cost dominates.)"""
+        if rows.ndim == 1:
+            rows = rows[None, :]
+        if not len(rows):
+            return np.zeros(0)
+        N = nano if isinstance(nano, np.ndarray) else float(nano)
         k, T, P = rows[:, ADAPTERS], rows[:, TOKENS], rows[:, LORA_PARAMS]
-        pe, m = self.pe, self.m
+        m = self.m
         # layer: GPU part (base curve, attention, adapter term) and host part (sim.profiled.layer_ms)
         gpu_ms = self._l0g(T / N) * N
-        B = rows[:, N_FIXED:N_FIXED + len(self.seqs)]
-        groups = (B > 0).sum(axis=1)
-        gpu_ms = gpu_ms + self._attention(B)
+        if self.seqs:
+            B = rows[:, N_FIXED:N_FIXED + len(self.seqs)]
+            groups = np.count_nonzero(B, axis=1)
+            gpu_ms = gpu_ms + self._attention(B)
+        else:
+            groups = 0.0
         c0, coefs = self._coef
         term = c0 * 1.0
         for col, c in coefs:
             term = term + c * rows[:, col]
         if self._c_max:
             term = term + self._c_max * (rows[:, MAX_RANK] * T)
-        term = np.where(N > 1, c0 * N + (term - c0) / N, term)
-        host = pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * k + pe.get("cpu_g", 0.0) * groups
-        host = np.maximum(host - pe.get("call_ms", 0.0), 0.5 * host)
-        lay = _smoothmax(gpu_ms + term, N * host, pe.get("p", 64.0))
-        c = self.opt
-        opt = c["const"] + c["per_mparam"] * P / 1e6 + c["per_tensor"] * (2 * LINEARS_PER_LAYER * m.layers)
-        step = (m.layers * lay + self._head_ms(T)) / 1e3 + opt / 1e3
+        if isinstance(N, np.ndarray):
+            term = np.where(N > 1, c0 * N + (term - c0) / N, term)
+        elif N > 1:
+            term = c0 * N + (term - c0) / N
+        cpu0, cpu_n, cpu_g, call_ms = self._host
+        host = cpu0 + cpu_n * k + cpu_g * groups
+        host = np.maximum(host - call_ms, 0.5 * host)
+        lay = _smoothmax(gpu_ms + term, N * host, self._p)
+        opt_const, per_mparam = self._opt
+        step = (m.layers * lay + self._head_ms(T)) / 1e3 + (opt_const + per_mparam * P / 1e6) / 1e3
         if self.n > 1:
             step = step + self._comm_s(P) / N
         return step
@@ -194,25 +214,29 @@ class FusedBatch:
         tab = self.tab
         xs, ys = tab.l0_t, tab.l0_ms
         out = _loglog(t, *self._l0, len(xs), ys[0])
+        if self._l0_in[0] <= t.min() and t.max() <= self._l0_in[1]:
+            return out
         hi = t > xs[-1]
         if hi.any():
-            out[hi] = ys[-1] * self._roof(t[hi]) / self._roof(np.float64(xs[-1]))
+            out[hi] = ys[-1] * self._roof(t[hi]) / self._l0_edge[xs[-1]]
         lo = t < tab.l0_from
         if lo.any():
-            out[lo] = tab.l0_from_ms * self._roof(t[lo]) / self._roof(np.float64(tab.l0_from))
+            out[lo] = tab.l0_from_ms * self._roof(t[lo]) / self._l0_edge[tab.l0_from]
             # below the first measured point: only where the first GPU-bound point is not that one
             below = (t >= tab.l0_from) & (t < xs[0])
             if below.any():
-                out[below] = ys[0] * self._roof(t[below]) / self._roof(np.float64(xs[0]))
+                out[below] = ys[0] * self._roof(t[below]) / self._l0_edge[xs[0]]
         return out
 
     def _head_ms(self, t: np.ndarray) -> np.ndarray:
         """``Tables.head``, vectorised."""
         xs, ys = self.tab.h_t, self.tab.h_ms
         out = _loglog(t, *self._head, len(xs), ys[0])
+        if self._head_in[0] <= t.min() and t.max() <= self._head_in[1]:
+            return out
         for edge, v, side in ((xs[-1], ys[-1], t > xs[-1]), (xs[0], ys[0], t < xs[0])):
             if side.any():
-                out[side] = v * self._roof_head(t[side]) / self._roof_head(np.float64(edge))
+                out[side] = v * self._roof_head(t[side]) / self._head_edge[edge]
         return out
 
     def _attention(self, B: np.ndarray) -> np.ndarray:

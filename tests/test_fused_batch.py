@@ -45,6 +45,7 @@ def test_batch_step_times_equal_the_scalar_model_for_groups_and_merges(gpu):
                          for a, b, k in zip(i, j, nanos)]
                 worst = max(worst, float(np.max(np.abs(got / np.array(want) - 1))))
     assert worst < TOLERANCE < REL_MARGIN
+    assert fb.step_times(np.zeros((0, rows.shape[1])), 2).shape == (0,)  # no candidates: no answers
 
 
 @settings(max_examples=60, deadline=None)
