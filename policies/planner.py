@@ -39,10 +39,11 @@ class PlannedGroup:
         return snap.step_time_s(self.model, [j.member for j in self.members] + [extra.member], self.n_gpus, plan,
                                 self.nano_batches)
 
-    def know_step_time(self, step_s: float) -> None:
+    def know_step_time(self, step_s: float, bound_s: float | None = None) -> None:
         """Cache ``step_s`` (s) as the group's predicted step time with its current members, and
-        their slowdown bound with it (for a caller that already holds that prediction)."""
-        bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
+        their slowdown bound with it (for a caller that already holds that prediction; ``bound_s``:
+        the members' bound if the caller knows it, else computed)."""
+        bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members) if bound_s is None else bound_s
         self._cached = (len(self.members), step_s, bound)
 
     def step_time_with(self, snap: Snapshot, plan: str, extra: list[Job]) -> float:

@@ -472,23 +472,35 @@ class TLoRA:
             self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
             nano = g.nano_batches
             old = self._sig.get(gid)
-            if old is not None and old[0] == members and old[2] == nano and old[3] == g.placement:
+            same = old is not None and old[0] == members and old[3] == g.placement
+            if same and old[2] == nano:
                 continue
-            version = 0 if old is None else old[1] + (old[0] != members)
-            self._sig[gid] = (members, version, nano, g.placement)
-            proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
-            if snap.changed is not None and g.micro_batches == 1 and g.plan == self.plan:
-                # an engine snapshot's step time is the very prediction grouping makes (same cost model,
-                # members in the same order, plan and counts)
-                proto.know_step_time(g.step_time_s)
-            step = proto.step_time_s(snap, self.plan)  # cached above, else predicted now
-            self._protos[gid] = proto
-            tab = self._tables.get(kind)
-            if tab is None:
-                tab = self._tables[kind] = _KindTable(self._batch(snap, kind))
-            feats = self._features(tab.batch, proto) if tab.batch is not None else None
-            iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
-            tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano, None if feats is None else feats[0])
+            # an engine snapshot's step time is the very prediction grouping makes (same cost model,
+            # members in the same order, plan and counts)
+            engine_step = snap.changed is not None and g.micro_batches == 1 and g.plan == self.plan
+            if same:  # the nano-batch count alone (a tuner's probe): same members, version and bound
+                self._sig[gid] = (members, old[1], nano, g.placement)
+                proto = self._protos[gid]
+                proto.nano_batches = nano
+                step = g.step_time_s if engine_step else \
+                    snap.step_time_s(g.model, [j.member for j in members], g.n_gpus, self.plan, nano)
+                proto.know_step_time(step, bound_s=proto._cached[2])
+                self._tables[kind].retime(gid, step, nano)
+            else:
+                version = 0 if old is None else old[1] + (old[0] != members)
+                self._sig[gid] = (members, version, nano, g.placement)
+                proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
+                if engine_step:
+                    proto.know_step_time(g.step_time_s)
+                step = proto.step_time_s(snap, self.plan)  # cached above, else predicted now
+                self._protos[gid] = proto
+                tab = self._tables.get(kind)
+                if tab is None:
+                    tab = self._tables[kind] = _KindTable(self._batch(snap, kind))
+                feats = self._features(tab.batch, proto) if tab.batch is not None else None
+                iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
+                tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano,
+                        None if feats is None else feats[0])
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp
@@ -745,6 +757,12 @@ class _KindTable:
         self.known[i] = row is not None
         if row is not None:
             self.rows[i] = row
+
+    def retime(self, gid: int, step: float, nano: int) -> None:
+        """Group ``gid`` runs at ``nano`` nano-batches with step time ``step`` (s); members unchanged."""
+        i = self.slot[gid]
+        self.step[i], self.nano[i] = step, nano
+        self.rate[i] = self.iso[i] / step
 
     def drop(self, gid: int) -> None:
         """Forget group ``gid`` (closed, or moved to another kind)."""
