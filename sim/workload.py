@@ -23,6 +23,7 @@ from sim.costmodel import CostModel, Member
 from sim.errors import InputError
 from sim.jobs import Job
 from sim.models import get_model
+from traces.frame import source_of
 
 MAX_TIME_S = 1e12
 """Largest submit + duration (s): float64 resolves ~0.1 ms there, far below any step time."""
@@ -60,17 +61,17 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     sweep_ids = frame["sweep_id"].to_numpy() if "sweep_id" in frame.columns else [None] * n
     floors = frame["loss_floor"].to_numpy() if "loss_floor" in frame.columns else [0.0] * n
     for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor) in enumerate(
-            zip(*cols, sweep_ids, floors), start=1):
+            zip(*cols, sweep_ids, floors)):
         ngpu = int(ngpu)
         if not float(sub) + float(dur) <= MAX_TIME_S:
             raise InputError(f"job {jid!r}: submit {float(sub):g} s + duration {float(dur):g} s exceeds {MAX_TIME_S:g} s, "
                              f"beyond the time resolution of the simulation (wrong time unit?)",
-                             file=frame.attrs.get("path"), row=row,
+                             **_where(frame, row),
                              field="duration_s" if float(dur) > float(sub) else "submit_time_s")
         if ngpu > cluster.total_gpus:
             if strict:
                 raise InputError(f"job {jid!r} asks for {ngpu} GPUs; cluster {cluster.spec} has {cluster.total_gpus}",
-                                 file=frame.attrs.get("path"), row=row, field="num_gpus")
+                                 **_where(frame, row), field="num_gpus")
             skipped["oversized"] += 1
             continue
         key = (model, int(rank), int(bs), int(seq), ngpu)
@@ -84,7 +85,7 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
         if not fits:
             if strict:
                 raise InputError(f"job {jid!r} ({model}, rank {rank}, {bs}x{seq} tokens) does not fit on {ngpu} {gpu}",
-                                 file=frame.attrs.get("path"), row=row, field="num_gpus")
+                                 **_where(frame, row), field="num_gpus")
             skipped["memory"] += 1
             continue
         steps = max(1, int(round(float(dur) / iso)))
@@ -92,3 +93,10 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
                         float(dur), iso, float(slow), str(tenant),
                         None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor)))
     return jobs, {k: v for k, v in skipped.items() if v}
+
+
+def _where(frame: pd.DataFrame, i: int) -> dict:
+    """``file`` and ``row`` arguments of an InputError about row ``i`` (0-based) of ``frame``:
+    the file and data row it was read from (``traces.frame.source_of``), not its submit-order position."""
+    file, row = source_of(frame, i)
+    return {"file": file, "row": row}

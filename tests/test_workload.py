@@ -106,3 +106,29 @@ def test_custom_lora_distribution_json(tmp_path):
     jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=20", policy="independent", lora_dist=str(p)))
     assert {j.model for j in jobs} == {"qwen3-8b"} and {j.rank for j in jobs} == {64}
     assert np.all([j.total_steps >= 1 for j in jobs])
+
+
+def test_strict_errors_name_the_file_row_not_the_submit_order_position(tmp_path):
+    """Readers sort by submit time; an error about a job names the row it has in its file (and, for
+    a merged ITP directory, the file it came from), including after sweep expansion."""
+    from dataclasses import replace
+
+    header = "job_id,submission_time,duration,num_gpu\n"
+    one = tmp_path / "one.csv"
+    one.write_text(header + "late,500,3600,4096\nearly,0,3600,1\n")  # oversized job: file row 1, sorted row 2
+    cfg = ReplayConfig(trace=f"itp:{one}", policy="independent", cluster="2x8xH100", strict=True)
+    with pytest.raises(InputError) as info:
+        load_workload(cfg)
+    assert (info.value.file, info.value.row, info.value.field) == (str(one), 1, "num_gpus")
+    with pytest.raises(InputError) as info:  # every job a sweep of 4 configurations: rows repeat
+        load_workload(replace(cfg, sweeps="1:4"))
+    assert (info.value.file, info.value.row) == (str(one), 1)
+
+    merged = tmp_path / "itp"
+    merged.mkdir()
+    (merged / "cluster01.csv").write_text(header + "a,0,3600,1\nb,10,3600,1\nc,20,3600,2\n")
+    (merged / "cluster02.csv").write_text(header + "d,5,3600,1\ne,7,3600,4096\n")  # file row 2, merged row 3
+    with pytest.raises(InputError) as info:
+        load_workload(replace(cfg, trace=f"itp:{merged}"))
+    assert (info.value.file, info.value.row, info.value.field) == (str(merged / "cluster02.csv"), 2, "num_gpus")
+    assert "'e'" in str(info.value)

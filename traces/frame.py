@@ -18,6 +18,9 @@ Rows are sorted by (``submit_time_s``, original file order) and the index is a f
 ``df.attrs`` carries ``"source"`` (the spec string, e.g. ``"itp:../shared/traces/.../cluster02.csv.gz"``),
 ``"format"`` (reader name), ``"path"`` (file or directory read; the option string for synthetic traces)
 and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``).
+Readers of files also record where each row came from, for error messages about a job
+(:func:`source_of`): ``"source_rows"`` (tuple: 1-based data row in the file, per table row) and,
+for a merge of several files, ``"source_files"`` (tuple: the file of each table row).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def check_unique_ids(job_id: np.ndarray, rows: np.ndarray, file: str | None) -> 
 
 def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, tenant: Any,
                  rows: Any, file: str, fmt: str, skipped: Mapping[str, int] | None = None,
-                 check_ids: bool = True) -> pd.DataFrame:
+                 check_ids: bool = True, files: Any = None) -> pd.DataFrame:
     """Build the common trace table from already-parsed, already-checked columns.
 
     Applies the shared rules: duplicate ids raise (when ``check_ids``), rows with zero duration are
@@ -64,11 +67,12 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
 
     Args:
         job_id, submit_s (s), duration_s (s), num_gpus, tenant: equal-length arrays in file order.
-        rows: 1-based data row of each entry (for error messages).
+        rows: 1-based data row of each entry (for error messages); None for generated traces.
         file: path named in errors and stored in ``attrs["path"]``.
         fmt: reader name for ``attrs["format"]``.
         skipped: counts of rows the reader already dropped (e.g. ``{"duplicate": 3}``).
         check_ids: check job-id uniqueness here (readers that merged files check it themselves).
+        files: the file of each entry, for a merge of several files (else every entry is ``file``'s).
 
     Raises:
         InputError: duplicate job id, or no job left after skipping.
@@ -78,7 +82,7 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
     duration = np.asarray(duration_s, dtype=np.float64)
     gpus = np.asarray(num_gpus, dtype=np.int64)
     tenant = np.asarray(tenant, dtype=object).astype(str)
-    rows = np.asarray(rows, dtype=np.int64)
+    rows = None if rows is None else np.asarray(rows, dtype=np.int64)
     if check_ids:
         check_unique_ids(job_id, rows, file)
     skipped = dict(skipped or {})
@@ -96,7 +100,25 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         "tenant": pd.Series(tenant[keep][order], dtype=str),
     })
     df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped})
+    if rows is not None:
+        df.attrs["source_rows"] = tuple(rows[keep][order].tolist())
+        if files is not None:
+            df.attrs["source_files"] = tuple(str(f) for f in np.asarray(files, dtype=object)[keep][order])
     return df
+
+
+def source_of(df: pd.DataFrame, i: int) -> tuple[str | None, int | None]:
+    """(file, 1-based data row) that row ``i`` (0-based position) of a trace table was read from,
+    for error messages. A table without ``attrs["source_rows"]`` (generated, or built by hand in
+    file order) answers its own position, i + 1; one whose rows no longer line up with them, None."""
+    path = df.attrs.get("path")
+    rows = df.attrs.get("source_rows")
+    if rows is None:
+        return path, i + 1
+    if len(rows) != len(df):
+        return path, None
+    files = df.attrs.get("source_files")
+    return (files[i] if files is not None and len(files) == len(df) else path), int(rows[i])
 
 
 def validate_frame(df: pd.DataFrame, path: str | None = None) -> None:

@@ -90,4 +90,4 @@ def read_itp(path: str) -> pd.DataFrame:
                          field="job_id")
     return finish_frame(job_id=merged["job_id"], submit_s=merged["submit"], duration_s=merged["duration"],
                         num_gpus=merged["gpus"], tenant=names, rows=merged["rows"], file=str(path), fmt="itp",
-                        check_ids=False)
+                        check_ids=False, files=np.array([str(f) for f in files], dtype=object)[which])

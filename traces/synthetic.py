@@ -143,7 +143,7 @@ def generate_synthetic(n_jobs: int, rng: np.random.Generator, params: dict | Non
     t = real_time(u, arrival["diurnal_hourly_factor"]) if diurnal else u
     df = finish_frame(job_id=np.char.add("syn", np.char.zfill(np.arange(n).astype(str), 6)), submit_s=t,
                       duration_s=duration, num_gpus=gpus, tenant=np.full(n, "", dtype=object),
-                      rows=np.arange(1, n + 1), file="generated", fmt="synthetic", check_ids=False)
+                      rows=None, file="generated", fmt="synthetic", check_ids=False)
     df.attrs["skipped"] = {}
     return df
 
