@@ -19,8 +19,8 @@ Rows are sorted by (``submit_time_s``, original file order) and the index is a f
 ``"format"`` (reader name), ``"path"`` (file or directory read; the option string for synthetic traces)
 and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``).
 Readers of files also record where each row came from, for error messages about a job
-(:func:`source_of`): ``"source_rows"`` (tuple: 1-based data row in the file, per table row) and,
-for a merge of several files, ``"source_files"`` (tuple: the file of each table row).
+(:func:`source_of`): ``"origin"``, an :class:`Origin` (1-based data row in the file of each table
+row and, for a merge of several files, the file of each).
 """
 
 from __future__ import annotations
@@ -101,24 +101,55 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
     })
     df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped})
     if rows is not None:
-        df.attrs["source_rows"] = tuple(rows[keep][order].tolist())
-        if files is not None:
-            df.attrs["source_files"] = tuple(str(f) for f in np.asarray(files, dtype=object)[keep][order])
+        df.attrs["origin"] = Origin(rows[keep][order],
+                                    None if files is None else np.asarray(files, dtype=object)[keep][order])
     return df
+
+
+class Origin:
+    """Where each row of a trace table was read from: ``rows`` (int64, shape (n,): 1-based data row
+    in its file) and ``files`` (object, shape (n,): the file of each row, or None when every row
+    comes from ``attrs["path"]``). Read-only; a copy of the table's attrs shares it (pandas deep-copies
+    attrs on every operation, and copying 10^5 rows each time would cost more than the read)."""
+
+    __slots__ = ("rows", "files")
+
+    def __init__(self, rows: np.ndarray, files: np.ndarray | None = None) -> None:
+        self.rows = np.array(rows, dtype=np.int64)
+        self.files = None if files is None else np.array(files, dtype=object)
+        for a in (self.rows, self.files):
+            if a is not None:
+                a.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __deepcopy__(self, memo: dict) -> "Origin":
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Origin) and np.array_equal(self.rows, other.rows)
+                                 and (self.files is None) == (other.files is None)
+                                 and (self.files is None or bool((self.files == other.files).all())))
+
+    __hash__ = None
+
+    def repeat(self, reps: np.ndarray) -> "Origin":
+        """Each row repeated ``reps[i]`` times (a table expanded row by row, e.g. into sweeps)."""
+        return Origin(np.repeat(self.rows, reps), None if self.files is None else np.repeat(self.files, reps))
 
 
 def source_of(df: pd.DataFrame, i: int) -> tuple[str | None, int | None]:
     """(file, 1-based data row) that row ``i`` (0-based position) of a trace table was read from,
-    for error messages. A table without ``attrs["source_rows"]`` (generated, or built by hand in
-    file order) answers its own position, i + 1; one whose rows no longer line up with them, None."""
+    for error messages. A table without ``attrs["origin"]`` (generated, or built by hand in file
+    order) answers its own position, i + 1; one whose rows no longer line up with it, None."""
     path = df.attrs.get("path")
-    rows = df.attrs.get("source_rows")
-    if rows is None:
+    origin = df.attrs.get("origin")
+    if origin is None:
         return path, i + 1
-    if len(rows) != len(df):
+    if len(origin) != len(df):
         return path, None
-    files = df.attrs.get("source_files")
-    return (files[i] if files is not None and len(files) == len(df) else path), int(rows[i])
+    return (path if origin.files is None else str(origin.files[i])), int(origin.rows[i])
 
 
 def validate_frame(df: pd.DataFrame, path: str | None = None) -> None:

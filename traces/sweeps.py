@@ -77,8 +77,8 @@ def expand_sweeps(frame: pd.DataFrame, rng: np.random.Generator, fraction: float
     out["job_id"] = np.where(swept, [f"{i}/c{c}" for i, c in zip(ids, config)], ids)
     out["loss_floor"] = np.where(swept, floors, 0.0)
     out.attrs.update(frame.attrs)
-    for key in ("source_rows", "source_files"):  # each configuration comes from its family's row
-        if len(frame.attrs.get(key) or ()) == n:
-            out.attrs[key] = tuple(np.repeat(np.array(frame.attrs[key], dtype=object), reps).tolist())
+    origin = frame.attrs.get("origin")
+    if origin is not None and len(origin) == n:  # each configuration comes from its family's row
+        out.attrs["origin"] = origin.repeat(reps)
     out.attrs["sweeps"] = {"fraction": fraction, "sizes": list(sizes), "families": int(expand.sum())}
     return out
