@@ -58,6 +58,9 @@ class _Group:
     flop_rate: float = 0.0
     nano_batches: int = 1
     micro_batches: int = 1
+    # per membership (``Engine._membership``; None after members change): member Jobs, their
+    # cost-model Members, Σ tokens per step, Σ model FLOPs per step
+    membership: tuple | None = None
 
 
 @dataclass
@@ -210,7 +213,7 @@ class Engine:
     def _view(self, g: "_Group", now: float) -> GroupView:
         done = self._progress_steps(g, now)
         return GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
-                         tuple(self.jobs[i] for i in g.members),
+                         self._membership(g)[0],
                          tuple(max(g.remaining[i] - done, 0.0) for i in g.members),
                          g.step_time_s, g.paused_until_s, g.version, g.nano_batches,
                          g.micro_batches, g.started_s)
@@ -308,6 +311,7 @@ class Engine:
         if self._chk is not None:
             self._chk.join(g.gid, idx)
         self._running += len(idx)
+        g.membership = None
         for i in idx:
             g.members.append(i)
             g.remaining[i] = self.remaining_queued.pop(i, float(self.jobs[i].total_steps))
@@ -325,6 +329,7 @@ class Engine:
         if self._chk is not None:
             self._chk.leave(g.gid, a.job_indices)
         self._running -= len(a.job_indices)
+        g.membership = None
         for i in a.job_indices:
             g.members.remove(i)
             self.remaining_queued[i] = g.remaining.pop(i)
@@ -370,6 +375,7 @@ class Engine:
     def _finish(self, g: _Group, done: list[int]) -> None:
         """Members ``done`` leave ``g`` finished now; the group closes when it empties."""
         now = self.env.now
+        g.membership = None
         for i in done:
             if self._chk is not None:
                 self._chk.finish(g.gid, i, early=self.records[i].early_exit)
@@ -413,15 +419,11 @@ class Engine:
     def _retime(self, g: _Group) -> None:
         """Recompute step time, memory check, rates, and reschedule the group's next completion."""
         now = self.env.now
-        members = [self.jobs[i].member for i in g.members]
+        members = self._membership(g)[1]
         g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
                                                     g.nano_batches, g.micro_batches)
         if self._chk is not None:  # memory fits, step time finite and > 0
             self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, g.step_time_s, g.micro_batches)
-        size = len(g.members)
-        for i in g.members:
-            r = self.records[i]
-            r.max_group_size = max(r.max_group_size, size)
         self._set_rates(g, active=now >= g.paused_until_s)
         g.version += 1
         self._dirty.add(g.gid)
@@ -435,12 +437,28 @@ class Engine:
         self._tok_rate -= g.tok_rate
         self._flop_rate -= g.flop_rate
         if active:
-            g.tok_rate = sum(self.jobs[i].tokens_per_step for i in g.members) / g.step_time_s
-            g.flop_rate = sum(self._member_flops[i] for i in g.members) / g.step_time_s
+            _, _, tokens, flops = self._membership(g)
+            g.tok_rate = tokens / g.step_time_s
+            g.flop_rate = flops / g.step_time_s
         else:
             g.tok_rate = g.flop_rate = 0.0
         self._tok_rate += g.tok_rate
         self._flop_rate += g.flop_rate
+
+    def _membership(self, g: _Group) -> tuple:
+        """(member Jobs, their cost-model Members, Σ tokens per step, Σ model FLOPs per step) of
+        ``g``'s current members in member order, kept until its members change (a nano- or
+        micro-batch change re-times the group without re-reading them). Members changed, so each
+        member's record of the largest group it ran in is brought up to date here."""
+        if g.membership is None:
+            size = len(g.members)
+            for i in g.members:
+                r = self.records[i]
+                r.max_group_size = max(r.max_group_size, size)
+            jobs = tuple(self.jobs[i] for i in g.members)
+            g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
+                            sum(self._member_flops[i] for i in g.members))
+        return g.membership
 
     def _on_resume(self, gid: int, version: int, _ev) -> None:
         g = self.groups.get(gid)
