@@ -38,15 +38,15 @@ METRICS = {"throughput_tokens_per_s": "throughput", "avg_jct_s": "avg_jct", "p90
 
 
 def relative(summary: pd.DataFrame, workload: str) -> pd.DataFrame:
-    """Ratios to ``independent``: throughput and utilizations as x, JCTs as speed-up (independent / policy)."""
-    base = summary.set_index("policy").loc["independent"]
+    """The summary's metrics and their ratios to ``independent`` (``sim.plots.relative_table``:
+    throughput and utilizations as x, JCTs as speed-up, independent / policy), in summary order."""
+    from sim.plots import relative_table
+
     out = summary[["policy"] + list(METRICS)].copy()
     out.insert(0, "workload", workload)
-    out["throughput_x"] = summary["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
-    out["avg_jct_speedup"] = base["avg_jct_s"] / summary["avg_jct_s"]
-    out["p90_jct_speedup"] = base["p90_jct_s"] / summary["p90_jct_s"]
-    out["alloc_util_x"] = summary["gpu_alloc_util"] / base["gpu_alloc_util"]
-    out["compute_util_x"] = summary["gpu_compute_util"] / base["gpu_compute_util"]
+    rel = relative_table(summary, "independent").set_index("policy")
+    for col in ("throughput_x", "avg_jct_speedup", "p90_jct_speedup", "alloc_util_x", "compute_util_x"):
+        out[col] = rel.loc[out["policy"], col].to_numpy()
     return out
 
 

@@ -60,6 +60,8 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every point and draw the figure; returns the exit status."""
+    from sim.plots import relative_table
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sensitivity")
     ap.add_argument("--jobs", type=int, default=JOBS, help="jobs per synthetic trace")
@@ -74,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                         "--lora-dist", dist, "--seed", "0", "--policies", ",".join(POLICIES), "--workers",
                         str(args.workers), "--out", str(out), "--no-progress"], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
-        s = pd.read_csv(out / "summary.csv").set_index("policy")
-        base = s.loc["independent"]
-        for pol, r in s.iterrows():
+        summary = pd.read_csv(out / "summary.csv")
+        rel = relative_table(summary, "independent").set_index("policy")  # ratios to independent
+        for pol, r in summary.set_index("policy").iterrows():
             rows.append({"panel": panel, "x": x, "trace": spec, "cluster": cluster, "lora_dist": dist,
-                         "policy": pol, "avg_jct_s": r["avg_jct_s"], "avg_jct_speedup": base["avg_jct_s"] / r["avg_jct_s"],
-                         "throughput_x": r["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]})
+                         "policy": pol, "avg_jct_s": r["avg_jct_s"], "avg_jct_speedup": rel.at[pol, "avg_jct_speedup"],
+                         "throughput_x": rel.at[pol, "throughput_x"]})
         print(f"{panel}={x}: done", flush=True)
     df = pd.DataFrame(rows)
     args.results.parent.mkdir(parents=True, exist_ok=True)

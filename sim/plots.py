@@ -824,8 +824,8 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
     ``throughput_x``, ``alloc_util_x``, ``compute_util_x`` (policy / baseline: above 1 is better)
     and ``avg_jct_speedup``, ``p90_jct_speedup`` (baseline / policy: above 1 is better, the
     papers' "JCT x times better"). Dimensionless; NaN where a value is missing or the denominator
-    is 0. The same ratios as ``bench/policy_study.py`` and the ``bars`` figure (whose JCT panels
-    show the inverse, policy / baseline).
+    is 0. ``bench/policy_study.py`` and ``bench/sensitivity.py`` take their ratios from here; the
+    ``bars`` figure shows the same ones (its JCT panels the inverse, policy / baseline).
 
     Args:
         summary: a comparison's ``summary.csv`` as a DataFrame (see :func:`load_compare`).
