@@ -67,9 +67,6 @@ class FusedBatch:
         self.seq_col: dict[int, int] = {}
         self.seqs: list[int] = []
         t = self.tab
-        self._l0 = (np.log(t.l0_t), np.log(t.l0_ms))
-        self._head = (np.log(t.h_t), np.log(t.h_ms))
-        self._attn = {s: (np.log(bs), np.log(ms)) for s, (bs, ms, _) in t.attn.items()}
         coef = self.pe["coef"]
         cols = (("adapters", ADAPTERS), ("tokens", TOKENS), ("rank_tokens", RANK_TOKENS), ("ranks", RANKS),
                 ("bucket_rank_tokens", BUCKET_RANK_TOKENS))
@@ -213,7 +210,7 @@ class FusedBatch:
         below the first GPU-bound point."""
         tab = self.tab
         xs, ys = tab.l0_t, tab.l0_ms
-        out = _loglog(t, *self._l0, len(xs), ys[0])
+        out = _loglog(t, *tab.l0_logs, len(xs), ys[0])
         if self._l0_in[0] <= t.min() and t.max() <= self._l0_in[1]:
             return out
         hi = t > xs[-1]
@@ -231,7 +228,7 @@ class FusedBatch:
     def _head_ms(self, t: np.ndarray) -> np.ndarray:
         """``Tables.head``, vectorised."""
         xs, ys = self.tab.h_t, self.tab.h_ms
-        out = _loglog(t, *self._head, len(xs), ys[0])
+        out = _loglog(t, *self.tab.h_logs, len(xs), ys[0])
         if self._head_in[0] <= t.min() and t.max() <= self._head_in[1]:
             return out
         for edge, v, side in ((xs[-1], ys[-1], t > xs[-1]), (xs[0], ys[0], t < xs[0])):
@@ -271,7 +268,7 @@ class FusedBatch:
         b0, last, c_lin, c_hi, lx, ly = [], [], [], [], [], []
         for c, s in enumerate(x for x, ok in zip(self.seqs, measured) if ok):
             bs, ms, g0 = tab.attn[s]
-            llx, lly = self._attn[s]
+            llx, lly = tab.attn_logs[s]
             b0.append(g0)
             last.append(bs[-1])
             c_lin.append(float(_loglog(np.float64(g0), llx, lly, len(bs), ms[0])) / g0)
@@ -284,7 +281,7 @@ class FusedBatch:
     def _attn_at(self, s: int, b: np.ndarray) -> np.ndarray:
         """``Tables._attn_at(s, b, gpu=True)`` for a measured sequence length, vectorised."""
         bs, ms, b0 = self.tab.attn[s]
-        lx, ly = self._attn[s]
+        lx, ly = self.tab.attn_logs[s]
         out = _loglog(b, lx, ly, len(bs), ms[0])
         hi = b > bs[-1]
         if hi.any():

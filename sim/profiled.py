@@ -187,22 +187,24 @@ class Tables:
     measurement was bound by host launch overhead (below ``gpu_from``, found at fit time), the
     GPU time is continued from the first GPU-bound point with the roofline's shape (GEMM
     efficiency curve for the base layer, time proportional to sequences for attention). Every
-    lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range."""
+    lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range.
+    ``l0_logs``, ``h_logs`` and ``attn_logs[s]`` hold (log x, log y) of each measured table, for
+    the log-log interpolation here and in ``sim.fused_batch``."""
 
     def __init__(self, model: str, gpu: str, entry: dict):
         self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
         l0 = entry["l0"]
         self.l0_t, self.l0_ms = list(l0["tokens"]), list(l0["ms"])
         self.l0_from = float(l0.get("gpu_from", self.l0_t[0]))
-        self._l0_logs = _logs(tuple(self.l0_t), tuple(self.l0_ms))
-        self.l0_from_ms = _loglog(self.l0_from, self.l0_t, self.l0_ms, self._l0_logs)
+        self.l0_logs = _logs(tuple(self.l0_t), tuple(self.l0_ms))
+        self.l0_from_ms = _loglog(self.l0_from, self.l0_t, self.l0_ms, self.l0_logs)
         h = entry["head"]
         self.h_t, self.h_ms, self.h_peak = list(h["tokens"]), list(h["ms"]), list(h.get("peak_bytes") or [])
         self.attn = {int(s): (list(v["seqs"]), list(v["ms"]), float(v.get("gpu_from", v["seqs"][0])))
                      for s, v in entry["attn"].items()}
         self.attn_s = sorted(self.attn)
-        self._h_logs = _logs(tuple(self.h_t), tuple(self.h_ms))
-        self._attn_logs = {s: _logs(tuple(bs), tuple(ms)) for s, (bs, ms, _) in self.attn.items()}
+        self.h_logs = _logs(tuple(self.h_t), tuple(self.h_ms))
+        self.attn_logs = {s: _logs(tuple(bs), tuple(ms)) for s, (bs, ms, _) in self.attn.items()}
 
     def _roof(self, t: float) -> float:
         return _roof_l0_ms(self.m, self.gpu, t)
@@ -211,7 +213,7 @@ class Tables:
         """Measured attention-free layer (ms) at t tokens, raw."""
         lo, hi = self.l0_t[0], self.l0_t[-1]
         if lo <= t <= hi:
-            return _loglog(t, self.l0_t, self.l0_ms, self._l0_logs), False
+            return _loglog(t, self.l0_t, self.l0_ms, self.l0_logs), False
         edge, v = (lo, self.l0_ms[0]) if t < lo else (hi, self.l0_ms[-1])
         return v * self._roof(t) / self._roof(edge), True
 
@@ -224,7 +226,7 @@ class Tables:
     def head(self, t: float) -> tuple[float, bool]:
         lo, hi = self.h_t[0], self.h_t[-1]
         if lo <= t <= hi:
-            return _loglog(t, self.h_t, self.h_ms, self._h_logs), False
+            return _loglog(t, self.h_t, self.h_ms, self.h_logs), False
         edge, v = (lo, self.h_ms[0]) if t < lo else (hi, self.h_ms[-1])
         return v * _roof_head_ms(self.m, self.gpu, t) / _roof_head_ms(self.m, self.gpu, edge), True
 
@@ -241,9 +243,9 @@ class Tables:
     def _attn_at(self, s: int, b: float, gpu: bool) -> tuple[float, bool]:
         bs, ms, b0 = self.attn[s]
         if gpu and b < b0:
-            return _loglog(b0, bs, ms, self._attn_logs[s]) * b / b0, b < bs[0]
+            return _loglog(b0, bs, ms, self.attn_logs[s]) * b / b0, b < bs[0]
         if bs[0] <= b <= bs[-1]:
-            return _loglog(b, bs, ms, self._attn_logs[s]), False
+            return _loglog(b, bs, ms, self.attn_logs[s]), False
         edge, v = (bs[0], ms[0]) if b < bs[0] else (bs[-1], ms[-1])
         return v * b / edge, True  # time per sequence constant beyond the grid
 
