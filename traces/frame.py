@@ -127,13 +127,6 @@ class Origin:
     def __deepcopy__(self, memo: dict) -> "Origin":
         return self
 
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, Origin) and np.array_equal(self.rows, other.rows)
-                                 and (self.files is None) == (other.files is None)
-                                 and (self.files is None or bool((self.files == other.files).all())))
-
-    __hash__ = None
-
     def repeat(self, reps: np.ndarray) -> "Origin":
         """Each row repeated ``reps[i]`` times (a table expanded row by row, e.g. into sweeps)."""
         return Origin(np.repeat(self.rows, reps), None if self.files is None else np.repeat(self.files, reps))
