@@ -7,13 +7,18 @@ runtime (SRPT, which minimises mean completion time on one server, Schrage 1968)
 tLoRA's response-ratio urgency, which lets long jobs that waited a while overtake short ones.
 Joins pick the group with the largest predicted rise of collective throughput (marginal
 throughput) rather than the most residual capacity, which packs small jobs where they cost
-least. Everything else (slowdown bounds, binary-cut search, tiers, nano-batching) is tLoRA's.
+least. Everything else (slowdown bounds, binary-cut search, tiers, nano-batching) is tLoRA's,
+including its incremental bookkeeping (issue 6): a join answer per job shape stands while nothing
+of its kind changed, each unchanged group keeps its gain per job shape, and on large kinds the
+batch cost model passes over groups it refuses by more than its margin; the joins are those of
+asking every group (``tests/test_tlora_incremental.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies import tlora as tlora_module
 from policies.planner import Planner, PlannedGroup
 from policies.registry import register
 from policies.tlora import TLoRA, TLoRAConfig
@@ -35,16 +40,56 @@ class Lookahead(TLoRA):
 
     name = "lookahead"
 
-    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
-        """The group where ``job`` raises collective throughput most."""
+    def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                            jkey: tuple) -> PlannedGroup | None:
+        """The group of ``kind`` where ``job`` raises collective throughput most (ties: the earliest
+        in start/plan order). Running groups unchanged in this decision are read as the policy's
+        own picture of them (no planned copy) and keep their gain for the job's shape, memoised per
+        membership version and nano-batch count (``TLoRA._join_target`` keeps the answer per kind)."""
+        tab = self._tables.get(kind)
+        if tab is not None and len(tab.slot) >= tlora_module._ARRAY_MIN:
+            # large kinds: the table leaves out the groups without room for the job and those the batch
+            # cost model refuses it by more than its margin (``merge_ok`` would refuse them: gain -inf)
+            order = self._join_order_table(snap, plan, job, kind, tab, job.max_slowdown * job.isolated_step_time_s,
+                                           1.0 if can_start else 0.0)
+            running = [(gid, proto) if proto is not None else (plan.group(gid), None)
+                       for _, gid, _, proto in sorted(order, key=lambda t: t[1])]
+        else:
+            running = [(plan.group(gid), None) if plan.joined(gid) else (gid, self._protos[gid])
+                       for gid in snap.kinds.get(kind, ()) if not plan.removed(gid)]
+        best = self._best_gain(snap, running + [(g, None) for g in plan.new_of_kind(kind)], job, can_start, jkey)
+        return plan.group(best) if isinstance(best, int) else best
+
+    def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
+        """``_join_target_search`` over ``cands`` (snapshots without the engine's kind index)."""
+        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        return self._best_gain(snap, [(g, g if g.group_id is not None and not g.added else None) for g in cands],
+                               job, can_start, jkey)
+
+    def _best_gain(self, snap: Snapshot, cands: list[tuple], job: Job, can_start: bool, jkey: tuple):
+        """The first of ``cands`` with the largest positive gain (``_gain``). ``cands``: (group or
+        running group id with its unchanged view; a group with None), in start/plan order; a group
+        id is resolved by the caller."""
         best, best_gain = None, 0.0
-        for g in plan.candidates(job):
-            step = g.step_time_s(snap, self.plan)
-            apart = self.collective_rate(g.members, step) + (1.0 if can_start else 0.0)
-            if not self.merge_ok(snap, g, [job], apart):
-                continue
-            new_step, _ = self._merged(snap, g, [job])
-            gain = self.collective_rate(g.members + [job], new_step) - apart
+        for x, view in cands:
+            if view is None:
+                gain = self._gain(snap, x, job, can_start)
+            else:
+                ent = self._scan_memo.get(view.group_id)
+                if ent is None or ent[0] != (view.version, view.nano_batches):
+                    ent = self._scan_memo[view.group_id] = ((view.version, view.nano_batches), {})
+                gain = ent[1].get(jkey)
+                if gain is None:
+                    gain = ent[1][jkey] = self._gain(snap, view, job, can_start)
             if gain > best_gain:
-                best, best_gain = g, gain
+                best, best_gain = x, gain
         return best
+
+    def _gain(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> float:
+        """Rise of collective throughput if ``job`` joins ``g`` over the two apart (the job counted
+        as 1 if it could start alone now); -inf if ``merge_ok`` refuses the join."""
+        apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
+        if not self.merge_ok(snap, g, [job], apart):
+            return float("-inf")
+        new_step, _ = self._merged(snap, g, [job])
+        return self.collective_rate(g.members + [job], new_step) - apart

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_engine
+from policies.lookahead import Lookahead, LookaheadConfig
 from policies.planner import Planner, PlannedGroup
 from policies.tlora import TLoRA, TLoRAConfig
 from sim.jobs import Job
@@ -113,3 +114,53 @@ def test_a_reused_policy_object_forgets_the_previous_simulation():
     fresh = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, check=False)
     assert again.timeline == fresh.timeline
     assert [(r.start_s, r.finish_s) for r in again.records] == [(r.start_s, r.finish_s) for r in fresh.records]
+
+
+class LookaheadReference(Lookahead):
+    """``lookahead`` with the brute-force join search: every candidate group asked, no memo."""
+
+    def __init__(self, config: LookaheadConfig | None = None) -> None:
+        super().__init__(config)
+        self.joins = 0
+
+    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
+        best, best_gain = None, 0.0
+        for g in plan.candidates(job):
+            apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
+            if not self.merge_ok(snap, g, [job], apart):
+                continue
+            new_step, _ = self._merged(snap, g, [job])
+            gain = self.collective_rate(g.members + [job], new_step) - apart
+            if gain > best_gain:
+                best, best_gain = g, gain
+        if best is not None and best.group_id is not None:
+            self.joins += 1
+        return best
+
+
+@pytest.mark.parametrize("trace, spec, cost_model, array_min", [
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "profiled", 1),
+    ("synthetic:jobs=500,seed=3,load=0.8,gpus=32", "4x8xH100", "profiled", None),
+    ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100", "roofline", None),
+])
+def test_memoised_lookahead_joins_match_the_brute_force_search(trace, spec, cost_model, array_min, monkeypatch):
+    """``lookahead`` keeps each unchanged group's gain per job shape and, on large kinds, lets the
+    batch screen pass over refused groups; its joins are those of asking every group."""
+    import policies.tlora as tlora_module
+
+    if array_min is not None:
+        monkeypatch.setattr(tlora_module, "_ARRAY_MIN", array_min)
+    screened = []
+    real = tlora_module._refused
+    monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="lookahead", cluster=spec, seed=0,
+                                                    cost_model=cost_model))
+    ref = LookaheadReference(LookaheadConfig(tick_s=300.0))
+    fast = run_engine(jobs, Lookahead(LookaheadConfig(tick_s=300.0)), spec, cost_model=model)
+    slow = run_engine(jobs, ref, spec, cost_model=model)
+    assert ref.joins > 0, "the workload must exercise joins into running groups"
+    if array_min == 1:
+        assert sum(screened) > 0, "the batch screen must refuse candidates for the comparison to test it"
+    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in fast.records] == \
+           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in slow.records]
+    assert fast.timeline == slow.timeline
