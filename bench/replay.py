@@ -58,7 +58,7 @@ is the simulator's scaling with trace length at constant concurrency.
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/replay.py                                   # default cases, 3 policies
+    .venv/bin/python bench/replay.py                                   # default cases, every policy
     .venv/bin/python bench/replay.py --cases itp02 --policies tlora    # issue 2's record
     .venv/bin/python bench/replay.py --cases synthetic-1M --timeout 900
     .venv/bin/python bench/replay.py --cases itp-all --policies tlora --profile   # cProfile text
@@ -81,7 +81,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ITP_DIR = ROOT.parent / "shared" / "traces" / "msr-itp-elasticflow"
-POLICIES = ("independent", "mlora", "tlora")
+POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")  # every policy but the ablations
 SYN = "synthetic:jobs={n},seed=1,gpus=128,load=0.7"
 
 

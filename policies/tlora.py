@@ -690,8 +690,8 @@ class TLoRA:
             if gid in skip:
                 continue
             members, step_s, nano, micro, paused_until_s = self._live[gid]
-            tuner, last, seen_members = self._tuners.get(
-                gid, (NanoBatchTuner(n=nano), -1.0, members))
+            ent = self._tuners.get(gid)
+            tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
             if seen_members != members:
                 tuner.reset()
                 tuner.n = nano

@@ -273,13 +273,21 @@ class Tables:
 
 # ---------------------------------------------------------------------------------- features
 def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
-    """Features of a per-GPU mix, members (rank, sequences, tokens per sequence)."""
-    t = [b * s for _, b, s in members]
-    return {"const": 1.0, "adapters": float(len(members)), "tokens": float(sum(t)),
-            "rank_tokens": float(sum(r * ti for (r, _, _), ti in zip(members, t))),
-            "ranks": float(sum(r for r, _, _ in members)),
-            "bucket_rank_tokens": float(sum(_bucket(r) * ti for (r, _, _), ti in zip(members, t))),
-            "max_rank_tokens": float(max(r for r, _, _ in members) * sum(t))}
+    """Features of a per-GPU mix, members (rank, sequences, tokens per sequence): one pass, sums
+    in member order (the order ``sim.fused_batch`` adds them in)."""
+    tokens = rank_tokens = bucket_rank_tokens = 0.0
+    ranks = max_rank = 0
+    for r, b, s in members:
+        t = b * s
+        tokens += t
+        rank_tokens += r * t
+        bucket_rank_tokens += _bucket(r) * t
+        ranks += r
+        if r > max_rank:
+            max_rank = r
+    return {"const": 1.0, "adapters": float(len(members)), "tokens": tokens, "rank_tokens": rank_tokens,
+            "ranks": float(ranks), "bucket_rank_tokens": bucket_rank_tokens,
+            "max_rank_tokens": float(max_rank * tokens)}
 
 
 def _bucket(r: int) -> int:
@@ -603,10 +611,11 @@ def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n
 
 
 def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Member], n: int, plan: str,
-                     micro: int = 1, checkpointing: bool = True) -> dict:
+                     micro: int = 1, checkpointing: bool = True, tables: Tables | None = None) -> dict:
     """Memory terms per GPU (bytes). ``checkpointing=False``: every layer keeps its measured saved
     activations instead (the end-to-end check's configuration), adapter state as measured there
-    (bf16 weights, grads and AdamW moments: 8 B/param)."""
+    (bf16 weights, grads and AdamW moments: 8 B/param). ``tables``: the model's ``Tables`` of
+    ``art`` if the caller holds them (else built from ``art``)."""
     m, gpu = get_model(model), GPUS[gpu_name]
     entry = art["models"][model]
     pe = entry["plans"][PLAN_FAMILY.get(plan, "fused")]
@@ -615,7 +624,7 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
     f = mix_features(mix)
     live = max(0.0, sum(pe["memory"]["peak"].get(k, 0.0) * f[k] for k in FEATURES))
     saved = max(0.0, sum(pe["memory"]["saved"].get(k, 0.0) * f[k] for k in FEATURES))
-    tab = Tables(model, art["gpu"], entry)
+    tab = tables if tables is not None else Tables(model, art["gpu"], entry)
     weights = 2.0 * m.params / (n if rf._base_sharded(m, gpu, n) else 1)
     params = sum(m.lora_params(x.rank) for x in members)
     if checkpointing:
@@ -632,4 +641,5 @@ def _memory(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
         return rf._memory(model, gpu_name, members, n, micro)
-    return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt).values()))
+    return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt,
+                                      _tables(key, model)).values()))

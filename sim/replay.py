@@ -13,6 +13,7 @@ import importlib.metadata as md
 import os
 import platform
 import signal
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -197,16 +198,23 @@ def _replay_row(args) -> dict:
         _IN_TASK = False
 
 
+STOP_GRACE_S = 30.0
+"""How long ``stop_pool`` lets SIGTERM'd workers clean up, all of them together (s): a worker
+inside a long native call (a HiGHS solve) handles the signal when the call returns."""
+
+
 def stop_pool(ex: ProcessPoolExecutor) -> None:
     """Cancel queued tasks, stop running ones with SIGTERM (they remove their temp files), wait for the
-    workers (replay comparisons and sweeps)."""
+    workers (replay comparisons and sweeps): ``STOP_GRACE_S`` in all, then SIGKILL the survivors."""
     procs = list((getattr(ex, "_processes", None) or {}).values())
     ex.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         if p.is_alive():
             p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
