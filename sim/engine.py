@@ -59,7 +59,7 @@ class _Group:
     nano_batches: int = 1
     micro_batches: int = 1
     # per membership (``Engine._membership``; None after members change): member Jobs, their
-    # cost-model Members, Σ tokens per step, Σ model FLOPs per step, the member with fewest steps left
+    # cost-model Members, Σ tokens per step, Σ model FLOPs per step
     membership: tuple | None = None
 
 
@@ -419,7 +419,7 @@ class Engine:
     def _retime(self, g: _Group) -> None:
         """Recompute step time, memory check, rates, and reschedule the group's next completion."""
         now = self.env.now
-        _, members, _, _, first_i = self._membership(g)
+        members = self._membership(g)[1]
         g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
                                                     g.nano_batches, g.micro_batches)
         if self._chk is not None:  # memory fits, step time finite and > 0
@@ -427,7 +427,7 @@ class Engine:
         self._set_rates(g, active=now >= g.paused_until_s)
         g.version += 1
         self._dirty.add(g.gid)
-        first = g.remaining[first_i]
+        first = min(g.remaining[i] for i in g.members)
         finish = max(now, g.paused_until_s) + max(first, 0.0) * g.step_time_s
         self.env.timeout(finish - now).callbacks.append(partial(self._on_timer, g.gid, g.version))
         if g.paused_until_s > now:
@@ -437,7 +437,7 @@ class Engine:
         self._tok_rate -= g.tok_rate
         self._flop_rate -= g.flop_rate
         if active:
-            _, _, tokens, flops, _ = self._membership(g)
+            _, _, tokens, flops = self._membership(g)
             g.tok_rate = tokens / g.step_time_s
             g.flop_rate = flops / g.step_time_s
         else:
@@ -446,13 +446,10 @@ class Engine:
         self._flop_rate += g.flop_rate
 
     def _membership(self, g: _Group) -> tuple:
-        """(member Jobs, their cost-model Members, Σ tokens per step, Σ model FLOPs per step, index
-        of the member with the fewest steps left) of ``g``'s current members in member order, kept
-        until its members change (a nano- or micro-batch change re-times the group without
-        re-reading them). The member that finishes first stays the same while the members do: they
-        all progress by the same steps, and subtracting the same amount keeps the order of floats
-        (rounding is monotone), so its remaining steps are the minimum exactly. Members changed, so
-        each member's record of the largest group it ran in is brought up to date here."""
+        """(member Jobs, their cost-model Members, Σ tokens per step, Σ model FLOPs per step) of
+        ``g``'s current members in member order, kept until its members change (a nano- or
+        micro-batch change re-times the group without re-reading them). Members changed, so each
+        member's record of the largest group it ran in is brought up to date here."""
         if g.membership is None:
             size = len(g.members)
             for i in g.members:
@@ -460,8 +457,7 @@ class Engine:
                 r.max_group_size = max(r.max_group_size, size)
             jobs = tuple(self.jobs[i] for i in g.members)
             g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
-                            sum(self._member_flops[i] for i in g.members),
-                            min(g.members, key=g.remaining.__getitem__))
+                            sum(self._member_flops[i] for i in g.members))
         return g.membership
 
     def _on_resume(self, gid: int, version: int, _ev) -> None:
