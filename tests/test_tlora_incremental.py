@@ -81,6 +81,20 @@ class Reference(TLoRA):
 ])
 def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, array_min, reliability,
                                                            monkeypatch):
+    ref = Reference(TLoRAConfig(tick_s=300.0))
+    screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "tlora",
+                                TLoRA(TLoRAConfig(tick_s=300.0)), ref)
+    assert ref.merges > 0 and ref.joins > 0, "the workload must exercise consolidation and joins"
+    if cost_model == "profiled":
+        assert screened > 0, "the batch screen must refuse candidates for the comparison to test it"
+    reliability("determinism_cases", 1)
+
+
+def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_min: int | None, policy: str,
+                     fast, slow) -> int:
+    """Run the workload under ``fast`` and ``slow`` (``array_min``: kinds with at least that many
+    groups take the table path), assert identical job records and timelines, and return how many
+    candidates the batch screen refused."""
     import policies.tlora as tlora_module
 
     if array_min is not None:
@@ -88,18 +102,14 @@ def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_mod
     screened = []
     real = tlora_module._refused
     monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
-    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy=policy, cluster=spec, seed=0,
                                                     cost_model=cost_model))
-    ref = Reference(TLoRAConfig(tick_s=300.0))
-    fast = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, cost_model=model)
-    slow = run_engine(jobs, ref, spec, cost_model=model)
-    assert ref.merges > 0 and ref.joins > 0, "the workload must exercise consolidation and joins"
-    if cost_model == "profiled":
-        assert sum(screened) > 0, "the batch screen must refuse candidates for the comparison to test it"
-    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in fast.records] == \
-           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in slow.records]
-    assert fast.timeline == slow.timeline
-    reliability("determinism_cases", 1)
+    a = run_engine(jobs, fast, spec, cost_model=model)
+    b = run_engine(jobs, slow, spec, cost_model=model)
+    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
+           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
+    assert a.timeline == b.timeline
+    return sum(screened)
 
 
 def test_a_reused_policy_object_forgets_the_previous_simulation():
@@ -146,21 +156,9 @@ class LookaheadReference(Lookahead):
 def test_memoised_lookahead_joins_match_the_brute_force_search(trace, spec, cost_model, array_min, monkeypatch):
     """``lookahead`` keeps each unchanged group's gain per job shape and, on large kinds, lets the
     batch screen pass over refused groups; its joins are those of asking every group."""
-    import policies.tlora as tlora_module
-
-    if array_min is not None:
-        monkeypatch.setattr(tlora_module, "_ARRAY_MIN", array_min)
-    screened = []
-    real = tlora_module._refused
-    monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
-    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="lookahead", cluster=spec, seed=0,
-                                                    cost_model=cost_model))
     ref = LookaheadReference(LookaheadConfig(tick_s=300.0))
-    fast = run_engine(jobs, Lookahead(LookaheadConfig(tick_s=300.0)), spec, cost_model=model)
-    slow = run_engine(jobs, ref, spec, cost_model=model)
+    screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "lookahead",
+                                Lookahead(LookaheadConfig(tick_s=300.0)), ref)
     assert ref.joins > 0, "the workload must exercise joins into running groups"
     if array_min == 1:
-        assert sum(screened) > 0, "the batch screen must refuse candidates for the comparison to test it"
-    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in fast.records] == \
-           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in slow.records]
-    assert fast.timeline == slow.timeline
+        assert screened > 0, "the batch screen must refuse candidates for the comparison to test it"
