@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies import tlora as tlora_module
 from policies.planner import Planner, PlannedGroup
 from policies.registry import register
-from policies.tlora import TLoRA, TLoRAConfig
+from policies.tlora import TLoRA, TLoRAConfig, _group_memo, _job_shape
 from sim.jobs import Job
 from sim.snapshot import Snapshot
 
@@ -46,23 +45,18 @@ class Lookahead(TLoRA):
         in start/plan order). Running groups unchanged in this decision are read as the policy's
         own picture of them (no planned copy) and keep their gain for the job's shape, memoised per
         membership version and nano-batch count (``TLoRA._join_target`` keeps the answer per kind)."""
-        tab = self._tables.get(kind)
-        if tab is not None and len(tab.slot) >= tlora_module._ARRAY_MIN:
-            # large kinds: the table leaves out the groups without room for the job and those the batch
-            # cost model refuses it by more than its margin (``merge_ok`` would refuse them: gain -inf)
-            order = self._join_order_table(snap, plan, job, kind, tab, job.max_slowdown * job.isolated_step_time_s,
-                                           1.0 if can_start else 0.0)
-            running = [(gid, proto) if proto is not None else (plan.group(gid), None)
-                       for _, gid, _, proto in sorted(order, key=lambda t: t[1])]
-        else:
-            running = [(plan.group(gid), None) if plan.joined(gid) else (gid, self._protos[gid])
-                       for gid in snap.kinds.get(kind, ()) if not plan.removed(gid)]
+        # the running groups that may take the job, unchanged ones with their picture (the others
+        # would refuse it: gain -inf), in start order
+        order = self._join_order(snap, plan, job, kind, job.max_slowdown * job.isolated_step_time_s,
+                                 1.0 if can_start else 0.0)
+        running = [(gid, proto) if proto is not None else (plan.group(gid), None)
+                   for _, gid, _, proto in sorted(order, key=lambda t: t[1])]
         best = self._best_gain(snap, running + [(g, None) for g in plan.new_of_kind(kind)], job, can_start, jkey)
         return plan.group(best) if isinstance(best, int) else best
 
     def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
         """``_join_target_search`` over ``cands`` (snapshots without the engine's kind index)."""
-        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        jkey = _job_shape(job, can_start)
         return self._best_gain(snap, [(g, g if g.group_id is not None and not g.added else None) for g in cands],
                                job, can_start, jkey)
 
@@ -75,12 +69,10 @@ class Lookahead(TLoRA):
             if view is None:
                 gain = self._gain(snap, x, job, can_start)
             else:
-                ent = self._scan_memo.get(view.group_id)
-                if ent is None or ent[0] != (view.version, view.nano_batches):
-                    ent = self._scan_memo[view.group_id] = ((view.version, view.nano_batches), {})
-                gain = ent[1].get(jkey)
+                gains = _group_memo(self._scan_memo, view)
+                gain = gains.get(jkey)
                 if gain is None:
-                    gain = ent[1][jkey] = self._gain(snap, view, job, can_start)
+                    gain = gains[jkey] = self._gain(snap, view, job, can_start)
             if gain > best_gain:
                 best, best_gain = x, gain
         return best

@@ -300,7 +300,7 @@ class TLoRA:
         if snap.kinds is None:
             return self._join_target_scan(snap, plan.candidates(job), job, can_start)
         kind = (job.model, job.num_gpus)
-        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        jkey = _job_shape(job, can_start)
         # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
         # shape are asked about again and again while they wait)
         kv = plan.kind_version.get(kind, 0)
@@ -328,36 +328,42 @@ class TLoRA:
         unchanged group and ``jkey``."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
-        tab = self._tables.get(kind)
-        if tab is None or not tab.slot:
-            order = []
-        elif len(tab.slot) < _ARRAY_MIN:
-            order = self._join_order_scan(snap, plan, kind, bound_job)
-        else:
-            order = self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
+        order = self._join_order(snap, plan, job, kind, bound_job, bonus)
         for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
             sl = self._slack(snap, g, bound_job)
             if sl > 0:
                 order.append((-sl, _AFTER_RUNNING + i, g, None))
         order.sort(key=lambda t: (t[0], t[1]))
         for _, _, x, proto in order:
-            ent = ok = None
+            answers = ok = None
             if proto is not None:  # an unchanged running group: its answer for this job shape is kept
-                ent = self._join_memo.get(x)
-                if ent is None or ent[0] != (proto.version, proto.nano_batches):
-                    ent = self._join_memo[x] = ((proto.version, proto.nano_batches), {})
-                ok = ent[1].get(jkey)
+                answers = _group_memo(self._join_memo, proto)
+                ok = answers.get(jkey)
                 if ok is False:
                     continue
             g = x if isinstance(x, PlannedGroup) else plan.group(x)
             if ok is None:
                 ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
                                    + bonus)
-                if ent is not None:
-                    ent[1][jkey] = ok
+                if answers is not None:
+                    answers[jkey] = ok
             if ok:
                 return g
         return None
+
+    def _join_order(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, bound_job: float,
+                    bonus: float) -> list[tuple]:
+        """The running groups of ``kind`` that may take ``job`` (bound ``bound_job``; ``bonus``: its
+        value apart), as (-slack, start rank, group id, proto or None if changed in this decision):
+        ``_join_order_scan`` for small kinds, ``_join_order_table`` (batch-screened) from
+        ``_ARRAY_MIN`` groups up. Groups left out have no residual capacity for the job or are
+        refused by the batch screen: ``merge_ok`` would refuse them."""
+        tab = self._tables.get(kind)
+        if tab is None or not tab.slot:
+            return []
+        if len(tab.slot) < _ARRAY_MIN:
+            return self._join_order_scan(snap, plan, kind, bound_job)
+        return self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
 
     def _join_order_scan(self, snap: Snapshot, plan: Planner, kind: tuple, bound_job: float) -> list[tuple]:
         """The running groups of ``kind`` with residual capacity left for a job of bound
@@ -417,17 +423,14 @@ class TLoRA:
     def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
         """The join target by a scan over ``cands`` (snapshots without the engine's kind index)."""
         best, best_slack = None, 0.0
-        jkey = (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+        jkey = _job_shape(job, can_start)
         for g in cands:
             if g.group_id is not None and not g.added:
                 # unchanged running group: (slack, ok) is a pure function of its version and the job's shape
-                sig = (g.version, g.nano_batches)
-                ent = self._scan_memo.get(g.group_id)
-                if ent is None or ent[0] != sig:
-                    ent = self._scan_memo[g.group_id] = (sig, {})
-                hit = ent[1].get(jkey)
+                answers = _group_memo(self._scan_memo, g)
+                hit = answers.get(jkey)
                 if hit is None:
-                    hit = ent[1][jkey] = self._join_answer(snap, g, job, can_start)
+                    hit = answers[jkey] = self._join_answer(snap, g, job, can_start)
                 slack, ok = hit
                 if ok and slack > best_slack:
                     best, best_slack = g, slack
@@ -775,6 +778,22 @@ class _KindTable:
         """Slots of ``gids`` (in that order)."""
         slot = self.slot
         return np.fromiter((slot[g] for g in gids), int, len(gids))
+
+
+def _job_shape(job: Job, can_start: bool) -> tuple:
+    """What a join answer for ``job`` depends on (its cost-model member, slowdown bound terms, and
+    whether it could start alone now): the key of the join memos."""
+    return (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+
+
+def _group_memo(memo: dict[int, tuple[tuple, dict]], g: PlannedGroup) -> dict:
+    """The answers ``memo`` keeps for running group ``g`` as it is now (its membership version and
+    nano-batch count; answers kept for another state are dropped)."""
+    state = (g.version, g.nano_batches)
+    ent = memo.get(g.group_id)
+    if ent is None or ent[0] != state:
+        ent = memo[g.group_id] = (state, {})
+    return ent[1]
 
 
 def _group_features(fb: FusedBatch, members: list[Job]) -> tuple[np.ndarray, float] | None:
