@@ -217,16 +217,18 @@ def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool,
             "decision_share": res["decisions"] * res["decision_ms"] / 1e3 / eng if eng > 0 else 0.0}
 
 
-def save(path: Path, rows: list[dict], order: list[str]) -> None:
-    """Merge ``rows`` into the CSV at ``path`` (same case + policy + cost model replaced), rewrite it atomically."""
+def save(path: Path, rows: list[dict], order: list[str], columns: list[str] = COLUMNS) -> None:
+    """Merge ``rows`` into the CSV at ``path`` (same case + policy + cost model replaced), rewrite it atomically.
+
+    ``columns``: the file's leading columns (``bench/engine_floor.py`` passes its own)."""
     import pandas as pd
 
     from sim.rundir import write_csv
 
-    old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=COLUMNS)
+    old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=columns)
     if "cost_model" not in old.columns:  # files written before the column existed
         old["cost_model"] = "?"
-    new = pd.DataFrame(rows, columns=COLUMNS)
+    new = pd.DataFrame(rows, columns=columns)
     keys = set(zip(new["case"], new["policy"], new["cost_model"]))
     old = old[[k not in keys for k in zip(old["case"], old["policy"], old["cost_model"])]]
     df = pd.concat([x for x in (old, new) if len(x)], ignore_index=True)
@@ -235,8 +237,8 @@ def save(path: Path, rows: list[dict], order: list[str]) -> None:
     df = df.iloc[sorted(range(len(df)), key=lambda i: (rank.get(df["case"].iat[i], len(rank)), df["case"].iat[i],
                                                        prank.get(df["policy"].iat[i], 99), df["policy"].iat[i],
                                                        str(df["cost_model"].iat[i])))]
-    extra = [c for c in df.columns if c not in COLUMNS]
-    write_csv(path, df[COLUMNS + extra])
+    extra = [c for c in df.columns if c not in columns]
+    write_csv(path, df[columns + extra])
 
 
 def _fmt(r: dict) -> str:

@@ -111,11 +111,15 @@ def load_workload(cfg: ReplayConfig):
 
 
 def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
-           position: int = 0, check_invariants: bool = True) -> dict:
+           position: int = 0, check_invariants: bool = True, policy: Any = None) -> dict:
     """Simulate one configuration and write its run directory.
 
     ``check_invariants`` (default True) checks ``sim.invariants`` while simulating; switch it off
     for benchmarks only (results are identical, the checks cost a few per cent).
+
+    ``policy``: an already-built policy object to simulate instead of the registry's
+    ``cfg.policy`` (``bench/engine_floor.py`` passes one that records or replays decisions); the
+    run directory still names ``cfg.policy``.
 
     Returns:
         The summary dict (also written to ``summary.json``).
@@ -127,7 +131,8 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     from policies.registry import config_of, make_policy
 
     out = Path(out_dir)
-    policy = make_policy(cfg.policy, cfg.policy_options)
+    if policy is None:
+        policy = make_policy(cfg.policy, cfg.policy_options)
     jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
     write_json(out / "config.json", {
         "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
