@@ -419,16 +419,24 @@ class Engine:
     def _retime(self, g: _Group) -> None:
         """Recompute step time, memory check, rates, and reschedule the group's next completion."""
         now = self.env.now
-        members = self._membership(g)[1]
-        g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
-                                                    g.nano_batches, g.micro_batches)
+        _, members, tokens, flops, first_i = g.membership or self._membership(g)
+        g.step_time_s = step = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
+                                                           g.nano_batches, g.micro_batches)
         if self._chk is not None:  # memory fits, step time finite and > 0
-            self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, g.step_time_s, g.micro_batches)
-        self._set_rates(g, active=now >= g.paused_until_s)
+            self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, step, g.micro_batches)
+        self._tok_rate -= g.tok_rate
+        self._flop_rate -= g.flop_rate
+        if now >= g.paused_until_s:  # as _set_rates(g, active=...), without reading the membership again
+            g.tok_rate = tokens / step
+            g.flop_rate = flops / step
+        else:
+            g.tok_rate = g.flop_rate = 0.0
+        self._tok_rate += g.tok_rate
+        self._flop_rate += g.flop_rate
         g.version += 1
         self._dirty.add(g.gid)
-        first = min(g.remaining[i] for i in g.members)
-        finish = max(now, g.paused_until_s) + max(first, 0.0) * g.step_time_s
+        first = g.remaining[first_i]
+        finish = max(now, g.paused_until_s) + max(first, 0.0) * step
         self.env.timeout(finish - now).callbacks.append(partial(self._on_timer, g.gid, g.version))
         if g.paused_until_s > now:
             self.env.timeout(g.paused_until_s - now).callbacks.append(partial(self._on_resume, g.gid, g.version))
@@ -437,7 +445,7 @@ class Engine:
         self._tok_rate -= g.tok_rate
         self._flop_rate -= g.flop_rate
         if active:
-            _, _, tokens, flops = self._membership(g)
+            _, _, tokens, flops, _ = self._membership(g)
             g.tok_rate = tokens / g.step_time_s
             g.flop_rate = flops / g.step_time_s
         else:
@@ -446,18 +454,23 @@ class Engine:
         self._flop_rate += g.flop_rate
 
     def _membership(self, g: _Group) -> tuple:
-        """(member Jobs, their cost-model Members, Σ tokens per step, Σ model FLOPs per step) of
-        ``g``'s current members in member order, kept until its members change (a nano- or
-        micro-batch change re-times the group without re-reading them). Members changed, so each
-        member's record of the largest group it ran in is brought up to date here."""
+        """(member Jobs, their cost-model Members, Σ tokens per step, Σ model FLOPs per step, index
+        of the first member to finish) of ``g``'s current members in member order, kept until its
+        members change (a nano- or micro-batch change re-times the group without re-reading them).
+        Every member trains the same steps (``_settle`` subtracts one amount from all), and
+        rounding is monotone (a <= b gives fl(a - d) <= fl(b - d)), so the member with the fewest
+        remaining steps when the membership forms keeps the fewest (ties: equal values) until it
+        changes. Members changed, so each member's record of the largest group it ran in is
+        brought up to date here."""
         if g.membership is None:
             size = len(g.members)
             for i in g.members:
                 r = self.records[i]
                 r.max_group_size = max(r.max_group_size, size)
             jobs = tuple(self.jobs[i] for i in g.members)
+            rem = g.remaining
             g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
-                            sum(self._member_flops[i] for i in g.members))
+                            sum(self._member_flops[i] for i in g.members), min(g.members, key=rem.__getitem__))
         return g.membership
 
     def _on_resume(self, gid: int, version: int, _ev) -> None:
