@@ -41,7 +41,6 @@ import hashlib
 import importlib.util
 import json
 import pickle
-import platform
 import resource
 import subprocess
 import sys
@@ -59,6 +58,7 @@ COLUMNS = ["case", "policy", "cost_model", "jobs", "cpu_s", "wall_s", "floor_cpu
            "floor_share", "decisions", "actions", "start_group", "add_members", "remove_members", "stop_members",
            "set_execution", "retimes", "same_out", "out_sha", "status", "trace", "cluster", "tag", "host",
            "cpu_model", "cpus", "python", "commit", "dirty", "src_sha", "date"]
+DEFAULT_CASES = ("itp02", "itp04", "itp-all")
 ACTION_COLUMNS = {"StartGroup": "start_group", "AddMembers": "add_members", "RemoveMembers": "remove_members",
                   "StopMembers": "stop_members", "SetExecution": "set_execution"}
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="cases: " + ", ".join(f"{k} ({v.note}, {v.cluster})"
                                                               for k, v in bench_replay.CASES.items()))
-    ap.add_argument("--cases", default="itp02,itp04,itp-all", help="comma-separated cases (default: %(default)s)")
+    ap.add_argument("--cases", default=None, help=f"comma-separated cases (default: {','.join(DEFAULT_CASES)})")
     ap.add_argument("--policies", default=",".join(bench_replay.POLICIES),
                     help="comma-separated policies (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="one tiny synthetic case (CI smoke test)")
@@ -201,22 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(json.loads(args._child))))
         return 0
 
-    table = bench_replay.QUICK if args.quick else bench_replay.CASES
-    names = list(bench_replay.QUICK) if args.quick else [n.strip() for n in args.cases.split(",") if n.strip()]
-    unknown = [n for n in names if n not in table]
-    if unknown:
-        ap.error(f"unknown case(s) {unknown}; known: {', '.join(table)}")
-    if any(table[n].trace.startswith("itp:") for n in names) and not args.itp_dir.is_dir():
-        ap.error(f"ITP traces not found at {args.itp_dir} (--itp-dir)")
-    machine = bench_replay._machine()
-    tag = args.tag or ("quick" if args.quick else f"{platform.machine()}-{machine['cpus']}cpu")
-    out_dir = args.out_dir or (ROOT / "runs" / "bench" if args.quick else ROOT / "bench" / "results")
-    path = out_dir / f"engine_floor_{tag}.csv"
+    table, names, policies, machine, tag, path = bench_replay.plan_runs(ap, args, "engine_floor", DEFAULT_CASES)
     print(f"{'case':>9} {'policy':>12} {'cpu_s':>8} {'floor_s':>8} {'share':>6} {'decisions':>9} {'set_exec':>9} "
           f"{'retimes':>9} same_out", flush=True)
     failed = 0
     for name in names:
-        for pol in [p.strip() for p in args.policies.split(",") if p.strip()]:
+        for pol in policies:
             row = run_one(name, table[name], pol, itp_dir=args.itp_dir, timeout=args.timeout)
             row.update(tag=tag, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        **machine)

@@ -249,6 +249,27 @@ def _fmt(r: dict) -> str:
             f"{r['peak_rss_mb']:7.0f}")
 
 
+def plan_runs(ap: argparse.ArgumentParser, args: argparse.Namespace, stem: str,
+              default_cases: tuple[str, ...]) -> tuple[dict, list[str], list[str], dict, str, Path]:
+    """The runs a benchmark command asked for: (case table, case names, policies, machine
+    provenance, results tag, results path ``OUT_DIR/<stem>_<tag>.csv``) from the options
+    ``--cases``, ``--policies``, ``--quick``, ``--tag``, ``--out-dir`` and ``--itp-dir``. Exits
+    through ``ap.error`` on an unknown case or a missing ITP directory."""
+    table = QUICK if args.quick else CASES
+    names = list(QUICK) if args.quick and not args.cases else (args.cases.split(",") if args.cases else list(default_cases))
+    names = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(table)}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if any(table[n].trace.startswith("itp:") for n in names) and not args.itp_dir.is_dir():
+        ap.error(f"ITP traces not found at {args.itp_dir} (--itp-dir)")
+    machine = _machine()
+    tag = args.tag or ("quick" if args.quick else f"{platform.machine()}-{machine['cpus']}cpu")
+    out_dir = args.out_dir or (ROOT / "runs" / "bench" if args.quick else ROOT / "bench" / "results")
+    return table, names, policies, machine, tag, out_dir / f"{stem}_{tag}.csv"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 if any run failed or timed out)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -278,25 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
 
-    table = QUICK if args.quick else CASES
-    names = list(QUICK) if args.quick and not args.cases else (args.cases.split(",") if args.cases else list(DEFAULT_CASES))
-    names = [n.strip() for n in names if n.strip()]
-    unknown = [n for n in names if n not in table]
-    if unknown:
-        ap.error(f"unknown case(s) {unknown}; known: {', '.join(table)}")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if any(table[n].trace.startswith("itp:") for n in names) and not args.itp_dir.is_dir():
-        ap.error(f"ITP traces not found at {args.itp_dir} (--itp-dir)")
-    machine = _machine()
-    tag = args.tag or ("quick" if args.quick else f"{platform.machine()}-{machine['cpus']}cpu")
-    out_dir = args.out_dir or (ROOT / "runs" / "bench" if args.quick else ROOT / "bench" / "results")
-    path = out_dir / f"replay_{tag}.csv"
+    table, names, policies, machine, tag, path = plan_runs(ap, args, "replay", DEFAULT_CASES)
     print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
           f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7}", flush=True)
     failed = 0
     for name in names:
         for pol in policies:
-            prof = out_dir / "profiles" / f"{tag}_{name}_{pol}.txt" if args.profile else None
+            prof = path.parent / "profiles" / f"{tag}_{name}_{pol}.txt" if args.profile else None
             row = run_one(name, table[name], pol, itp_dir=args.itp_dir, invariants=args.check_invariants,
                           timeout=args.timeout, profile=prof, cost_model=args.cost_model)
             row.update(tag=tag, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
