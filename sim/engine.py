@@ -419,20 +419,12 @@ class Engine:
     def _retime(self, g: _Group) -> None:
         """Recompute step time, memory check, rates, and reschedule the group's next completion."""
         now = self.env.now
-        _, members, tokens, flops, first_i = g.membership or self._membership(g)
+        _, members, _, _, first_i = g.membership or self._membership(g)
         g.step_time_s = step = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
                                                            g.nano_batches, g.micro_batches)
         if self._chk is not None:  # memory fits, step time finite and > 0
             self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, step, g.micro_batches)
-        self._tok_rate -= g.tok_rate
-        self._flop_rate -= g.flop_rate
-        if now >= g.paused_until_s:  # as _set_rates(g, active=...), without reading the membership again
-            g.tok_rate = tokens / step
-            g.flop_rate = flops / step
-        else:
-            g.tok_rate = g.flop_rate = 0.0
-        self._tok_rate += g.tok_rate
-        self._flop_rate += g.flop_rate
+        self._set_rates(g, active=now >= g.paused_until_s)
         g.version += 1
         self._dirty.add(g.gid)
         first = g.remaining[first_i]
@@ -445,7 +437,7 @@ class Engine:
         self._tok_rate -= g.tok_rate
         self._flop_rate -= g.flop_rate
         if active:
-            _, _, tokens, flops, _ = self._membership(g)
+            _, _, tokens, flops, _ = g.membership or self._membership(g)
             g.tok_rate = tokens / g.step_time_s
             g.flop_rate = flops / g.step_time_s
         else:
