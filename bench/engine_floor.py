@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import importlib.util
 import json
 import pickle
@@ -134,8 +133,7 @@ def _child(spec: dict) -> dict:
         replay(cfg, tmp, progress=False, plots=False, check_invariants=False, policy=policy)
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        out_sha = hashlib.sha256(b"".join((Path(tmp) / f).read_bytes()
-                                          for f in ("summary.json", "jobs.csv", "timeline.csv"))).hexdigest()[:12]
+        out_sha = bench_replay.output_sha(Path(tmp))
         perf = json.loads((Path(tmp) / "perf.json").read_text())
         cm = json.loads((Path(tmp) / "config.json").read_text()).get("cost_model", {})
     res = {"jobs": perf["jobs"], "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "wall_s": wall,
@@ -150,12 +148,10 @@ def _child(spec: dict) -> dict:
 
 
 def _run_child(spec: dict, timeout: float) -> dict:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", json.dumps(spec)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-        raise RuntimeError(f"{spec['mode']} child failed: {tail[0][:300]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return bench_replay.run_child(Path(__file__), spec, timeout)
+    except RuntimeError as e:
+        raise RuntimeError(f"{spec['mode']} child failed: {e}") from None
 
 
 def run_one(case: str, c, policy: str, *, itp_dir: Path, timeout: float) -> dict:

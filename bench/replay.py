@@ -121,6 +121,13 @@ def _src_sha() -> str:
     return h.hexdigest()[:12]
 
 
+def output_sha(run_dir: Path) -> str:
+    """The ``out_sha`` column: SHA-256 prefix (12 hex digits) of a run directory's
+    ``summary.json`` + ``jobs.csv`` + ``timeline.csv`` (equal values: identical results)."""
+    return hashlib.sha256(b"".join((run_dir / f).read_bytes()
+                                   for f in ("summary.json", "jobs.csv", "timeline.csv"))).hexdigest()[:12]
+
+
 def _child(spec: dict) -> dict:
     """Run one replay in this process; returns the measurements."""
     import resource
@@ -148,8 +155,7 @@ def _child(spec: dict) -> dict:
             _write_profile(prof, Path(spec["profile"]))
         perf = json.loads((Path(tmp) / "perf.json").read_text())
         cm = json.loads((Path(tmp) / "config.json").read_text()).get("cost_model", {})
-        out_sha = hashlib.sha256(b"".join((Path(tmp) / f).read_bytes()
-                                          for f in ("summary.json", "jobs.csv", "timeline.csv"))).hexdigest()[:12]
+        out_sha = output_sha(Path(tmp))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {"jobs": perf["jobs"], "wall_s": wall, "engine_s": perf["wall_s"], "cpu_s": cpu,
@@ -193,6 +199,22 @@ def _machine() -> dict:
             "dirty": bool(_git("status", "--porcelain", "--", "sim", "policies", "traces"))}
 
 
+def run_child(script: Path, spec: dict, timeout: float) -> dict:
+    """Run ``script --_child SPEC`` (spec as JSON) in a fresh interpreter and return the JSON
+    object on the last line of its output.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout`` s (it is killed).
+        RuntimeError: it exited non-zero; the message is the last line of its stderr (200 chars).
+    """
+    proc = subprocess.run([sys.executable, str(Path(script).resolve()), "--_child", json.dumps(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        raise RuntimeError(tail[0][:200])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool, timeout: float,
             profile: Path | None, cost_model: str | None = None) -> dict:
     """Run one (case, policy) in a child process; returns its result row (without provenance)."""
@@ -202,14 +224,11 @@ def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool,
     row = {"case": case, "policy": policy, "trace": c.trace.replace("{itp}", "ITP"), "cluster": c.cluster,
            "invariants": invariants, "cost_model": cost_model or "default"}
     try:
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", json.dumps(spec)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        res = run_child(Path(__file__), spec, timeout)
     except subprocess.TimeoutExpired:
         return {**row, "status": f"timeout after {timeout:g} s"}
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-        return {**row, "status": f"error: {tail[0][:200]}"}
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except RuntimeError as e:
+        return {**row, "status": f"error: {e}"}
     jobs, wall, eng = res["jobs"], res["wall_s"], res["engine_s"]
     return {**row, **res, "status": "ok", "jobs_per_s": jobs / wall if wall > 0 else 0.0,
             "us_per_job": 1e6 * wall / jobs if jobs else 0.0,
