@@ -2,7 +2,7 @@
 
 For each implementation, the time above the frozen base layer is fitted by least squares as
 ``passes x T x (d_in + d_out) x 2 bytes / HBM bandwidth + per_adapter_s x adapters`` over every
-measured mix of ``profiler/data/kernel_bench_h100.csv`` (GPU time, H100). ``sim/roofline.py``
+measured mix of ``profiler/data/kernel_bench_h100.csv`` (GPU time, H100). ``sim/costmodel/roofline.py``
 quotes the result:
 
     python bench/calibrate_roofline.py

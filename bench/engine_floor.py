@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engine floor: how long a replay takes when the policy's decisions cost nothing.
 
-For each (case, policy) two child processes run ``sim.replay.replay`` on the same inputs:
+For each (case, policy) two child processes run ``tlora_sim.sim.experiments.replay.replay`` on the same inputs:
 
 1. **record**: the registered policy decides as usual, wrapped so that every decision's time and
    actions are kept (one list append per decision); its CPU time is the replay's (``cpu_s``);
@@ -107,9 +107,9 @@ class ScriptedPolicy:
 
 # ---- child: one replay, recorded or scripted -----------------------------------------------------
 def _child(spec: dict) -> dict:
-    import sim.engine as engine_mod
-    from policies.registry import make_policy
-    from sim.replay import ReplayConfig, replay
+    import tlora_sim.sim.core.engine as engine_mod
+    from tlora_sim.policies.registry import make_policy
+    from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
     src = bench_replay._src_sha()
     cfg = ReplayConfig(trace=spec["trace"], policy=spec["policy"], cluster=spec["cluster"], seed=0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time every multi-LoRA implementation of ``profiler.kernels`` on one GPU and write a CSV.
+"""Time every multi-LoRA implementation of ``tlora_sim.profiler.kernels`` on one GPU and write a CSV.
 
 For each (layer K x N, adapter mix) it times a training step (forward + backward, W frozen,
 dropout p on the adapter input only) of: base (frozen layer alone, forward + dX), alone (each
@@ -261,7 +261,7 @@ def scales_for(ranks):
 def check_correctness(layers):
     """bf16 fused vs float64 reference, p = 0 and p = 0.1 (same mask), odd segment lengths."""
     import torch
-    from profiler.kernels import build_plan, multi_lora_linear, reference_forward_backward
+    from tlora_sim.profiler.kernels import build_plan, multi_lora_linear, reference_forward_backward
     out = []
     gen = torch.Generator(device=DEV).manual_seed(1234)
     ranks = [1, 8, 16, 32, 64, 128, 256, 3]
@@ -297,8 +297,8 @@ def _precompile_one(key):
     K, N, ranks, segs, p, cfgj = key
     cfgd = json.loads(cfgj)
     import torch
-    from profiler.kernels import KernelConfig
-    from profiler.kernels.baselines import FusedImpl
+    from tlora_sim.profiler.kernels import KernelConfig
+    from tlora_sim.profiler.kernels.baselines import FusedImpl
     cfg = KernelConfig(**{k: (tuple(v) if k in ("bms", "cms") else v) for k, v in cfgd.items()})
     gen = torch.Generator(device=DEV).manual_seed(0)
     W, A, B = make_weights(K, N, list(ranks), gen)
@@ -354,14 +354,14 @@ def profile_step(impl, sets, label):
 
 
 def _kcfg(c):
-    from profiler.kernels import KernelConfig
+    from tlora_sim.profiler.kernels import KernelConfig
     return KernelConfig(**{k: (tuple(v) if k in ("bms", "cms") else v) for k, v in c.items()})
 
 
 def tune(cands, args):
     """GPU time of fused under each candidate config on TUNE_CASES; returns (best, table)."""
     import torch
-    from profiler.kernels.baselines import make_impl
+    from tlora_sim.profiler.kernels.baselines import make_impl
     times = {i: [] for i in range(len(cands))}
     for layer, mix in TUNE_CASES:
         _, _, ranks, segs, W, A, B, xy = case_tensors(layer, mix, f"tune|{layer}|{mix}", args.sets)
@@ -388,7 +388,7 @@ def tune(cands, args):
 # ------------------------------------------------------------------------------ cases
 def run_case(layer, mix, impls, args, ceil, vers, cfgs):
     import torch
-    from profiler.kernels.baselines import make_impl
+    from tlora_sim.profiler.kernels.baselines import make_impl
     K, N, ranks, segs, W, A, B, sets_xy = case_tensors(layer, mix, f"{layer}|{mix}", args.sets)
     M = sum(segs)
     sc = scales_for(ranks)
@@ -524,7 +524,7 @@ def main(argv=None):
         sys.exit("bench/kernels.py needs a CUDA GPU (or --device cpu for a dry run)")
     t_start = time.time()
     vers = _versions()
-    from profiler.kernels.baselines import peft_available
+    from tlora_sim.profiler.kernels.baselines import peft_available
     impls = [s for s in args.impls.split(",") if s]
     if "peft" in impls and not peft_available():
         print("peft: not installed here; skipping it", flush=True)
@@ -547,7 +547,7 @@ def main(argv=None):
     if args.check:
         summary["check"] = check_correctness(sorted({c[0] for c in cases}))
     def _precompile(case_list, cfg_list):
-        from profiler.kernels.multilora import _bucket
+        from tlora_sim.profiler.kernels.multilora import _bucket
         keys = {}
         for layer, mix in case_list:
             K, N = _layer(layer)

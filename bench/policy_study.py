@@ -38,9 +38,9 @@ METRICS = {"throughput_tokens_per_s": "throughput", "avg_jct_s": "avg_jct", "p90
 
 
 def relative(summary: pd.DataFrame, workload: str) -> pd.DataFrame:
-    """The summary's metrics and their ratios to ``independent`` (``sim.plots.relative_table``:
+    """The summary's metrics and their ratios to ``independent`` (``tlora_sim.sim.report.plots.relative_table``:
     throughput and utilizations as x, JCTs as speed-up, independent / policy), in summary order."""
-    from sim.plots import relative_table
+    from tlora_sim.sim.report.plots import relative_table
 
     out = summary[["policy"] + list(METRICS)].copy()
     out.insert(0, "workload", workload)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         spec, cluster, extra = table[name]
         out = args.out / name
-        cmd = [sys.executable, "-m", "sim.cli", "compare", "--trace", spec, "--cluster", cluster, "--seed", "0",
+        cmd = [sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster, "--seed", "0",
                "--policies", args.policies, "--workers", str(args.workers), "--out", str(out), "--no-progress",
                *extra]
         print("$", " ".join(cmd[2:]), flush=True)

@@ -2,7 +2,7 @@
 """Replay benchmark: wall time, jobs/s, events/s, policy decision time and peak memory per
 (case, policy), written to ``bench/results/replay_<tag>.csv`` with the machine and commit.
 
-Each (case, policy) runs ``sim.replay.replay`` (trace read, LoRA assignment, job building, engine,
+Each (case, policy) runs ``tlora_sim.sim.experiments.replay.replay`` (trace read, LoRA assignment, job building, engine,
 metrics, run-directory files; no figures, no progress bar) in a fresh child process, so the peak
 RSS (``resource.getrusage``) is that run's alone and nothing is cached between runs.
 
@@ -20,7 +20,7 @@ Columns (times in s unless named otherwise):
 * provenance: ``tag``, ``host``, ``cpu_model``, ``cpus``, ``python``, ``commit`` (HEAD),
   ``dirty`` (uncommitted changes under sim/, policies/, traces/), ``src_sha`` (SHA-256 prefix of
   every ``*.py`` under sim/, policies/, traces/ as the child imported them), ``date`` (UTC),
-  ``invariants`` (whether ``sim.invariants`` was checked; off by default, as ``replay()``
+  ``invariants`` (whether ``tlora_sim.sim.core.invariants`` was checked; off by default, as ``replay()``
   recommends for benchmarks);
 * ``out_sha``: SHA-256 prefix of the run's ``summary.json`` + ``jobs.csv`` + ``timeline.csv``: equal
   values mean identical results, so a speed-up can be checked to change nothing.
@@ -133,7 +133,7 @@ def _child(spec: dict) -> dict:
     import resource
 
     src = _src_sha()
-    from sim.replay import ReplayConfig, replay
+    from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
     kw = {"cost_model": spec["cost_model"]} if spec.get("cost_model") else {}
     cfg = ReplayConfig(trace=spec["trace"], policy=spec["policy"], cluster=spec["cluster"], seed=0, **kw)
@@ -242,7 +242,7 @@ def save(path: Path, rows: list[dict], order: list[str], columns: list[str] = CO
     ``columns``: the file's leading columns (``bench/engine_floor.py`` passes its own)."""
     import pandas as pd
 
-    from sim.rundir import write_csv
+    from tlora_sim.sim.report.rundir import write_csv
 
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=columns)
     if "cost_model" not in old.columns:  # files written before the column existed

@@ -34,7 +34,7 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Three panels (load, cluster size, rank distribution) of avg-JCT speed-up per policy."""
     from matplotlib.ticker import FuncFormatter
 
-    from sim import figstyle as fs
+    from tlora_sim.sim.report import style as fs
 
     panels = list(dict.fromkeys(df["panel"]))
     styles = fs.policy_styles(df["policy"].unique())
@@ -60,7 +60,7 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every point and draw the figure; returns the exit status."""
-    from sim.plots import relative_table
+    from tlora_sim.sim.report.plots import relative_table
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sensitivity")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, (panel, x, spec, cluster, dist) in enumerate(points(args.jobs)):
         out = args.out / f"p{i}"
-        subprocess.run([sys.executable, "-m", "sim.cli", "compare", "--trace", spec, "--cluster", cluster,
+        subprocess.run([sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster,
                         "--lora-dist", dist, "--seed", "0", "--policies", ",".join(POLICIES), "--workers",
                         str(args.workers), "--out", str(out), "--no-progress"], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from sim import sweep as sw
+    from tlora_sim.sim.experiments import sweep as sw
 
     base = args.out_dir or Path(tempfile.mkdtemp(prefix="sweep_ray_"))
     base.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """``alto``: ALTO's hyper-parameter sweeps with early exit and co-located survivors
 (arXiv 2604.05426).
 
-Workload: sweeps are job families (``traces.sweeps``, enabled by ``--sweeps``); each
-configuration's loss follows the documented synthetic model ``traces.sweeps.loss_at``.
+Workload: sweeps are job families (``tlora_sim.traces.sweeps``, enabled by ``--sweeps``); each
+configuration's loss follows the documented synthetic model ``tlora_sim.traces.sweeps.loss_at``.
 
 Each decision (also on a policy tick every ``tick_s``):
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.registry import register
-from sim.errors import InputError
-from sim.snapshot import Action, Snapshot, StartGroup, StopMembers
-from traces.sweeps import loss_at
+from tlora_sim.policies.registry import register
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup, StopMembers
+from tlora_sim.traces.sweeps import loss_at
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """``independent``: the baseline. FIFO, every job alone on its requested GPUs, eager LoRA.
 
 Strict first-come-first-served: the queue head starts as soon as its GPUs are free, and no job
-passes a head that cannot start (no backfilling). Plan ``alone`` (``sim.costmodel``).
+passes a head that cannot start (no backfilling). Plan ``alone`` (``tlora_sim.sim.costmodel.interface``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.registry import register
-from sim.snapshot import Action, Snapshot, StartGroup
+from tlora_sim.policies.registry import register
+from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup
 
 
 @dataclass(frozen=True)

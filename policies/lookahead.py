@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.planner import Planner, PlannedGroup
-from policies.registry import register
-from policies.tlora import TLoRA, TLoRAConfig, _group_memo, _job_shape
-from sim.jobs import Job
-from sim.snapshot import Snapshot
+from tlora_sim.policies.planner import Planner, PlannedGroup
+from tlora_sim.policies.registry import register
+from tlora_sim.policies.tlora import TLoRA, TLoRAConfig, _group_memo, _job_shape
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

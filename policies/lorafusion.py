@@ -5,7 +5,7 @@ LoRAFusion fuses LoRA's memory-bound operations into the base GEMMs (its kernels
 multiple adapters jointly: adapters are grouped so that long- and short-sequence jobs pair up
 (head-tail pairing of their mean sequence lengths balances the work per micro-batch), and each
 group's sequences are bin-packed into as few micro-batches of at most ``microbatch_tokens``
-tokens per GPU as possible (``policies.binpack``: HiGHS MILP with a time limit, greedy
+tokens per GPU as possible (``tlora_sim.policies.binpack``: HiGHS MILP with a time limit, greedy
 first-fit-decreasing fallback, the better kept). The micro-batch count goes to the cost model.
 
 As a cluster policy: strict FIFO admission; when the queue head's GPUs are free, it forms a group
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.binpack import pack_micro_batches
-from policies.registry import register
-from sim.errors import InputError
-from sim.jobs import Job
-from sim.snapshot import Action, Snapshot, StartGroup
+from tlora_sim.policies.binpack import pack_micro_batches
+from tlora_sim.policies.registry import register
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup
 
 
 @dataclass(frozen=True)

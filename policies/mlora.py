@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.planner import Planner
-from policies.registry import register
-from sim.snapshot import Action, Snapshot
+from tlora_sim.policies.planner import Planner
+from tlora_sim.policies.registry import register
+from tlora_sim.sim.core.snapshot import Action, Snapshot
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class MLoRA:
     def __init__(self, config: MLoRAConfig | None = None) -> None:
         self.config = config or MLoRAConfig()
         if self.config.concurrency_num < 1:
-            from sim.errors import InputError
+            from tlora_sim.traces.errors import InputError
 
             raise InputError("mlora concurrency_num must be >= 1", field="concurrency_num")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from sim.errors import InputError
-from sim.jobs import Job
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.jobs import Job
 
 
 def urgency(job: Job, now_s: float) -> float:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from sim.jobs import Job
-from sim.placement import Placement
-from sim.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.placement import Placement
+from tlora_sim.sim.core.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup
 
 
 @dataclass(eq=False)

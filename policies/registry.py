@@ -1,7 +1,7 @@
 """Policy registry: name -> (factory, config dataclass, one-line description).
 
 A policy is any object with ``name: str``, ``plan: str`` and ``decide(snapshot) -> list[Action]``
-(``sim.snapshot``). Register with :func:`register`; build with :func:`make_policy`.
+(``tlora_sim.sim.core.snapshot``). Register with :func:`register`; build with :func:`make_policy`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from sim.errors import InputError
-from sim.snapshot import Action, Snapshot
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.snapshot import Action, Snapshot
 
 
 class Policy(Protocol):
@@ -111,4 +111,4 @@ def _load_builtin() -> None:
     import importlib
 
     for module in ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead"):
-        importlib.import_module(f"policies.{module}")
+        importlib.import_module(f"tlora_sim.policies.{module}")

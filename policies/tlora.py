@@ -2,7 +2,7 @@
 arXiv 2602.07263), with rank-aware nano-batching.
 
 State a policy sees per job: its isolated step time, its tolerated slowdown (``Job.max_slowdown``:
-step time in a group over isolated step time) and its urgency (``policies.ordering``). A running
+step time in a group over isolated step time) and its urgency (``tlora_sim.policies.ordering``). A running
 group's *residual capacity* is how much its step time may still grow before its tightest member
 exceeds its bound: min_i max_slowdown_i x T_iso,i - T_group.
 
@@ -36,7 +36,7 @@ changes; a join answer for a job shape stands until its kind changes; merged ste
 per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
 answers again. The running groups of each kind are also kept as arrays (``_KindTable``, updated
 as groups change), so the pairs a tick must examine are found with array operations, and under the
-profiled model the batch form of its fused-plan step time (``sim.fused_batch``) evaluates every
+profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``) evaluates every
 such pair, or every join candidate of a large kind, in one call: candidates it refuses by more
 than its error margin are refused without asking ``merge_ok``, which decides the rest as before.
 All of it is exact: the decisions are those of examining everything
@@ -54,14 +54,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.nanobatch import NanoBatchTuner
-from policies.ordering import order_queue
-from policies.planner import Planner, PlannedGroup
-from policies.registry import register
-from sim.errors import InputError
-from sim.fused_batch import REL_MARGIN, WIDTH, FusedBatch
-from sim.jobs import Job
-from sim.snapshot import Action, SetExecution, Snapshot
+from tlora_sim.policies.nanobatch import NanoBatchTuner
+from tlora_sim.policies.ordering import order_queue
+from tlora_sim.policies.planner import Planner, PlannedGroup
+from tlora_sim.policies.registry import register
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.costmodel.batch import REL_MARGIN, WIDTH, FusedBatch
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class TLoRAConfig:
     Attributes:
         max_group_size: most adapters per super-model.
         min_gain: smallest rise of collective throughput (isolated-speed units) worth a regroup.
-        ordering: queue ordering (``policies.ordering``).
+        ordering: queue ordering (``tlora_sim.policies.ordering``).
         window: candidates examined after the head (bounds decision time).
         grouping: co-locate at all (False = the ordering-only ablation).
         nano_batching: tune nano-batch counts.
@@ -324,7 +324,7 @@ class TLoRA:
         then the groups planned in this decision, ranked by residual capacity for ``job``; the first
         that ``merge_ok`` accepts. Running groups unchanged in this decision are read from the
         kind's table, and those the batch cost model refuses by more than its margin are passed
-        over unasked (``sim.fused_batch``); ``merge_ok``'s answers for the rest are memoised per
+        over unasked (``tlora_sim.sim.costmodel.batch``); ``merge_ok``'s answers for the rest are memoised per
         unchanged group and ``jkey``."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
@@ -386,7 +386,7 @@ class TLoRA:
     def _join_order_table(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, tab: "_KindTable",
                           bound_job: float, bonus: float) -> list[tuple]:
         """``_join_order_scan`` from the kind's table, leaving out the groups the batch cost model
-        refuses ``job`` by more than its margin (``sim.fused_batch``): they would be refused."""
+        refuses ``job`` by more than its margin (``tlora_sim.sim.costmodel.batch``): they would be refused."""
         slack = np.minimum(tab.bound, bound_job) - tab.step
         live = tab.alive & (slack > 0)
         planned = [gid for gid in plan.touched_ids() if self._kind_of.get(gid) == kind]
@@ -586,7 +586,7 @@ class TLoRA:
         """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
         ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
         the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
-        and that the batch cost model (``sim.fused_batch``, where it applies) does not refuse by
+        and that the batch cost model (``tlora_sim.sim.costmodel.batch``, where it applies) does not refuse by
         more than its margin (merged step time over the bound, or collective throughput short of
         what the two do apart). ``at``: the views' slots in the kind's table. Sources with no
         partner left are absent."""
@@ -807,7 +807,7 @@ def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: n
     """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
     time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
     (the apart rate plus the minimum gain), each by more than ``REL_MARGIN`` beyond the batch's
-    error (``sim.fused_batch``)."""
+    error (``tlora_sim.sim.costmodel.batch``)."""
     over = step_s > bound_s * (1 + 1e-12) * (1 + REL_MARGIN)
     short = (need > 0) & (iso_s / step_s * (1 + REL_MARGIN) < need * (1 - REL_MARGIN))
     return over | short

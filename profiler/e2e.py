@@ -33,13 +33,13 @@ def run(device: str, prov: dict, out: Path, deadline: float = float("inf"), tiny
     import torch
     import torch.nn.functional as F
 
-    from profiler.layer import TINY, BaseWeights, LoRASet, Marks, layer_forward, rmsnorm, shape_of, sync
-    from profiler.profile import Writer, log, mix_key, order_members, variant
+    from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, Marks, layer_forward, rmsnorm, shape_of, sync
+    from tlora_sim.profiler.profile import Writer, log, mix_key, order_members, variant
 
     if tiny:
         sh, mixes, reps = TINY, TINY_MIXES, 1
     else:
-        from sim.models import get_model
+        from tlora_sim.sim.costmodel.models import get_model
 
         sh, mixes = shape_of(get_model(model)), E2E_MIXES
     w = Writer(Path(out) / f"e2e_{prov['gpu'].lower()}.csv", prov)

@@ -1,6 +1,6 @@
 """Fit a cost-model artifact from profile CSVs, and measure its held-out error (no torch).
 
-``fit_artifact(rows, gpu)`` builds the artifact that ``sim.profiled`` reads (its docstring says
+``fit_artifact(rows, gpu)`` builds the artifact that ``tlora_sim.sim.costmodel.profiled`` reads (its docstring says
 what each table and coefficient means). ``validate(rows, gpu, k)`` splits the measured *mixes*
 (not repeats) of each model deterministically: mixes sorted by their canonical key
 (``r:b:s|...``), every k-th held out with every plan measured on it; the component grids
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
-from sim.errors import InputError
-from sim.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms, mix_features,
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms, mix_features,
                           seq_groups, smoothmax)
 
 PLAN_FEATURES = {"loop": ("const", "adapters", "tokens", "rank_tokens", "ranks"),
@@ -94,9 +94,9 @@ def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
     """The measured tables of one model (its rows of kinds noattn, head, attn), with the first
     GPU-bound point of the base curve (against the roofline shape) and of each attention row
     (against time proportional to sequences)."""
-    from sim.cluster import GPUS
-    from sim.models import get_model
-    from sim.profiled import _roof_l0_ms
+    from tlora_sim.sim.core.cluster import GPUS
+    from tlora_sim.sim.costmodel.models import get_model
+    from tlora_sim.sim.costmodel.profiled import _roof_l0_ms
 
     l0 = dm[dm.kind == "noattn"]
     head = dm[dm.kind == "head"]
@@ -260,7 +260,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
     # the harness's per-call overhead does not depend on the model: measured on any of them
     call_ms = {fam: call_overhead(d, fam) for fam in ("loop", "fused")}
     for model, dm in d[d.model.astype(str).str.len() > 0].groupby("model"):
-        from sim.models import MODELS
+        from tlora_sim.sim.costmodel.models import MODELS
 
         if model not in MODELS:
             continue
@@ -378,7 +378,7 @@ def error_table(pred: pd.DataFrame) -> pd.DataFrame:
 
 def e2e_table(cm, e2e: pd.DataFrame) -> pd.DataFrame:
     """Predicted vs measured full-model steps (one GPU) for the rows of an e2e CSV."""
-    from sim.costmodel import Member
+    from tlora_sim.sim.costmodel.interface import Member
 
     out = []
     for _, r in e2e.iterrows():

@@ -13,7 +13,7 @@ LoRA implementations (``impl``):
 * ``loop``   mLoRA style: one base GEMM over all tokens, then a per-adapter torch loop
              (``dropout -> A -> B -> scale``), concatenated and added. With one adapter this is
              exactly a job alone as PEFT runs it (plan ``alone``).
-* ``fused``  this project's fused multi-LoRA Triton kernels (``profiler.kernels.multi_lora_linear``).
+* ``fused``  this project's fused multi-LoRA Triton kernels (``tlora_sim.profiler.kernels.multi_lora_linear``).
 * ``padded`` every adapter padded to the largest rank, two ``bmm`` per linear (a torch fallback,
              used and labelled as such only when the fused kernel does not run).
 
@@ -41,7 +41,7 @@ ALPHA_OVER_R = 2.0
 
 @dataclass(frozen=True)
 class Shape:
-    """The shape fields of ``sim.models.ModelSpec`` that a layer needs (elements)."""
+    """The shape fields of ``tlora_sim.sim.costmodel.models.ModelSpec`` that a layer needs (elements)."""
 
     name: str
     hidden: int
@@ -58,7 +58,7 @@ class Shape:
 
 
 def shape_of(spec) -> Shape:
-    """A ``Shape`` from a ``sim.models.ModelSpec`` (or anything with the same fields)."""
+    """A ``Shape`` from a ``tlora_sim.sim.costmodel.models.ModelSpec`` (or anything with the same fields)."""
     return Shape(spec.name, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim, spec.vocab,
                  getattr(spec, "layers", 1))
 
@@ -166,7 +166,7 @@ class LoRASet:
             A = (torch.randn(R, din, device=dev, generator=g) / math.sqrt(din)).to(dt)
             B = (torch.randn(R, dout, device=dev, generator=g) * 0.02).to(dt)  # not zero: see METHOD.md
             if impl == "fused":
-                from profiler.kernels import build_plan
+                from tlora_sim.profiler.kernels import build_plan
 
                 self.A[name] = A.requires_grad_(True)
                 self.B[name] = B.requires_grad_(True)
@@ -198,7 +198,7 @@ class LoRASet:
         if self.impl == "none":
             return F.linear(h, W)
         if self.impl == "fused":
-            from profiler.kernels import multi_lora_linear
+            from tlora_sim.profiler.kernels import multi_lora_linear
 
             self._seed += 1
             return multi_lora_linear(h, W, self.A[name], self.B[name], self.plan[name], seed=self._seed)

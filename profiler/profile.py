@@ -28,9 +28,9 @@ commit. ``OUT/e2e_<gpu>.csv`` holds the end-to-end full-model check (profiler/e2
 
 Run (on the GPU machine, from the repository root)::
 
-    python3 -m profiler.profile --gpu-name auto --models llama3-8b,qwen3-8b,qwen2.5-32b,llama3-70b \\
+    python3 -m tlora_sim.profiler.profile --gpu-name auto --models llama3-8b,qwen3-8b,qwen2.5-32b,llama3-70b \\
         --quick --out OUT --budget-s 540 --e2e
-    python3 -m profiler.profile --device cpu --tiny --out /tmp/p   # a dry run on the CPU
+    python3 -m tlora_sim.profiler.profile --device cpu --tiny --out /tmp/p   # a dry run on the CPU
 """
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ class Profiler:
 
     def _warm(self, step) -> float:
         """Warm-up steps (compilation, allocator); returns the last one's wall time (ms)."""
-        from profiler.layer import Marks, sync
+        from tlora_sim.profiler.layer import Marks, sync
 
         est = 0.0
         for i in range(1 if self.tiny else 3):
@@ -277,7 +277,7 @@ class Profiler:
         Python's garbage collector is paused while timing (collected before)."""
         import gc
 
-        from profiler.layer import Marks, sync
+        from tlora_sim.profiler.layer import Marks, sync
 
         gc.collect()
         gc.disable()
@@ -413,7 +413,7 @@ class Profiler:
 
     # -- layer components
     def noattn(self, base, model: str, tokens: list[int], deadline: float, attn: str = "skip", seq: int = 0):
-        from profiler.layer import LoRASet, layer_forward
+        from tlora_sim.profiler.layer import LoRASet, layer_forward
 
         torch = self.torch
         d = base.shape.hidden
@@ -451,7 +451,7 @@ class Profiler:
                             kind="noattn" if attn == "skip" else "base", model=model, tokens=T)
 
     def attn(self, base, model: str, seqs: list[int], batches: list[int], t_max: int, deadline: float):
-        from profiler.layer import attention_block
+        from tlora_sim.profiler.layer import attention_block
 
         torch = self.torch
         sh = base.shape
@@ -495,7 +495,7 @@ class Profiler:
     def head(self, shape, model: str, tokens: list[int], deadline: float):
         import torch.nn.functional as F
 
-        from profiler.layer import rmsnorm
+        from tlora_sim.profiler.layer import rmsnorm
 
         torch = self.torch
         try:
@@ -546,7 +546,7 @@ class Profiler:
         """A stack of ``layers`` decoder layers, each with its own frozen weights and adapters,
         trained as in a model (forward, ``loss.backward()``; kind ``model``): the per-layer time
         inside a model, to compare with the one-layer rows of the same mix."""
-        from profiler.layer import BaseWeights, LoRASet, layer_forward
+        from tlora_sim.profiler.layer import BaseWeights, LoRASet, layer_forward
 
         torch = self.torch
         impl = PLAN_IMPL[plan]
@@ -589,7 +589,7 @@ class Profiler:
             return False
 
     def _mem(self, fwd, bwd) -> dict:
-        from profiler.layer import measure_memory
+        from tlora_sim.profiler.layer import measure_memory
 
         try:
             return measure_memory(fwd, bwd, self.device)
@@ -606,7 +606,7 @@ class Profiler:
         """One mix under one plan. ``stack`` > 1: the layer applied ``stack`` times in one step
         (same weights and adapters; kind ``stack``): the difference to one layer is the per-layer
         cost inside a model, without the harness's per-call (autograd.grad) overhead."""
-        from profiler.layer import LoRASet, layer_forward
+        from tlora_sim.profiler.layer import LoRASet, layer_forward
 
         torch = self.torch
         impl = PLAN_IMPL[plan]
@@ -670,7 +670,7 @@ def _precompile_one(ranks: tuple, device: str):
     on divisibility by 16 only, so the compiled kernels serve every real shape)."""
     import torch
 
-    from profiler.kernels import build_plan, multi_lora_linear
+    from tlora_sim.profiler.kernels import build_plan, multi_lora_linear
 
     K = N = 64
     segs = [16] * len(ranks)
@@ -679,7 +679,7 @@ def _precompile_one(ranks: tuple, device: str):
     W = torch.randn(N, K, device=device, dtype=torch.bfloat16)
     A = torch.randn(sum(ranks), K, device=device, dtype=torch.bfloat16, requires_grad=True)
     B = torch.randn(sum(ranks), N, device=device, dtype=torch.bfloat16, requires_grad=True)
-    from profiler.layer import ALPHA_OVER_R, DROPOUT
+    from tlora_sim.profiler.layer import ALPHA_OVER_R, DROPOUT
 
     plan = build_plan(segs, list(ranks), [ALPHA_OVER_R] * len(ranks), DROPOUT, K, N, device)
     y = multi_lora_linear(x, W, A, B, plan, seed=1)
@@ -692,7 +692,7 @@ def precompile(mixes: list, device: str, workers: int = 8):
     """Warm Triton's on-disk cache for every rank-bucket set in ``mixes``, in parallel processes."""
     import multiprocessing as mp
 
-    from profiler.kernels import multilora
+    from tlora_sim.profiler.kernels import multilora
 
     keys = {}
     for mem in mixes:
@@ -709,10 +709,10 @@ def precompile(mixes: list, device: str, workers: int = 8):
 
 # --------------------------------------------------------------------------------------- driver
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``tlora-sim profile`` (also ``python3 -m profiler.profile``)."""
+    """The options of ``tlora-sim profile`` (also ``python3 -m tlora_sim.profiler.profile``)."""
     p.add_argument("--gpu-name", default="auto", help="GPU type recorded in the rows (auto: from the device name)")
     p.add_argument("--models", default="llama3-8b,qwen3-8b,qwen2.5-32b,llama3-70b",
-                   help="comma-separated catalog models (sim/models.py)")
+                   help="comma-separated catalog models (sim/costmodel/models.py)")
     p.add_argument("--quick", action="store_true", help="the quick grid (under 10 minutes on one GPU)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument("--device", default="cuda", help="cuda or cpu (cpu: a dry run; use --tiny)")
@@ -737,8 +737,8 @@ def run(args) -> int:
     """Run a profile; returns the exit status."""
     import torch
 
-    from sim.models import get_model
-    from profiler.layer import TINY, BaseWeights, shape_of
+    from tlora_sim.sim.costmodel.models import get_model
+    from tlora_sim.profiler.layer import TINY, BaseWeights, shape_of
 
     t_start = time.time()
     device = args.device
@@ -775,7 +775,7 @@ def run(args) -> int:
     meta = {"provenance": prov, "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     e2e_done = not (args.e2e or args.e2e_only)
-    from profiler.layer import choose_gqa
+    from tlora_sim.profiler.layer import choose_gqa
 
     meta["sdpa_gqa"] = choose_gqa(device)
     log(f"SDPA grouped-query attention: {meta['sdpa_gqa']}")
@@ -858,7 +858,7 @@ def run(args) -> int:
 
 
 def _run_e2e(args, device, prov, out, t_start, deadline, tiny):
-    from profiler import e2e
+    from tlora_sim.profiler import e2e
 
     try:
         e2e.run(device, prov, out, deadline=deadline, tiny=tiny)
@@ -867,7 +867,7 @@ def _run_e2e(args, device, prov, out, t_start, deadline, tiny):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m profiler.profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m tlora_sim.profiler.profile", description=__doc__.split("\n")[0])
     add_arguments(ap)
     return run(ap.parse_args(argv))
 

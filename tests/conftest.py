@@ -30,13 +30,13 @@ try:
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pass
 
-from sim.cluster import ClusterSpec, parse_cluster
-from sim.costmodel import Member
-from sim.engine import Engine, SimResult
-from sim.jobs import Job
-from sim.placement import FreeGpus
-from sim.roofline import RooflineCostModel
-from sim.snapshot import GroupView, Snapshot
+from tlora_sim.sim.core.cluster import ClusterSpec, parse_cluster
+from tlora_sim.sim.costmodel.interface import Member
+from tlora_sim.sim.core.engine import Engine, SimResult
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.placement import FreeGpus
+from tlora_sim.sim.costmodel.roofline import RooflineCostModel
+from tlora_sim.sim.core.snapshot import GroupView, Snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
@@ -142,6 +142,6 @@ def run_engine(jobs: Sequence[Job], policy, spec: str = "2x8xH100", *, pause: fl
 
 def policy(name: str, **options):
     """A registered policy with config overrides."""
-    from policies.registry import make_policy
+    from tlora_sim.policies.registry import make_policy
 
     return make_policy(name, options)

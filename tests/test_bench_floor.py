@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from policies.registry import make_policy
-from sim.replay import ReplayConfig, replay
+from tlora_sim.policies.registry import make_policy
+from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "engine_floor.py"

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 
 from conftest import ITP02, ROOT, needs_itp
-from sim.cli import build_parser, main
+from tlora_sim.sim.cli.main import build_parser, main
 
 SUMMARY_COLUMNS = ["policy", "jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg_queue_s",
                    "makespan_s", "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util"]
 RUN_FILES = ["config.json", "jobs.csv", "timeline.csv", "summary.json", "perf.json"]
-EXE = [sys.executable, "-m", "sim.cli"]
+EXE = [sys.executable, "-m", "tlora_sim.sim.cli.main"]
 ITP_HEADER = "job_id,submission_time,duration,num_gpu\n"
 
 
@@ -280,7 +280,7 @@ def test_itp_cluster02_compare_every_job_finishes_exactly_once(tmp_path, reliabi
 
 # ---- interrupted runs: every output complete or absent, no temp file -------------------------------
 def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
-    from sim.rundir import atomic_write
+    from tlora_sim.sim.report.rundir import atomic_write
 
     target = tmp_path / "x.csv"
     target.write_text("old complete\n")
@@ -296,7 +296,7 @@ def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_while_writing_leaves_the_previous_file_and_no_temp(sig, tmp_path, reliability):
-    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
 
     target = tmp_path / "summary.json"
     target.write_text('{"old": true}\n')
@@ -321,7 +321,7 @@ def test_a_signal_inside_a_finalizer_is_delivered_again_not_printed(capfd, relia
     follows (seen as a flaky traceback in the killed-compare test below)."""
     import weakref
 
-    from sim.rundir import Interrupted, signals_raise_interrupt
+    from tlora_sim.sim.report.rundir import Interrupted, signals_raise_interrupt
 
     class Thing:
         pass
@@ -350,7 +350,7 @@ def test_an_interrupt_dropped_in_a_finalizer_unwinds_the_write_at_its_next_line(
     import traceback
     import weakref
 
-    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
 
     class Thing:
         pass
@@ -378,8 +378,8 @@ def test_an_interrupt_dropped_in_a_finalizer_unwinds_the_write_at_its_next_line(
 
 
 def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path, monkeypatch, reliability):
-    from sim import rundir
-    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.report import rundir
+    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
 
     target = tmp_path / "jobs.csv"
     real_replace = os.replace
@@ -396,7 +396,7 @@ def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path,
 
 
 def test_signal_handlers_are_restored():
-    from sim.rundir import signals_raise_interrupt
+    from tlora_sim.sim.report.rundir import signals_raise_interrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with signals_raise_interrupt():
@@ -408,8 +408,8 @@ def test_a_signal_from_another_thread_is_still_held_during_the_rename(tmp_path, 
     """The OS may deliver a process signal to any thread (tqdm, pool managers); holding must not rely on masks."""
     import threading
 
-    from sim import rundir
-    from sim.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.report import rundir
+    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
 
     target = tmp_path / "timeline.csv"
     real_replace = os.replace

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.costmodel import PLANS, CostModel, Member, check_plan
-from sim.errors import InputError
-from sim.models import MODELS, get_model
-from sim.roofline import RooflineCostModel, gemm_rate
-from sim.cluster import GPUS
+from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member, check_plan
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.costmodel.models import MODELS, get_model
+from tlora_sim.sim.costmodel.roofline import RooflineCostModel, gemm_rate
+from tlora_sim.sim.core.cluster import GPUS
 
 CM = RooflineCostModel()
 GIB = 2**30

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from sim.replay import ReplayConfig, compare, replay
+from tlora_sim.sim.experiments.replay import ReplayConfig, compare, replay
 
 DETERMINISTIC = ("jobs.csv", "summary.json", "timeline.csv")
 LORA_COLUMNS = ["model", "rank", "batch_size", "seq_len"]
@@ -43,7 +43,7 @@ def test_replay_in_fresh_interpreters_with_different_hash_seeds(tmp_path, reliab
     for hash_seed in ("1", "2", "random"):
         out = tmp_path / f"h{hash_seed}"
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        r = subprocess.run([sys.executable, "-m", "sim.cli", "replay", "--trace", "synthetic:jobs=60,seed=2",
+        r = subprocess.run([sys.executable, "-m", "tlora_sim.sim.cli.main", "replay", "--trace", "synthetic:jobs=60,seed=2",
                             "--cluster", "2x8xH100", "--policy", "tlora", "--seed", "7", "--out", str(out),
                             "--no-progress", "--no-plots"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300)
@@ -94,7 +94,7 @@ def test_seed_is_recorded_with_the_distribution(tmp_path):
 @pytest.mark.slow
 def test_ray_backend_gives_byte_identical_outputs_to_local(tmp_path, reliability):
     """Local and Ray sweep backends write the same bytes (skips where sim.sweep or ray is missing)."""
-    sweep_mod = pytest.importorskip("sim.sweep", reason="sim.sweep (the sweep runner) is not in this checkout")
+    sweep_mod = pytest.importorskip("tlora_sim.sim.experiments.sweep", reason="tlora_sim.sim.experiments.sweep (the sweep runner) is not in this checkout")
     pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
     sweep = sweep_mod.parse_sweep({"traces": ["synthetic:jobs=30,seed=1"], "clusters": ["2x8xH100"],
                                    "policies": ["independent", "tlora"], "seeds": [0, 1]},

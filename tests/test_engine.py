@@ -7,8 +7,8 @@ import math
 import pytest
 
 from conftest import CM, cluster, make_job, policy, reindex, run_engine
-from sim.engine import Engine, InvariantError
-from sim.snapshot import AddMembers, RemoveMembers, StartGroup
+from tlora_sim.sim.core.engine import Engine, InvariantError
+from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
 
 
 class Scripted:
@@ -175,8 +175,8 @@ def test_invariants_off_gives_identical_results(synthetic_jobs):
 def synthetic_jobs():
     """60 synthetic jobs (seed 0) on a 4x8 H100 cluster, steps derived under the roofline model the
     engine runs with here (``run_engine`` uses ``CM``)."""
-    from sim.replay import ReplayConfig, load_workload
-    from sim.workload import build_jobs
+    from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+    from tlora_sim.sim.core.workload import build_jobs
 
     _, spec_cluster, _, frame, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=60,seed=3", policy="independent",
                                                                cluster="4x8xH100"))

@@ -1,4 +1,4 @@
-"""The batch form of the profiled fused-plan model (``sim.fused_batch``) gives the scalar model's
+"""The batch form of the profiled fused-plan model (``tlora_sim.sim.costmodel.batch``) gives the scalar model's
 step times, for single groups and merged pairs, inside and outside the measured grids."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costmodel import Member
-from sim.fused_batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
-from sim.profiled import default_cost_model
-from sim.roofline import RooflineCostModel
+from tlora_sim.sim.costmodel.interface import Member
+from tlora_sim.sim.costmodel.batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
+from tlora_sim.sim.costmodel.profiled import default_cost_model
+from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 RANKS = [4, 8, 16, 32, 64, 128, 256]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CM, cluster
-from sim.errors import InputError
-from sim.workload import build_jobs
-from traces import assign_lora, read_trace, validate_frame
-from traces.lora import DISTRIBUTIONS
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.workload import build_jobs
+from tlora_sim.traces import assign_lora, read_trace, validate_frame
+from tlora_sim.traces.lora import DISTRIBUTIONS
 
 # One valid file per reader: (format, file name, header, rows, extra read_trace kwargs)
 ITP = ("itp", "cluster07.csv", "job_id,submission_time,duration,num_gpu",
@@ -276,7 +276,7 @@ SYNTH_VALUES = ["0", "1", "-1", "2", "0.5", "1e9", "nan", "inf", "-inf", "abc", 
 @given(items=st.lists(st.tuples(st.sampled_from(SYNTH_KEYS), st.sampled_from(["=", "", "=="]),
                                 st.sampled_from(SYNTH_VALUES)), max_size=5))
 def test_random_synthetic_specs_are_built_or_rejected_cleanly(items, reliability):
-    from traces.synthetic import parse_options
+    from tlora_sim.traces.synthetic import parse_options
 
     spec = ",".join(k + eq + v for k, eq, v in items)
     try:

@@ -8,10 +8,10 @@ import pickle
 import pytest
 
 from conftest import CM, cluster, make_job, policy, run_engine
-from sim import engine as engine_mod
-from sim.engine import Engine, InvariantError
-from sim.invariants import InvariantChecker, InvariantViolation
-from sim.snapshot import RemoveMembers, StartGroup
+from tlora_sim.sim.core import engine as engine_mod
+from tlora_sim.sim.core.engine import Engine, InvariantError
+from tlora_sim.sim.core.invariants import InvariantChecker, InvariantViolation
+from tlora_sim.sim.core.snapshot import RemoveMembers, StartGroup
 
 
 def caught(info, check, reliability):
@@ -214,8 +214,8 @@ def test_checks_off_means_no_checker():
 
 
 def test_cli_reports_a_violation_with_exit_status_3(tmp_path, monkeypatch, capsys, reliability):
-    from policies import registry
-    from sim.cli import main
+    from tlora_sim.policies import registry
+    from tlora_sim.sim.cli.main import main
 
     registry.available()  # load the built-ins before adding one
 
@@ -244,7 +244,7 @@ def test_cli_reports_a_violation_with_exit_status_3(tmp_path, monkeypatch, capsy
 
 
 def test_replay_checks_by_default_and_records_it(tmp_path):
-    from sim.replay import replay, ReplayConfig
+    from tlora_sim.sim.experiments.replay import replay, ReplayConfig
     import json
 
     cfg = ReplayConfig(trace="synthetic:jobs=20", policy="tlora", cluster="2x8xH100")

@@ -16,10 +16,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from profiler.kernels import (KernelConfig, MultiLoRALinear, build_plan,  # noqa: E402
+from tlora_sim.profiler.kernels import (KernelConfig, MultiLoRALinear, build_plan,  # noqa: E402
                               dropout_keep_mask_triton, keep_mask, multi_lora_linear,
                               reference_forward_backward)
-from profiler.kernels.baselines import make_impl  # noqa: E402
+from tlora_sim.profiler.kernels.baselines import make_impl  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 F32_TOL = 1e-4 if DEV == "cpu" else 1e-3   # GPU fp32 runs the dots in "ieee" mode

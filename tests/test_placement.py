@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.placement import FreeGpus, place
+from tlora_sim.sim.core.placement import FreeGpus, place
 
 
 def test_best_fit_takes_the_fullest_node_that_fits():

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim import figstyle as fs
-from sim import plots
-from sim.errors import InputError
+from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report import plots
+from tlora_sim.traces.errors import InputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 POLICIES = ("tlora", "independent", "mlora")  # deliberately not in display order
@@ -242,7 +242,7 @@ def test_million_row_timeline_plots_fast(tmp_path):
 
 def test_import_needs_no_display_and_leaves_backend_alone(tmp_path):
     code = ("import os, sys; os.environ.pop('DISPLAY', None); "
-            "import sim.plots, sim.figstyle; "
+            "import tlora_sim.sim.report.plots, tlora_sim.sim.report.style; "
             "assert 'matplotlib.pyplot' not in sys.modules; print('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr

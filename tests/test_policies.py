@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import CM, group_view, make_job, policy, snapshot
-from sim.errors import InputError
-from sim.snapshot import AddMembers, RemoveMembers, SetExecution, StartGroup
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, SetExecution, StartGroup
 
 
 def starts(actions):
@@ -72,7 +72,7 @@ def test_independent_property_fifo_prefix_and_no_double_booking(spec, free, reli
     assert all(u <= f for u, f in zip(used, free))
     if len(idx) < len(q):  # the next job really did not fit in what was left
         left = [f - u for f, u in zip(free, used)]
-        from sim.placement import place
+        from tlora_sim.sim.core.placement import place
 
         assert place(left, q[len(idx)].num_gpus, 8) is None
     reliability("policy_cases")
@@ -206,7 +206,7 @@ def test_tlora_property_bounds_throughput_and_fifo_admission(spec, free, with_gr
     placed = set(started_indices(acts)) | {i for a in adds(acts) for i in a.job_indices}
     if 0 not in placed:
         assert not starts(acts)
-        from sim.placement import place
+        from tlora_sim.sim.core.placement import place
 
         assert place(list(free), q[0].num_gpus, 8) is None
     reliability("policy_cases")
@@ -223,7 +223,7 @@ def test_tlora_head_that_fits_always_gets_gpus_or_a_group():
 
 # ---- registry ----------------------------------------------------------------------------------
 def test_registry_lists_builtin_policies_with_descriptions():
-    from policies.registry import available
+    from tlora_sim.policies.registry import available
 
     names = [e.name for e in available()]
     assert {"independent", "mlora", "tlora"} <= set(names)

@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import CM, group_view, make_job, policy, reindex, run_engine, snapshot
-from policies.binpack import first_fit_decreasing, milp_pack, pack_micro_batches
-from policies.lorafusion import head_tail_pairs
-from policies.nanobatch import NanoBatchTuner
-from policies.ordering import order_queue
-from sim.errors import InputError
-from sim.snapshot import SetExecution, StartGroup, StopMembers
-from traces.sweeps import expand_sweeps, loss_at, parse_sweeps
+from tlora_sim.policies.binpack import first_fit_decreasing, milp_pack, pack_micro_batches
+from tlora_sim.policies.lorafusion import head_tail_pairs
+from tlora_sim.policies.nanobatch import NanoBatchTuner
+from tlora_sim.policies.ordering import order_queue
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.snapshot import SetExecution, StartGroup, StopMembers
+from tlora_sim.traces.sweeps import expand_sweeps, loss_at, parse_sweeps
 
 
 # ---- LoRAFusion -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The profiled cost model (sim/profiled.py) and its shipped H100 artifact, without torch.
+"""The profiled cost model (sim/costmodel/profiled.py) and its shipped H100 artifact, without torch.
 
 Loads ``profiler/data/costmodel_h100.json``; checks the CostModel protocol, provenance in
 ``describe()``, monotonicity in tokens, exact interpolation at measured grid points, flagged
@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from sim.costmodel import PLANS, CostModel, Member
-from sim.profiled import ProfiledCostModel, Tables, artifact_path, default_cost_model, load_artifact
-from sim.roofline import RooflineCostModel
+from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member
+from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, Tables, artifact_path, default_cost_model, load_artifact
+from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 ART = artifact_path("H100")
 pytestmark = pytest.mark.skipif(not ART.is_file(), reason="no shipped H100 artifact")
@@ -34,8 +34,8 @@ def cm(art):
 
 def test_import_needs_no_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
-            "import sim.profiled, sim.costmodel_cli, profiler.fit\n"
-            "from sim.profiled import default_cost_model\n"
+            "import tlora_sim.sim.costmodel.profiled, tlora_sim.sim.cli.costmodel, tlora_sim.profiler.fit\n"
+            "from tlora_sim.sim.costmodel.profiled import default_cost_model\n"
             "print(default_cost_model('H100').name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -137,7 +137,7 @@ def test_group_accounting(cm):
 
 
 def test_validate_last_line(capsys):
-    from sim.costmodel_cli import add_parsers, run
+    from tlora_sim.sim.cli.costmodel import add_parsers, run
     import argparse
 
     ap = argparse.ArgumentParser()
@@ -157,7 +157,7 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     shipped rows, and every full Llama-3-8B step of the e2e CSV within 10%."""
     import argparse
 
-    from sim.costmodel_cli import add_parsers, run
+    from tlora_sim.sim.cli.costmodel import add_parsers, run
 
     cm = default_cost_model("H200")
     assert cm.name == "profiled"

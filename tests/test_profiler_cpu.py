@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from profiler.layer import TINY, BaseWeights, LoRASet, layer_forward, seq_groups  # noqa: E402
-from profiler.profile import COLUMNS, main, quick_mixes, spread  # noqa: E402
+from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, layer_forward, seq_groups  # noqa: E402
+from tlora_sim.profiler.profile import COLUMNS, main, quick_mixes, spread  # noqa: E402
 
 PROVENANCE = ("gpu", "gpu_name", "torch", "triton", "git_commit", "git_dirty", "profile_id", "mode", "timestamp")
 

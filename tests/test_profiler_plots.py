@@ -1,4 +1,4 @@
-"""Profiler figures (sim/profiler_plots.py) from small synthetic kernel-benchmark and profile tables.
+"""Profiler figures (sim/report/profiler_plots.py) from small synthetic kernel-benchmark and profile tables.
 
 The builders below (``synthetic_kernel_csv``, ``synthetic_profile_dir``) write tables in the
 schemas of ``bench/kernels.py`` and ``tlora-sim profile`` / ``tlora-sim costmodel fit``;
@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim import figstyle as fs
-from sim import profiler_plots as pp
-from sim.errors import InputError
+from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report import profiler_plots as pp
+from tlora_sim.traces.errors import InputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KERNEL_IMPLS = ("base", "alone", "loop", "padded", "fused")
@@ -61,7 +61,7 @@ def synthetic_kernel_csv(path: Path, *, layers=("64x48", "48x96"), with_mix: boo
 def synthetic_profile_rows(gpu: str = "H100", models=("llama3-8b",), n_mixes: int = 20, seed: int = 0) -> list[dict]:
     """Rows of a ``tlora-sim profile`` CSV (profiler.profile.COLUMNS): a smooth made-up layer model
     (ms) plus 4 % log-normal noise on the mixes, enough rows of every kind for profiler.fit."""
-    from profiler.profile import COLUMNS
+    from tlora_sim.profiler.profile import COLUMNS
 
     rng = random.Random(seed)
     prov = {"gpu": gpu, "gpu_name": f"synthetic {gpu}", "driver": "0", "cuda": "0", "torch": "0", "triton": "0",
@@ -114,7 +114,7 @@ def synthetic_profile_dir(folder: Path, gpu: str = "H100", models=("llama3-8b",)
     """A ``profiler/data``-like directory: ``profile_<gpu>.csv`` and, with ``artifact``, the
     ``costmodel_<gpu>.json`` that ``tlora-sim costmodel fit`` makes of it (profiler.fit.build); with
     ``e2e``, ``e2e_<gpu>.csv`` full-model steps (the artifact's prediction x 1.0-1.2)."""
-    from profiler.profile import COLUMNS
+    from tlora_sim.profiler.profile import COLUMNS
 
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f"profile_{gpu.lower()}.csv"
@@ -123,12 +123,12 @@ def synthetic_profile_dir(folder: Path, gpu: str = "H100", models=("llama3-8b",)
         w.writeheader()
         w.writerows(synthetic_profile_rows(gpu, models))
     if artifact or e2e:
-        from profiler.fit import build
+        from tlora_sim.profiler.fit import build
 
         build([str(raw)], gpu, folder)
     if e2e:
-        from sim.costmodel import Member
-        from sim.profiled import ProfiledCostModel, artifact_path, load_artifact
+        from tlora_sim.sim.costmodel.interface import Member
+        from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
 
         cm = ProfiledCostModel(load_artifact(artifact_path(gpu, folder)))
         rows = []
@@ -249,7 +249,7 @@ def test_kernel_csv_without_mix_column_and_bad_input(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 def test_costmodel_predictions_hold_out_every_kth_mix(profile_dir):
-    from profiler.fit import heldout_mask, read_rows
+    from tlora_sim.profiler.fit import heldout_mask, read_rows
 
     files = pp.costmodel_files(profile_dir)
     assert list(files) == ["H100"]
@@ -269,7 +269,7 @@ def test_costmodel_predictions_hold_out_every_kth_mix(profile_dir):
     held_keys = set(zip(pred.loc[pred["heldout"], "model"], pred.loc[pred["heldout"], "mix"]))
     assert not held_keys & set(zip(pred.loc[~pred["heldout"], "model"], pred.loc[~pred["heldout"], "mix"]))
     # the same held-out error as `tlora-sim costmodel validate` (profiler.fit.validate)
-    from profiler.fit import validate
+    from tlora_sim.profiler.fit import validate
 
     vpred, summary = validate(rows, "H100", k)
     held = pred[pred["heldout"]]
@@ -347,7 +347,7 @@ def test_cli_and_import_without_torch(tmp_path, capsys):
     assert "nope.csv" in capsys.readouterr().err
 
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
-            "import sim.profiler_plots as pp\n"
+            "import tlora_sim.sim.report.profiler_plots as pp\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n"
             f"print(len(pp.plot_kernels({str(csv_path)!r}, {str(tmp_path / 'o2')!r}, ['png'])))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

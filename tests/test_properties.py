@@ -1,5 +1,5 @@
 """Property-based tests (Hypothesis): random traces x clusters x policies x regroup pauses, every run
-checked against every invariant of ``sim.invariants`` while it simulates, plus end-of-run checks.
+checked against every invariant of ``tlora_sim.sim.core.invariants`` while it simulates, plus end-of-run checks.
 
 Example counts are modest (the ``ci`` profile in conftest.py); ``HYPOTHESIS_PROFILE=thorough``
 runs 500 examples per test.
@@ -14,10 +14,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import CM
-from policies.registry import ABLATION_SUFFIX, available, make_policy
-from sim.cluster import GPUS, ClusterSpec
-from sim.engine import Engine
-from sim.workload import build_jobs
+from tlora_sim.policies.registry import ABLATION_SUFFIX, available, make_policy
+from tlora_sim.sim.core.cluster import GPUS, ClusterSpec
+from tlora_sim.sim.core.engine import Engine
+from tlora_sim.sim.core.workload import build_jobs
 
 
 def policy_names() -> list[str]:
@@ -62,7 +62,7 @@ def scenarios(draw, sweeps: bool | None = None):
     frame.attrs["path"] = "generated"
     use_sweeps = draw(st.booleans()) if sweeps is None else sweeps
     if use_sweeps:
-        from traces.sweeps import expand_sweeps
+        from tlora_sim.traces.sweeps import expand_sweeps
 
         frame = expand_sweeps(frame, np.random.default_rng(draw(st.integers(0, 2**16))), 0.6, (2, 3),
                               {2: 0.25, 4: 0.25, 8: 0.25, 16: 0.25})

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim import sweep as sw
-from sim.errors import InputError
+from tlora_sim.sim.experiments import sweep as sw
+from tlora_sim.traces.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = "synthetic:jobs=40,seed=1"
@@ -205,7 +205,7 @@ def test_failing_cell_is_recorded_and_others_finish(tmp_path, monkeypatch, capsy
 
     def flaky(cell, d):
         if cell.cell_id == bad:
-            from sim.invariants import InvariantError
+            from tlora_sim.sim.core.invariants import InvariantError
 
             try:
                 raise InvariantError("t=1.0s: group 3 overfills GPU memory")
@@ -254,7 +254,7 @@ def test_cli_module_exit_status_and_sigkill_resume(tmp_path):
     p = write_toml(tmp_path, f'traces = ["{SYN}", "{SYN2}", "synthetic:jobs=60,seed=3"]\nclusters = ["2x8xH100"]\n'
                              'policies = ["independent", "mlora", "tlora"]\nseeds = [0, 1]\n')
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sim.sweep", str(p), "--out", str(out), "--workers", "1", "--no-progress"]
+    cmd = [sys.executable, "-m", "tlora_sim.sim.experiments.sweep", str(p), "--out", str(out), "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
@@ -274,7 +274,7 @@ def test_cli_module_exit_status_and_sigkill_resume(tmp_path):
     assert len(final) == 18 and set(kept["cell_id"]) <= set(final["cell_id"])
     # a bad file: exit status 2 and one line naming the file
     bad = write_toml(tmp_path, "traces = [1]\npolicies = ['tlora']\n", name="bad.toml")
-    r = subprocess.run([sys.executable, "-m", "sim.sweep", str(bad), "--out", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "tlora_sim.sim.experiments.sweep", str(bad), "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and str(bad) in r.stderr and "traces[0]" in r.stderr and "Traceback" not in r.stderr
 

@@ -14,12 +14,12 @@ import random
 import pytest
 
 from conftest import group_view, make_job, run_engine, snapshot
-from policies.lookahead import Lookahead, LookaheadConfig
-from policies.planner import Planner, PlannedGroup
-from policies.tlora import TLoRA, TLoRAConfig
-from sim.jobs import Job
-from sim.replay import ReplayConfig, load_workload
-from sim.snapshot import AddMembers, RemoveMembers, Snapshot
+from tlora_sim.policies.lookahead import Lookahead, LookaheadConfig
+from tlora_sim.policies.planner import Planner, PlannedGroup
+from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, Snapshot
 
 
 class Reference(TLoRA):
@@ -72,7 +72,7 @@ class Reference(TLoRA):
 
 # workloads where a stale "refused" answer would show (checked: skipping the changed partners, or
 # never invalidating the join-target memo, makes the comparison fail on each of them); under the
-# profiled model the batch cost model's screen (``sim.fused_batch``) refuses most pairs unasked
+# profiled model the batch cost model's screen (``tlora_sim.sim.costmodel.batch``) refuses most pairs unasked
 # (``array_min``: kinds with at least that many running groups are searched through the kind's
 # table; 1 puts every kind through it)
 @pytest.mark.parametrize("trace, spec, cost_model, array_min", [
@@ -97,7 +97,7 @@ def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_
     """Run the workload under ``fast`` and ``slow`` (``array_min``: kinds with at least that many
     groups take the table path), assert identical job records and timelines, and return how many
     candidates the batch screen refused."""
-    import policies.tlora as tlora_module
+    import tlora_sim.policies.tlora as tlora_module
 
     if array_min is not None:
         monkeypatch.setattr(tlora_module, "_ARRAY_MIN", array_min)

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.errors import InputError
-from traces import (COLUMNS, DISTRIBUTIONS, LoraDistribution, assign_lora, describe_trace, format_description,
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces import (COLUMNS, DISTRIBUTIONS, LoraDistribution, assign_lora, describe_trace, format_description,
                     generate_synthetic, known_formats, load_distribution, parse_column_mapping, read_trace,
                     validate_frame)
-from traces.synthetic import expected_gpu_seconds, itp_params, parse_options
+from tlora_sim.traces.synthetic import expected_gpu_seconds, itp_params, parse_options
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 ITP = SHARED / "msr-itp-elasticflow"
@@ -401,7 +401,7 @@ def test_fit_json_records_sources():
 @needs_itp
 def test_fit_script_reproduces_shipped_numbers(tmp_path):
     out = tmp_path / "fit.json"
-    subprocess.run([sys.executable, "-m", "traces.fit_synthetic", "--itp-dir", str(ITP), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "tlora_sim.traces.fit_synthetic", "--itp-dir", str(ITP), "--out", str(out)],
                    check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1])
     new, shipped = json.loads(out.read_text()), itp_params()
     assert new["arrival"]["interarrival_cv"] == pytest.approx(shipped["arrival"]["interarrival_cv"])

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import CM, cluster
-from sim.errors import InputError
-from sim.replay import ReplayConfig, load_workload
-from sim.workload import REQUIRED, build_jobs
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+from tlora_sim.sim.core.workload import REQUIRED, build_jobs
 
 
 def frame(rows, path="t.csv"):

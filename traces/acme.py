@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
-from traces.frame import finish_frame
-from traces.tableio import (existing_path, first, numeric, raise_first, read_csv_strings, require_columns,
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.frame import finish_frame
+from tlora_sim.traces.tableio import (existing_path, first, numeric, raise_first, read_csv_strings, require_columns,
                             row_numbers, string_column)
 
 DECODED = "kalos_subset_decoded.csv"

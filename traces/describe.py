@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.lora import LORA_COLUMNS
+from tlora_sim.traces.lora import LORA_COLUMNS
 
 _QUANTILES = (50, 90, 99)
 

@@ -2,9 +2,9 @@
 
 Run::
 
-    python -m traces.fit_synthetic --itp-dir ../shared/traces/msr-itp-elasticflow --out traces/data/itp_fit.json
+    python -m tlora_sim.traces.fit_synthetic --itp-dir ../shared/traces/msr-itp-elasticflow --out traces/data/itp_fit.json
 
-What is fitted (all ten clusters merged into one stream, times as read by :mod:`traces.itp`, i.e. seconds
+What is fitted (all ten clusters merged into one stream, times as read by :mod:`tlora_sim.traces.itp`, i.e. seconds
 from the first job; hour 0 of the diurnal profile is the first job's submit hour):
 
 - ``arrival``: mean rate (jobs/h over the arrival span); a 24-bin hour-of-day rate profile (mean 1,
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.distributions import HOUR_S, hourly_profile, operational_time, sigma_for_mean
-from traces.itp import cluster_files, read_itp
+from tlora_sim.traces.distributions import HOUR_S, hourly_profile, operational_time, sigma_for_mean
+from tlora_sim.traces.itp import cluster_files, read_itp
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -67,7 +67,7 @@ def fit_itp(itp_dir: str) -> dict:
     """Fit generator parameters to every ``cluster*.csv[.gz]`` in ``itp_dir`` (see module docstring).
 
     Raises:
-        InputError: as :func:`traces.itp.read_itp`.
+        InputError: as :func:`tlora_sim.traces.itp.read_itp`.
     """
     df = read_itp(itp_dir)
     files = cluster_files(Path(itp_dir))
@@ -126,11 +126,11 @@ def fit_itp(itp_dir: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--itp-dir DIR --out FILE``; writes the JSON atomically. Returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m traces.fit_synthetic", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.traces.fit_synthetic", description=__doc__.split("\n")[0])
     ap.add_argument("--itp-dir", required=True, help="directory holding clusterNN.csv.gz")
     ap.add_argument("--out", required=True, help="output JSON file")
     args = ap.parse_args(argv)
-    from sim.errors import InputError
+    from tlora_sim.traces.errors import InputError
     try:
         fit = fit_itp(args.itp_dir)
     except InputError as e:

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 COLUMNS: tuple[str, ...] = ("job_id", "submit_time_s", "duration_s", "num_gpus", "tenant")
 ATTR_KEYS: tuple[str, ...] = ("source", "format", "path", "skipped")

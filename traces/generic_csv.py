@@ -15,9 +15,9 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
-from traces.frame import finish_frame
-from traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.frame import finish_frame
+from tlora_sim.traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
 
 REQUIRED_KEYS = ("submit", "duration", "gpus")
 OPTIONAL_KEYS = ("job_id", "tenant")

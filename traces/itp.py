@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
-from traces.frame import check_unique_ids, finish_frame
-from traces.tableio import (existing_path, first, numeric, raise_first, read_csv_strings, require_columns,
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.frame import check_unique_ids, finish_frame
+from tlora_sim.traces.tableio import (existing_path, first, numeric, raise_first, read_csv_strings, require_columns,
                             row_numbers)
 
 REQUIRED = ("job_id", "submission_time", "duration", "num_gpu")
@@ -63,7 +63,7 @@ def read_itp(path: str) -> pd.DataFrame:
         path: file or directory.
 
     Returns:
-        The common trace table (see :mod:`traces.frame`); times in seconds.
+        The common trace table (see :mod:`tlora_sim.traces.frame`); times in seconds.
 
     Raises:
         InputError: missing/unreadable file, missing column, bad value (file, row, field), duplicate

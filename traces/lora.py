@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 LORA_COLUMNS: tuple[str, ...] = ("model", "rank", "batch_size", "seq_len", "max_slowdown")
 

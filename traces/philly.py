@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from traces.frame import finish_frame
-from traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
+from tlora_sim.traces.frame import finish_frame
+from tlora_sim.traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
 
 REQUIRED = ("timestamp", "duration", "num_gpus")
 TIMEZONE = "US/Pacific"

@@ -1,16 +1,16 @@
 """Trace formats by name, and the single entry point :func:`read_trace`.
 
 Spec syntax: ``FORMAT:ARG``. For file formats ARG is a path (relative to the working directory or
-absolute); for ``synthetic`` it is ``default`` or ``key=value,...`` options (see :mod:`traces.synthetic`).
+absolute); for ``synthetic`` it is ``default`` or ``key=value,...`` options (see :mod:`tlora_sim.traces.synthetic`).
 
 ======== ================================================ ==================================
 format   ARG                                              module
 ======== ================================================ ==================================
-acme     Acme/Kalos extract directory or either CSV       :mod:`traces.acme`
-csv      any CSV; needs ``csv_columns`` (+ ``time_unit``)   :mod:`traces.generic_csv`
-itp      ITP ``clusterNN.csv[.gz]`` or their directory    :mod:`traces.itp`
-philly   Philly CSV (US/Pacific local timestamps)         :mod:`traces.philly`
-synthetic ``default`` or ``jobs=N,seed=S,load=L,...``     :mod:`traces.synthetic`
+acme     Acme/Kalos extract directory or either CSV       :mod:`tlora_sim.traces.acme`
+csv      any CSV; needs ``csv_columns`` (+ ``time_unit``)   :mod:`tlora_sim.traces.generic_csv`
+itp      ITP ``clusterNN.csv[.gz]`` or their directory    :mod:`tlora_sim.traces.itp`
+philly   Philly CSV (US/Pacific local timestamps)         :mod:`tlora_sim.traces.philly`
+synthetic ``default`` or ``jobs=N,seed=S,load=L,...``     :mod:`tlora_sim.traces.synthetic`
 ======== ================================================ ==================================
 """
 
@@ -22,8 +22,8 @@ from typing import Callable, Mapping
 
 import pandas as pd
 
-from sim.errors import InputError
-from traces.frame import validate_frame
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.frame import validate_frame
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ class Reader:
 
 
 _READERS: dict[str, Reader] = {
-    "acme": Reader("traces.acme:read_acme", "Acme/Kalos 319-job extract (directory or CSV)"),
-    "csv": Reader("traces.generic_csv:read_csv_trace", "any CSV with a column mapping", csv_options=True),
-    "itp": Reader("traces.itp:read_itp", "Microsoft ITP clusterNN.csv[.gz] (file or directory)"),
-    "philly": Reader("traces.philly:read_philly", "Microsoft Philly CSV (US/Pacific timestamps)"),
-    "synthetic": Reader("traces.synthetic:read_synthetic", "generator fitted to ITP statistics"),
+    "acme": Reader("tlora_sim.traces.acme:read_acme", "Acme/Kalos 319-job extract (directory or CSV)"),
+    "csv": Reader("tlora_sim.traces.generic_csv:read_csv_trace", "any CSV with a column mapping", csv_options=True),
+    "itp": Reader("tlora_sim.traces.itp:read_itp", "Microsoft ITP clusterNN.csv[.gz] (file or directory)"),
+    "philly": Reader("tlora_sim.traces.philly:read_philly", "Microsoft Philly CSV (US/Pacific timestamps)"),
+    "synthetic": Reader("tlora_sim.traces.synthetic:read_synthetic", "generator fitted to ITP statistics"),
 }
 
 
@@ -85,12 +85,12 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
 
     Args:
         spec: e.g. ``"itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz"``, ``"synthetic:default"``.
-        csv_columns: column mapping, only for the ``csv`` format (see :mod:`traces.generic_csv`).
+        csv_columns: column mapping, only for the ``csv`` format (see :mod:`tlora_sim.traces.generic_csv`).
         time_unit: ``s``/``ms``/``min``/``h``, only for the ``csv`` format.
 
     Returns:
         DataFrame with columns ``job_id, submit_time_s, duration_s, num_gpus, tenant`` and attrs
-        ``source`` (= spec), ``format``, ``path``, ``skipped`` (see :mod:`traces.frame`).
+        ``source`` (= spec), ``format``, ``path``, ``skipped`` (see :mod:`tlora_sim.traces.frame`).
 
     Raises:
         InputError: bad spec, unknown format, csv options given to another format, missing file,

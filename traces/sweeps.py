@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 LOSS_START = 2.5
 LOSS_BASE = 1.0

@@ -1,5 +1,5 @@
 """Synthetic trace generator with parameters fitted to the Microsoft ITP traces (``traces/data/itp_fit.json``,
-made by :mod:`traces.fit_synthetic`; numbers only, no copied rows).
+made by :mod:`tlora_sim.traces.fit_synthetic`; numbers only, no copied rows).
 
 Model (draws in this fixed order from the given ``numpy.random.Generator``):
 
@@ -7,7 +7,7 @@ Model (draws in this fixed order from the given ``numpy.random.Generator``):
    are removed and the rest renormalised (a 64-GPU ITP job does not become a 16-GPU job of the same length).
 2. Duration (s): lognormal fitted per GPU count (``exp(mu_g + sigma_g * z)``), times ``duration_scale``,
    clipped to ``[min_s * duration_scale, min(max_s * duration_scale, max_duration_s)]`` (ITP: 600 s ..
-   1,573,360 s). mu = ln(median), sigma matched to the class's mean duration (see :mod:`traces.fit_synthetic`).
+   1,573,360 s). mu = ln(median), sigma matched to the class's mean duration (see :mod:`tlora_sim.traces.fit_synthetic`).
 3. Arrivals: a gamma renewal process (mean gap = 1 / rate, CV fitted to ITP after removing the diurnal
    cycle, CV ~3.7: bursty), run in operational time and mapped to real time through the fitted 24-hour rate
    profile (so arrivals follow the ITP day/night cycle; hour 0 = the first job). ``rate = fitted ITP
@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
-from traces.distributions import HOUR_S, clipped_lognormal_mean, real_time
-from traces.frame import finish_frame
+from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.distributions import HOUR_S, clipped_lognormal_mean, real_time
+from tlora_sim.traces.frame import finish_frame
 
 DEFAULT_OPTIONS: dict[str, Any] = {"jobs": 600, "seed": 7, "load": 0.7, "gpus": 32, "max_gpus": 16,
                                    "dur_scale": 0.2, "max_dur_h": 4.0, "diurnal": 1}
@@ -63,7 +63,7 @@ _TYPES = {"jobs": int, "seed": int, "gpus": int, "max_gpus": int, "diurnal": int
 
 @lru_cache(maxsize=1)
 def _fit_text() -> str:
-    return resources.files("traces").joinpath("data/itp_fit.json").read_text()
+    return resources.files("tlora_sim.traces").joinpath("data/itp_fit.json").read_text()
 
 
 def itp_params() -> dict:

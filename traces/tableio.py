@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 
 @dataclass(frozen=True)

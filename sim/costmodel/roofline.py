@@ -42,9 +42,9 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.cluster import GPUS, GpuSpec
-from sim.costmodel import Member, check_plan
-from sim.models import ModelSpec, get_model
+from tlora_sim.sim.core.cluster import GPUS, GpuSpec
+from tlora_sim.sim.costmodel.interface import Member, check_plan
+from tlora_sim.sim.costmodel.models import ModelSpec, get_model
 
 # DESIGN.md, reference measurements (H100 80GB, cuBLAS bf16, 4096x4096): tokens -> TFLOP/s.
 _GEMM_TOKENS = np.array([128.0, 512.0, 1024.0, 2048.0, 8192.0])
@@ -95,7 +95,7 @@ class RooflineCostModel:
 
     def describe(self) -> dict:
         """Identity recorded in ``config.json``."""
-        return {"name": self.name, "kind": "analytic", "source": "sim/roofline.py",
+        return {"name": self.name, "kind": "analytic", "source": "sim/costmodel/roofline.py",
                 "gemm_curve_tokens": _GEMM_TOKENS.tolist(), "gemm_curve_tflops_h100": _GEMM_TFLOPS.tolist()}
 
     def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,

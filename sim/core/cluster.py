@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.costmodel import Member
+from tlora_sim.sim.costmodel.interface import Member
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +12,7 @@ class Job:
     """One LoRA fine-tuning job.
 
     The arrival, GPU demand and duration come from the trace; the LoRA attributes are assigned
-    (``traces.lora``); ``total_steps`` is derived so that the job alone on its requested GPUs runs
+    (``tlora_sim.traces.lora``); ``total_steps`` is derived so that the job alone on its requested GPUs runs
     for its traced duration under the cost model (DESIGN.md, "The simulation model").
 
     Attributes:
@@ -20,7 +20,7 @@ class Job:
         job_id: the trace's id.
         submit_time_s: arrival (s from trace start).
         num_gpus: GPUs requested.
-        model: base model catalog name (``sim.models``).
+        model: base model catalog name (``tlora_sim.sim.costmodel.models``).
         rank: LoRA rank r.
         batch_size: sequences per step (micro-batch).
         seq_len: tokens per sequence.
@@ -31,7 +31,7 @@ class Job:
         tenant: trace tenant or virtual cluster ("" when none).
         sweep_id: hyper-parameter sweep family (ALTO), or None.
         loss_floor: final training loss of this configuration under the synthetic loss model
-            (``traces.sweeps``); 0 when the job is not part of a sweep.
+            (``tlora_sim.traces.sweeps``); 0 when the job is not part of a sweep.
     """
 
     index: int

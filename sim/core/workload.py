@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sim.cluster import ClusterSpec
-from sim.costmodel import CostModel, Member
-from sim.errors import InputError
-from sim.jobs import Job
-from sim.models import get_model
-from traces.frame import source_of
+from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.costmodel.interface import CostModel, Member
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.costmodel.models import get_model
+from tlora_sim.traces.frame import source_of
 
 MAX_TIME_S = 1e12
 """Largest submit + duration (s): float64 resolves ~0.1 ms there, far below any step time."""
@@ -97,6 +97,6 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
 
 def _where(frame: pd.DataFrame, i: int) -> dict:
     """``file`` and ``row`` arguments of an InputError about row ``i`` (0-based) of ``frame``:
-    the file and data row it was read from (``traces.frame.source_of``), not its submit-order position."""
+    the file and data row it was read from (``tlora_sim.traces.frame.source_of``), not its submit-order position."""
     file, row = source_of(frame, i)
     return {"file": file, "row": row}

@@ -1,7 +1,7 @@
 """Command-line wiring of ``tlora-sim profile`` and ``tlora-sim costmodel show|validate|fit``.
 
 ``add_parsers(subparsers)`` adds both sub-commands to the ``tlora-sim`` parser; ``run(args)``
-runs them (returns the exit status; raises ``InputError`` for bad input, which ``sim.cli`` turns
+runs them (returns the exit status; raises ``InputError`` for bad input, which ``tlora_sim.sim.cli.main`` turns
 into a one-line error). ``profile`` needs torch (the ``[profiler]`` extra) and a GPU, or
 ``--device cpu --tiny`` for a dry run; ``costmodel`` needs neither.
 """
@@ -12,14 +12,14 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 COMMANDS = ("profile", "costmodel")
 
 
 def add_parsers(sub) -> None:
     """Add ``profile`` and ``costmodel`` to an ``add_subparsers()`` object."""
-    from profiler.profile import add_arguments  # stdlib-only at import time
+    from tlora_sim.profiler.profile import add_arguments  # stdlib-only at import time
 
     p = sub.add_parser("profile", help="measure co-located LoRA training steps on this GPU (needs torch)",
                        description="Time forward + backward + optimizer of a full decoder layer for mixes of "
@@ -61,12 +61,12 @@ def run(args) -> int:
             import torch  # noqa: F401
         except ImportError:
             raise InputError("`tlora-sim profile` needs torch: pip install 'tlora-sim[profiler]'") from None
-        from profiler.profile import run as run_profile
+        from tlora_sim.profiler.profile import run as run_profile
 
         return run_profile(args)
     if args.command != "costmodel":
         raise InputError(f"not a cost-model command: {args.command}")
-    from sim.profiled import ProfiledCostModel, artifact_path, data_dir, load_artifact
+    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, data_dir, load_artifact
 
     cmd = args.costmodel_command
     if cmd == "show":
@@ -74,7 +74,7 @@ def run(args) -> int:
         print(json.dumps(_meta(art), indent=1) if args.json else _show(art))
         return 0
     if cmd == "fit":
-        from profiler.fit import build
+        from tlora_sim.profiler.fit import build
 
         path, s = build([str(p) for p in args.data], args.gpu, args.out or data_dir(), args.holdout_every,
                         args.correction)
@@ -85,7 +85,7 @@ def run(args) -> int:
     # validate
     import pandas as pd
 
-    from profiler.fit import e2e_table, error_table, predict_rows, read_rows, summarize, validate
+    from tlora_sim.profiler.fit import e2e_table, error_table, predict_rows, read_rows, summarize, validate
 
     data = args.data or [data_dir() / f"profile_{args.gpu.lower()}.csv"]
     df = read_rows([str(p) for p in data])
@@ -161,7 +161,7 @@ def _show(art: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """Stand-alone entry (``python -m sim.costmodel_cli``) until ``sim.cli`` wires these in."""
+    """Stand-alone entry (``python -m tlora_sim.sim.cli.costmodel``) until ``tlora_sim.sim.cli.main`` wires these in."""
     import sys
 
     ap = argparse.ArgumentParser(prog="tlora-sim")

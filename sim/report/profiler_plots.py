@@ -15,23 +15,23 @@ Two figures, each drawn only from files the profiler commits under ``profiler/da
 ``costmodel_<gpu>`` (:func:`plot_costmodel`)
     Cost model predicted against measured: the step time of one decoder layer (forward + backward,
     ms) for every measured adapter mix of ``profile_<gpu>.csv`` (``tlora-sim profile``), predicted by
-    a model fitted as ``tlora-sim costmodel fit`` does (:mod:`profiler.fit`) on the *training* mixes
-    only; the held-out mixes (every k-th mix per model, the split of :func:`profiler.fit.heldout_mask`,
+    a model fitted as ``tlora-sim costmodel fit`` does (:mod:`tlora_sim.profiler.fit`) on the *training* mixes
+    only; the held-out mixes (every k-th mix per model, the split of :func:`tlora_sim.profiler.fit.heldout_mask`,
     k from the artifact ``costmodel_<gpu>.json`` when present, else 4) were never seen by that fit and
     are drawn as filled diamonds with a black edge, the training mixes as small open circles. One
     panel per base model, colour per plan (``alone``, ``loop``, ``fused``), y = x and a +-10 % band.
     With ``e2e_<gpu>.csv`` and the artifact also ``costmodel_e2e_<gpu>``: full-model steps on one GPU
     predicted by the shipped artifact against measured (none of them is in the fit).
 
-Both take paths and return the written files (:func:`sim.figstyle.save_figure`: PNG at 200 dpi and
-vector PDF, atomically). Bad input raises :class:`sim.errors.InputError` naming the file (and row and
+Both take paths and return the written files (:func:`tlora_sim.sim.report.style.save_figure`: PNG at 200 dpi and
+vector PDF, atomically). Bad input raises :class:`tlora_sim.traces.errors.InputError` naming the file (and row and
 field where there is one). Command line::
 
-    python -m sim.profiler_plots --kernels profiler/data/kernel_bench_h100.csv \\
+    python -m tlora_sim.sim.report.profiler_plots --kernels profiler/data/kernel_bench_h100.csv \\
         --costmodel profiler/data --out docs/figures
-    python -m sim.profiler_plots --out docs/figures     # every committed data file
+    python -m tlora_sim.sim.report.profiler_plots --out docs/figures     # every committed data file
 
-matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only); :mod:`profiler.fit`
+matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only); :mod:`tlora_sim.profiler.fit`
 (scipy, no torch) is imported only by the cost-model functions.
 """
 
@@ -49,8 +49,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from sim import figstyle as fs
-from sim.errors import InputError
+from tlora_sim.sim.report import style as fs
+from tlora_sim.traces.errors import InputError
 
 __all__ = [
     "KERNEL_COLUMNS",
@@ -185,7 +185,7 @@ def kernel_figure(df: pd.DataFrame, relative_to: str = "floor", timing: str = "m
     """Figure: per-implementation step time of each adapter mix relative to the roofline floor.
 
     One panel per (device, layer) in benchmark order, a group of bars per mix (benchmark order),
-    a bar per implementation in :func:`sim.figstyle.impl_order` and colours. ``relative_to="floor"``:
+    a bar per implementation in :func:`tlora_sim.sim.report.style.impl_order` and colours. ``relative_to="floor"``:
     bars are ``timing / floor_ms`` and the floor is the dashed line at 1; ``"base"``: bars are
     ``timing / base`` (the frozen layer of the same mix, the solid line at 1, no ``base`` bar) and
     the floor is a dashed tick over each mix at ``floor_ms / base``. The y-axis turns logarithmic when
@@ -381,8 +381,8 @@ def costmodel_predictions(data: str | Path, gpu: str | None = None, holdout_ever
     """Predicted and measured layer steps of every measured mix, held-out mixes marked.
 
     Reproduces ``tlora-sim costmodel validate``: per model, the measured mixes sorted by key,
-    every ``holdout_every``-th held out with all its plans (:func:`profiler.fit.heldout_mask`);
-    a model is fitted (:func:`profiler.fit.fit_artifact`) on the other rows only and predicts every
+    every ``holdout_every``-th held out with all its plans (:func:`tlora_sim.profiler.fit.heldout_mask`);
+    a model is fitted (:func:`tlora_sim.profiler.fit.fit_artifact`) on the other rows only and predicts every
     mix row, training and held-out. The held-out rows' errors are the cost model's accuracy; the
     training rows' are in-sample.
 
@@ -400,7 +400,7 @@ def costmodel_predictions(data: str | Path, gpu: str | None = None, holdout_ever
     Raises:
         InputError: missing or malformed files, too few rows to fit, or no mix rows.
     """
-    from profiler.fit import fit_artifact, heldout_mask, predict_rows, read_rows
+    from tlora_sim.profiler.fit import fit_artifact, heldout_mask, predict_rows, read_rows
 
     files = costmodel_files(data, gpu)
     g = sorted(files)[0]
@@ -466,7 +466,7 @@ def costmodel_figure(pred: pd.DataFrame, title: str | None = None):
 
     Training mixes are small open circles, held-out mixes filled diamonds with a black edge (their
     scatter collections carry ``gid`` ``"fit:<plan>"`` and ``"heldout:<plan>"``), coloured by plan
-    (:func:`sim.figstyle.impl_styles`); the solid line is y = x, the grey band +-10 %. Each panel
+    (:func:`tlora_sim.sim.report.style.impl_styles`); the solid line is y = x, the grey band +-10 %. Each panel
     states the held-out median and p90 absolute percentage error.
 
     Args:
@@ -536,15 +536,15 @@ def e2e_predictions(e2e_csv: str | Path, artifact: str | Path) -> pd.DataFrame:
     """Full-model steps on one GPU: measured (``e2e_<gpu>.csv``) against the artifact's prediction.
 
     Returns:
-        :func:`profiler.fit.e2e_table`: ``model``, ``plan``, ``adapters``, ``tokens``,
+        :func:`tlora_sim.profiler.fit.e2e_table`: ``model``, ``plan``, ``adapters``, ``tokens``,
         ``measured_ms``, ``predicted_ms`` (ms), ``error`` (predicted / measured - 1),
         ``extrapolated``, ``peak_gib``; out-of-memory rows are left out.
 
     Raises:
         InputError: unreadable files or a wrong artifact schema.
     """
-    from profiler.fit import e2e_table
-    from sim.profiled import ProfiledCostModel, load_artifact
+    from tlora_sim.profiler.fit import e2e_table
+    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, load_artifact
 
     try:
         e2e = pd.read_csv(e2e_csv, dtype={"ranks": str, "batch_sizes": str, "seq_lens": str}, keep_default_na=False)
@@ -641,13 +641,13 @@ def plot_costmodel(data: str | Path, out_dir: str | Path, formats: Iterable[str]
 # --------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.profiler_plots [--kernels CSV] [--costmodel DIR] --out DIR [--formats png,pdf]``.
+    """``python -m tlora_sim.sim.report.profiler_plots [--kernels CSV] [--costmodel DIR] --out DIR [--formats png,pdf]``.
 
     Without ``--kernels`` and ``--costmodel`` it draws every committed data file of
     ``profiler/data`` (``kernel_bench_*.csv``, and the cost model when a profile CSV is there).
     Prints the written files; returns 0, or 2 on an :class:`InputError` (printed as one line).
     """
-    ap = argparse.ArgumentParser(prog="python -m sim.profiler_plots",
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.sim.report.profiler_plots",
                                  description="Draw the kernel-benchmark and cost-model figures from the "
                                              "profiler's data files.")
     ap.add_argument("--kernels", type=Path, action="append", metavar="CSV",
@@ -665,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def draw() -> list[Path]:
         kernels, costmodel = args.kernels, args.costmodel
         if not kernels and costmodel is None:
-            from sim.profiled import data_dir
+            from tlora_sim.sim.costmodel.profiled import data_dir
 
             kernels = sorted(data_dir().glob("kernel_bench_*.csv"))
             costmodel = data_dir() if list(data_dir().glob("profile_*.csv")) else None

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from sim.cluster import ClusterSpec
-from sim.costmodel import CostModel, Member
-from sim.jobs import Job
-from sim.placement import FreeGpus, Placement
+from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.costmodel.interface import CostModel, Member
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.placement import FreeGpus, Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +24,13 @@ class GroupView:
         model: base model shared by every member.
         n_gpus: GPUs the group holds.
         placement: ((node, gpus), ...).
-        plan: execution plan (``sim.costmodel.PLANS``).
+        plan: execution plan (``tlora_sim.sim.costmodel.interface.PLANS``).
         members: member jobs, in join order.
         remaining_steps: steps each member still has to train (same order as ``members``).
         step_time_s: current group step time (s).
         paused_until_s: the group makes no progress before this time (regroup pause).
         version: changes whenever the membership or execution knobs change (memo key for policies).
-        nano_batches: tLoRA nano-batches per micro-batch (``sim.costmodel``).
+        nano_batches: tLoRA nano-batches per micro-batch (``tlora_sim.sim.costmodel.interface``).
         micro_batches: sequential micro-batches per group step.
         started_s: when the group started (s).
     """

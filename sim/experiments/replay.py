@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim import metrics
-from sim.cluster import parse_cluster
-from sim.engine import Engine
-from sim.errors import InputError
-from sim.rundir import interrupt_handler, redeliver_interrupts, write_csv, write_json
-from sim.profiled import make_cost_model
-from sim.workload import build_jobs
+from tlora_sim.sim.core import metrics
+from tlora_sim.sim.core.cluster import parse_cluster
+from tlora_sim.sim.core.engine import Engine
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.report.rundir import interrupt_handler, redeliver_interrupts, write_csv, write_json
+from tlora_sim.sim.costmodel.profiled import make_cost_model
+from tlora_sim.sim.core.workload import build_jobs
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,11 @@ class ReplayConfig:
     """All inputs of one replay.
 
     Attributes:
-        trace: trace spec ``FORMAT:PATH`` (``traces.read_trace``).
+        trace: trace spec ``FORMAT:PATH`` (``tlora_sim.traces.read_trace``).
         policy: registered policy name.
         cluster: ``NODESxGPUSxTYPE``.
         seed: seed of the LoRA attribute assignment (``numpy.random.default_rng``).
-        lora_dist: LoRA attribute distribution name or JSON path (``traces.lora``).
+        lora_dist: LoRA attribute distribution name or JSON path (``tlora_sim.traces.lora``).
         policy_options: overrides of the policy's config dataclass.
         regroup_pause_s: pause when a running group changes membership (s).
         csv_columns: column mapping for the ``csv`` format.
@@ -84,8 +84,8 @@ def load_workload(cfg: ReplayConfig):
     Raises:
         InputError: bad trace, cluster spec or distribution; with ``cfg.strict``, any documented skip.
     """
-    from traces import read_trace
-    from traces.lora import assign_lora, load_distribution
+    from tlora_sim.traces import read_trace
+    from tlora_sim.traces.lora import assign_lora, load_distribution
 
     cluster = parse_cluster(cfg.cluster)
     frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit)
@@ -96,7 +96,7 @@ def load_workload(cfg: ReplayConfig):
             raise InputError(f"the reader skipped {n} row(s) by the documented rule {reason!r} "
                              f"(traces/README.md); --strict makes every skip an error",
                              file=frame.attrs.get("path"), field="duration" if reason == "zero_duration" else None)
-    from traces.sweeps import expand_sweeps, parse_sweeps
+    from tlora_sim.traces.sweeps import expand_sweeps, parse_sweeps
 
     dist = load_distribution(cfg.lora_dist)
     rng = np.random.default_rng(cfg.seed)
@@ -114,7 +114,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
            position: int = 0, check_invariants: bool = True, policy: Any = None) -> dict:
     """Simulate one configuration and write its run directory.
 
-    ``check_invariants`` (default True) checks ``sim.invariants`` while simulating; switch it off
+    ``check_invariants`` (default True) checks ``tlora_sim.sim.core.invariants`` while simulating; switch it off
     for benchmarks only (results are identical, the checks cost a few per cent).
 
     ``policy``: an already-built policy object to simulate instead of the registry's
@@ -128,7 +128,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
         InputError: bad input (nothing is written).
         sim.engine.InvariantError: an impossible state (nothing is written but ``config.json``).
     """
-    from policies.registry import config_of, make_policy
+    from tlora_sim.policies.registry import config_of, make_policy
 
     out = Path(out_dir)
     if policy is None:
@@ -160,7 +160,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     write_json(out / "perf.json", {**perf, "jobs": len(jobs), "machine": platform.machine(),
                                    "python": platform.python_version(), "invariants_checked": check_invariants})
     if plots:
-        from sim.plots import plot_run
+        from tlora_sim.sim.report.plots import plot_run
 
         plot_run(out)
     return summary
@@ -236,7 +236,7 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     Returns:
         The summary table (one row per policy, in the given order).
     """
-    from policies.registry import make_policy
+    from tlora_sim.policies.registry import make_policy
 
     out = Path(out_dir)
     for p in policies:  # fail on a bad name or option before any simulation starts
@@ -259,7 +259,7 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     first = ["policy"] + metrics.SUMMARY_KEYS
     table = table[first + [c for c in table.columns if c not in first]]
     write_csv(out / "summary.csv", table)
-    from sim.plots import plot_compare
+    from tlora_sim.sim.report.plots import plot_compare
 
     plot_compare(out)
     return table

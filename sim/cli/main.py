@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 TRACE_HELP = ("trace spec FORMAT:PATH; formats: itp (Microsoft ITP clusterNN.csv.gz), philly (public Philly CSV), "
               "acme (Acme/Kalos extract dir or CSV), csv (any CSV; needs --columns), "
@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tlora-sim", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from sim.costmodel_cli import add_parsers as add_costmodel_parsers
+    from tlora_sim.sim.cli.costmodel import add_parsers as add_costmodel_parsers
 
     add_costmodel_parsers(sub)
-    from sim.sweep import add_sweep_parser
+    from tlora_sim.sim.experiments.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
     r = sub.add_parser("replay", help="simulate one trace under one policy; writes a run directory",
@@ -106,8 +106,8 @@ def _options(items: list[str], policies: list[str]) -> dict[str, dict]:
 def _base_config(args, policy: str):
     import math
 
-    from sim.replay import ReplayConfig
-    from traces.generic_csv import parse_column_mapping
+    from tlora_sim.sim.experiments.replay import ReplayConfig
+    from tlora_sim.traces.generic_csv import parse_column_mapping
 
     if not (math.isfinite(args.regroup_pause) and args.regroup_pause >= 0):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
@@ -123,7 +123,7 @@ def _base_config(args, policy: str):
 
 def _run(args) -> int:
     if args.command == "replay":
-        from sim.replay import replay
+        from tlora_sim.sim.experiments.replay import replay
 
         cfg = _base_config(args, args.policy)
         opts = _options(args.option, [args.policy])[args.policy]
@@ -135,7 +135,7 @@ def _run(args) -> int:
               f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
               f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
     elif args.command == "compare":
-        from sim.replay import compare
+        from tlora_sim.sim.experiments.replay import compare
 
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
@@ -148,27 +148,27 @@ def _run(args) -> int:
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         print(f"wrote {args.out / 'summary.csv'}")
     elif args.command == "traces":
-        from traces import read_trace
-        from traces.describe import describe_trace, format_description
-        from traces.generic_csv import parse_column_mapping
+        from tlora_sim.traces import read_trace
+        from tlora_sim.traces.describe import describe_trace, format_description
+        from tlora_sim.traces.generic_csv import parse_column_mapping
 
         cols = parse_column_mapping(args.columns) if args.columns else None
         print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
     elif args.command == "policies":
-        from policies.registry import available
+        from tlora_sim.policies.registry import available
 
         for e in available():
             print(f"{e.name}\t{e.description}")
     elif args.command == "sweep":
-        from sim.sweep import run_sweep_command
+        from tlora_sim.sim.experiments.sweep import run_sweep_command
 
         return run_sweep_command(args)
     elif args.command in ("profile", "costmodel"):
-        from sim.costmodel_cli import run as run_costmodel
+        from tlora_sim.sim.cli.costmodel import run as run_costmodel
 
         return run_costmodel(args)
     elif args.command == "plot":
-        from sim.plots import plot_any
+        from tlora_sim.sim.report.plots import plot_any
 
         formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
         for f in plot_any(args.directory, formats=formats):
@@ -178,7 +178,7 @@ def _run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tlora-sim`` console script; returns the exit status."""
-    from sim.rundir import signals_raise_interrupt
+    from tlora_sim.sim.report.rundir import signals_raise_interrupt
 
     args = build_parser().parse_args(argv)
     try:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
               f"not written", file=sys.stderr)
         return 128 + signum
     except Exception as e:  # an engine invariant or a bug: one line, the class says which
-        from sim.engine import InvariantError
+        from tlora_sim.sim.core.engine import InvariantError
 
         if isinstance(e, InvariantError):
             print(f"tlora-sim: invariant violated: {e}", file=sys.stderr)

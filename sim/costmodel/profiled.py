@@ -27,7 +27,7 @@ micro-batches and ``N`` nano-batches::
 
 * measured: ``layer``, ``head``, AdamW (its tensor count: 2 x 7 x layers for ``fused``, times the
   adapters for ``loop``/``alone``);
-* analytic (``sim/roofline.py``'s formulas): the all-reduce of adapter gradients and the
+* analytic (``sim/costmodel/roofline.py``'s formulas): the all-reduce of adapter gradients and the
   all-gather of sharded frozen weights between GPUs; nano-batching (fused only: the base curve
   runs N times at tokens / N, the adapter term shrinks by N, the host time is paid N times);
   plans that were not measured (``lorafusion``, ``grouped``) are the ``fused`` prediction times the
@@ -41,7 +41,7 @@ l0(T_max) x roofline(T) / roofline(T_max)``) and the prediction is *flagged*: co
 ``describe()["extrapolated"]`` (distinct predictions; results are memoised) and reported per call
 by ``predict``. For a GPU type without an artifact (or a model missing from it)
 ``default_cost_model`` / the model fall back to the analytic ``RooflineCostModel``, whose ceilings
-are scaled from datasheets (sim/cluster.py).
+are scaled from datasheets (sim/core/cluster.py).
 
 Memory per GPU (bytes), ``checkpointing=True`` (default, the roofline's convention): frozen
 weights (bf16, sharded as in the roofline) + adapter state (16 B/param) + checkpointed layer inputs
@@ -63,11 +63,11 @@ from typing import Sequence
 
 import numpy as np
 
-from sim import roofline as rf
-from sim.cluster import GPUS
-from sim.costmodel import Member, check_plan
-from sim.errors import InputError
-from sim.models import get_model
+from tlora_sim.sim.costmodel import roofline as rf
+from tlora_sim.sim.core.cluster import GPUS
+from tlora_sim.sim.costmodel.interface import Member, check_plan
+from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.costmodel.models import get_model
 
 SCHEMA = "tlora-sim/costmodel/1"
 FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens", "max_rank_tokens")
@@ -83,7 +83,7 @@ def data_dir() -> Path:
     try:
         from importlib.resources import files
 
-        p = Path(str(files("profiler") / "data"))
+        p = Path(str(files("tlora_sim.profiler") / "data"))
         if p.is_dir():
             return p
     except Exception:  # noqa: BLE001
@@ -123,7 +123,7 @@ def make_cost_model(name: str, gpu_name: str):
     Raises:
         InputError: unknown name, or ``profiled`` for a GPU with no shipped artifact.
     """
-    from sim.errors import InputError
+    from tlora_sim.traces.errors import InputError
 
     if name == "auto":
         return default_cost_model(gpu_name)
@@ -189,7 +189,7 @@ class Tables:
     efficiency curve for the base layer, time proportional to sequences for attention). Every
     lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range.
     ``l0_logs``, ``h_logs`` and ``attn_logs[s]`` hold (log x, log y) of each measured table, for
-    the log-log interpolation here and in ``sim.fused_batch``."""
+    the log-log interpolation here and in ``tlora_sim.sim.costmodel.batch``."""
 
     def __init__(self, model: str, gpu: str, entry: dict):
         self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
@@ -274,7 +274,7 @@ class Tables:
 # ---------------------------------------------------------------------------------- features
 def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
     """Features of a per-GPU mix, members (rank, sequences, tokens per sequence): one pass, sums
-    in member order (the order ``sim.fused_batch`` adds them in)."""
+    in member order (the order ``tlora_sim.sim.costmodel.batch`` adds them in)."""
     tokens = rank_tokens = bucket_rank_tokens = 0.0
     ranks = max_rank = 0
     for r, b, s in members:
@@ -450,7 +450,7 @@ class ProfiledCostModel:
                 "models": sorted(a["models"]), "measured_plans": list(MEASURED_PLANS),
                 "memory_convention": "per-layer activation checkpointing" if self.checkpointing
                 else "no checkpointing (all saved activations)",
-                "terms": a.get("terms", TERMS), "fallback": "roofline (sim/roofline.py) for other GPU types and "
+                "terms": a.get("terms", TERMS), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
                                                            "models missing from the artifact",
                 **{k: v for k, v in _STATS[self.key].items()}}
 
@@ -517,7 +517,7 @@ class ProfiledCostModel:
 
 TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + attention + adapter term)",
                       "embedding + LM head + loss", "AdamW step", "layer and head peak working memory"],
-         "analytic": ["gradient all-reduce and sharded-weight all-gather (sim/roofline.py formulas)",
+         "analytic": ["gradient all-reduce and sharded-weight all-gather (sim/costmodel/roofline.py formulas)",
                       "nano-batch overlap", "plans lorafusion/grouped (fused x roofline ratio)",
                       "frozen weights, adapter state (16 B/param), checkpointed layer inputs, 2 GiB workspace"]}
 
@@ -550,7 +550,7 @@ def _opt_ms(art: dict, params: float, tensors: float) -> float:
 
 
 def _comm_s(m, gpu, members, n: int, micro: int) -> float:
-    """Communication per step (s): sim/roofline.py's all-reduce and all-gather terms."""
+    """Communication per step (s): sim/costmodel/roofline.py's all-reduce and all-gather terms."""
     if n <= 1:
         return 0.0
     link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s

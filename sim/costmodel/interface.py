@@ -1,6 +1,6 @@
 """The cost-model interface: everything the simulator knows about time and memory goes through it.
 
-Two implementations stand behind it: the analytic roofline model (``sim.roofline``) and the
+Two implementations stand behind it: the analytic roofline model (``tlora_sim.sim.costmodel.roofline``) and the
 profiled model built from real-GPU measurements (``profiler``'s shipped artifact). A *plan* names
 how a group executes its adapters (DESIGN.md, "Reference measurements"):
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 PLANS = ("alone", "loop", "fused", "lorafusion", "grouped")
 

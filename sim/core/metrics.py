@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.cluster import ClusterSpec
-from sim.engine import SimResult
+from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.core.engine import SimResult
 
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
                "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",

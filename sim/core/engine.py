@@ -13,7 +13,7 @@ Policy timer: a policy with a ``timer_s`` attribute (float, s) is also asked to 
 ``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning,
 ALTO's early-exit checks).
 
-Invariants (``sim.invariants``) are checked at every state change unless ``check_invariants=False``;
+Invariants (``tlora_sim.sim.core.invariants``) are checked at every state change unless ``check_invariants=False``;
 policy actions the engine cannot apply are always rejected. Both raise :class:`InvariantError`
 (a violation found by the checker carries the recent event history).
 """
@@ -27,12 +27,12 @@ from typing import Callable, Mapping, Sequence
 
 import simpy
 
-from sim.cluster import ClusterSpec
-from sim.costmodel import CostModel
-from sim.jobs import Job
-from sim.invariants import InvariantChecker, InvariantError, InvariantViolation
-from sim.placement import FreeGpus, Placement
-from sim.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
+from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.costmodel.interface import CostModel
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
+from tlora_sim.sim.core.placement import FreeGpus, Placement
+from tlora_sim.sim.core.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -111,14 +111,14 @@ class Engine:
         policy: object with ``decide(Snapshot) -> list[Action]``.
         regroup_pause_s: pause of a group when members join (s).
         progress: optional callback ``progress(now_s)`` called after each decision.
-        check_invariants: check ``sim.invariants`` at every state change (default True; switch off
+        check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
             for benchmarks).
 
     Raises:
         ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
         InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
             models, a job not queued, a group not running), or jobs left unfinished when events
-            run out; with ``check_invariants``, any violation of ``sim.invariants``
+            run out; with ``check_invariants``, any violation of ``tlora_sim.sim.core.invariants``
             (:class:`InvariantViolation`, with the recent event history).
     """
 

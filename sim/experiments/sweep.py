@@ -23,7 +23,7 @@ Cells and outputs:
 
 * a cell is one combination; its id is the first 16 hex digits of the SHA-256 of its canonical
   inputs (JSON, keys sorted), so it is stable across runs, machines and the order of the lists;
-* ``DIR/cells/<id>/`` is the cell's run directory (``sim.replay.replay``; no figures);
+* ``DIR/cells/<id>/`` is the cell's run directory (``tlora_sim.sim.experiments.replay.replay``; no figures);
 * a cell is finished iff ``DIR/cells/<id>/summary.json`` exists; finished cells are skipped, so a
   killed sweep resumes where it stopped and loses no finished cell;
 * ``DIR/sweep.csv``: one row per finished cell, sorted by ``cell_id`` (independent of completion
@@ -61,15 +61,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 # Cost models a sweep may name. Extend here when sim.replay can run another one (e.g. "profiled"):
 # the value says what the name means; ``_replay_config`` passes the name to ReplayConfig once it
 # has a ``cost_model`` field.
 COST_MODELS: dict[str, str] = {
-    "auto": "profiled where profiler/data has an artifact for the GPU, else roofline (sim/profiled.py)",
-    "profiled": "the shipped profiled model (sim/profiled.py); H100 only",
-    "roofline": "analytic roofline model (sim/roofline.py)",
+    "auto": "profiled where profiler/data has an artifact for the GPU, else roofline (sim/costmodel/profiled.py)",
+    "profiled": "the shipped profiled model (sim/costmodel/profiled.py); H100 only",
+    "roofline": "analytic roofline model (sim/costmodel/roofline.py)",
 }
 
 LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models")
@@ -206,7 +206,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
     lists = {key: _list(data, key, err) for key in LIST_KEYS}
 
     # traces: FORMAT:PATH (file formats: the path must exist) or synthetic:OPTIONS
-    from traces.registry import split_spec
+    from tlora_sim.traces.registry import split_spec
 
     trace_run = {}
     for i, spec in enumerate(lists["traces"]):
@@ -218,7 +218,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         except InputError as e:
             raise err(fld, e.message) from None
         if fmt == "synthetic":
-            from traces.synthetic import parse_options
+            from tlora_sim.traces.synthetic import parse_options
 
             try:
                 parse_options(arg)
@@ -235,14 +235,14 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
                            f"the sweep file's directory {str(base)!r})")
         trace_run[spec] = f"{fmt}:{p}"
     if csv_columns is not None:
-        from traces.generic_csv import parse_column_mapping
+        from tlora_sim.traces.generic_csv import parse_column_mapping
 
         try:
             parse_column_mapping(",".join(f"{k}={v}" for k, v in csv_columns.items()))
         except InputError as e:
             raise err("csv_columns", e.message) from None
 
-    from sim.cluster import parse_cluster
+    from tlora_sim.sim.core.cluster import parse_cluster
 
     for i, spec in enumerate(lists["clusters"]):
         if not isinstance(spec, str):
@@ -267,7 +267,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
             raise err(f"cost_models[{i}]", f"unknown cost model {name!r}; expected one of: "
                                            f"{', '.join(COST_MODELS)}")
 
-    from traces.lora import DISTRIBUTIONS, load_distribution
+    from tlora_sim.traces.lora import DISTRIBUTIONS, load_distribution
 
     dist_run = {}
     for i, name in enumerate(lists["lora_dists"]):
@@ -285,7 +285,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
             raise err(fld, f"{e.file}: {e.message}" if e.file else e.message) from None
         dist_run[name] = run
 
-    from policies.registry import make_policy
+    from tlora_sim.policies.registry import make_policy
 
     for i, name in enumerate(lists["policies"]):
         if not isinstance(name, str):
@@ -344,7 +344,7 @@ def _no_duplicates(lists: dict, key: str, err: Callable[[str, str], InputError])
 def _replay_config(cell: Cell):
     from dataclasses import fields
 
-    from sim.replay import ReplayConfig
+    from tlora_sim.sim.experiments.replay import ReplayConfig
 
     names = {f.name for f in fields(ReplayConfig)}
     kw: dict[str, Any] = dict(trace=cell.trace_run, policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
@@ -370,7 +370,7 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
     does not stop the sweep; KeyboardInterrupt propagates.
     """
     global _IN_CELL
-    from sim.replay import replay
+    from tlora_sim.sim.experiments.replay import replay
 
     out = Path(out_dir)
     _IN_CELL = True
@@ -380,7 +380,7 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
         replay(_replay_config(cell), out, progress=False, plots=False)
         return {"ok": True, "error": "", "message": ""}
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the sweep goes on
-        from sim.invariants import InvariantError
+        from tlora_sim.sim.core.invariants import InvariantError
 
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, (InputError, InvariantError)):
@@ -408,7 +408,7 @@ def _run_cell_files(cell: Cell) -> dict:
 
 def _write_cell_files(out: Path, files: dict[str, bytes]) -> None:
     """Write a cell's files atomically, ``summary.json`` (the finished marker) last."""
-    from sim.rundir import atomic_write
+    from tlora_sim.sim.report.rundir import atomic_write
 
     for name in sorted(files, key=lambda n: (n == "summary.json", n)):
         data = files[name]
@@ -417,7 +417,7 @@ def _write_cell_files(out: Path, files: dict[str, bytes]) -> None:
 
 def _worker_signal(signum: int, _frame) -> None:
     if _IN_CELL:
-        from sim.rundir import Interrupted
+        from tlora_sim.sim.report.rundir import Interrupted
 
         raise Interrupted(signum)
     os._exit(128 + signum)
@@ -466,8 +466,8 @@ def write_table(out_dir: str | Path, rows: Iterable[dict]) -> Path:
     (id, inputs, ``metrics.SUMMARY_KEYS``, then the other metric names sorted)."""
     import pandas as pd
 
-    from sim import metrics
-    from sim.rundir import write_csv
+    from tlora_sim.sim.core import metrics
+    from tlora_sim.sim.report.rundir import write_csv
 
     rows = sorted(rows, key=lambda r: r["cell_id"])
     first = ["cell_id", *INPUT_COLUMNS]
@@ -480,7 +480,7 @@ def write_table(out_dir: str | Path, rows: Iterable[dict]) -> Path:
 def _write_failed(out_dir: Path, failed: dict[str, dict]) -> None:
     import pandas as pd
 
-    from sim.rundir import write_csv
+    from tlora_sim.sim.report.rundir import write_csv
 
     path = out_dir / "failed.csv"
     if not failed:
@@ -519,7 +519,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
             sweep running in ``out_dir``.
         KeyboardInterrupt: interrupted; finished cells and their rows are kept.
     """
-    from sim.rundir import write_json
+    from tlora_sim.sim.report.rundir import write_json
 
     if backend not in ("local", "ray"):
         raise InputError(f"unknown backend {backend!r}; expected local or ray", field="--backend")
@@ -610,7 +610,7 @@ def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], Non
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    from sim.replay import stop_pool
+    from tlora_sim.sim.experiments.replay import stop_pool
 
     ex = ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_worker_init)
     try:
@@ -681,7 +681,7 @@ def add_sweep_parser(subparsers) -> None:
                     "DIR/sweep.json. Finished cells (summary.json present) are skipped, so an interrupted "
                     "sweep resumes. Exit status 1 when any cell failed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("sweep_file", type=Path, metavar="SWEEP.toml", help="the sweep definition (see sim/sweep.py)")
+    s.add_argument("sweep_file", type=Path, metavar="SWEEP.toml", help="the sweep definition (see sim/experiments/sweep.py)")
     s.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     s.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local worker processes, or Ray tasks")
@@ -721,10 +721,10 @@ def run_sweep_command(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sim.sweep SWEEP.toml --out DIR ...``: the sub-command without the rest of the CLI."""
+    """``python -m tlora_sim.sim.experiments.sweep SWEEP.toml --out DIR ...``: the sub-command without the rest of the CLI."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m sim.sweep")
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.sim.experiments.sweep")
     sub = ap.add_subparsers(dest="command", required=True)
     add_sweep_parser(sub)
     args = ap.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Profiled fused-plan step times of many candidate groups in one numpy call (issue 6: cost-model
 lookups vectorised), for the policies' merge tests.
 
-The profiled model (``sim/profiled.py``) sees a group's mix, for the ``fused`` plan, only through
+The profiled model (``sim/costmodel/profiled.py``) sees a group's mix, for the ``fused`` plan, only through
 sums over its members (tokens, rank x tokens, ranks, bucketed rank x tokens, adapters, adapter
 parameters, sequences per sequence length) and its largest rank. So the features of a merged group
 are its parts' features added (the largest rank: their maximum), and ``FusedBatch.step_times``
@@ -25,11 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from sim import roofline as rf
-from sim.cluster import GPUS
-from sim.costmodel import Member
-from sim.profiled import LINEARS_PER_LAYER, ProfiledCostModel, _bucket, _tables
-from sim.models import get_model
+from tlora_sim.sim.costmodel import roofline as rf
+from tlora_sim.sim.core.cluster import GPUS
+from tlora_sim.sim.costmodel.interface import Member
+from tlora_sim.sim.costmodel.profiled import LINEARS_PER_LAYER, ProfiledCostModel, _bucket, _tables
+from tlora_sim.sim.costmodel.models import get_model
 
 _OFFSET = 32.0
 """Shift in log(sequences) between columns' attention tables laid end to end (``_attention``):
@@ -135,7 +135,7 @@ class FusedBatch:
     # ---- the model -----------------------------------------------------------------------------
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
-        ``nano`` (shape (P,) or one int), one micro-batch: ``sim.profiled._predict`` for the
+        ``nano`` (shape (P,) or one int), one micro-batch: ``tlora_sim.sim.costmodel.profiled._predict`` for the
         ``fused`` plan, row by row. (Written for few numpy calls: the policies call it ~10^5
         times per replay with P mostly under 100, where each call's fixed cost dominates.)"""
         if rows.ndim == 1:
@@ -174,7 +174,7 @@ class FusedBatch:
         return step
 
     def _comm_s(self, P: np.ndarray) -> np.ndarray:
-        """``sim.profiled._comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
+        """``tlora_sim.sim.costmodel.profiled._comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
         m, gpu, n = self.m, self.gpu, self.n
         link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
         comm = 2.0 * (n - 1) / n * 2 * P / link + rf.ALLREDUCE_LATENCY_S * m.layers
@@ -191,7 +191,7 @@ class FusedBatch:
         return np.where(t < lo, low, high)
 
     def _roof(self, t: np.ndarray) -> np.ndarray:
-        """``sim.profiled._roof_l0_ms``, vectorised."""
+        """``tlora_sim.sim.costmodel.profiled._roof_l0_ms``, vectorised."""
         m, gpu = self.m, self.gpu
         t = np.maximum(t, 1e-6)
         p = m.block_linear_params
@@ -311,7 +311,7 @@ class FusedBatch:
 
 
 def _loglog(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
-    """``sim.profiled._loglog`` on an array (values outside the table are the edge values;
+    """``tlora_sim.sim.costmodel.profiled._loglog`` on an array (values outside the table are the edge values;
     callers replace them)."""
     if n == 1:
         return np.full(np.shape(x), float(y0))
@@ -319,7 +319,7 @@ def _loglog(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
 
 
 def _smoothmax(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
-    """``sim.profiled.smoothmax``, vectorised (a, b > 0)."""
+    """``tlora_sim.sim.costmodel.profiled.smoothmax``, vectorised (a, b > 0)."""
     if p >= 64:
         return np.maximum(a, b)
     hi = np.maximum(a, b)

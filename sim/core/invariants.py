@@ -1,6 +1,6 @@
 """Invariants checked while simulating, with the recent event history kept for the report.
 
-The engine (``sim.engine.Engine``) calls an :class:`InvariantChecker` at each of its state changes
+The engine (``tlora_sim.sim.core.engine.Engine``) calls an :class:`InvariantChecker` at each of its state changes
 when ``check_invariants=True`` (the default; ``tlora-sim replay/compare --no-invariants`` turns it
 off for benchmarks). The checker keeps its *own* books, independent of the engine's, and compares:
 
@@ -66,7 +66,7 @@ def _rebuild(cls: type, state: dict, args: tuple) -> "InvariantError":
 
 
 class InvariantViolation(InvariantError):
-    """An invariant of :mod:`sim.invariants` failed; ``check`` names which one.
+    """An invariant of :mod:`tlora_sim.sim.core.invariants` failed; ``check`` names which one.
 
     Attributes:
         check: one of ``gpus``, ``memory``, ``cost``, ``jobs``, ``work``, ``time``, ``isolation``,
@@ -86,11 +86,11 @@ def _fmt_event(ev: tuple) -> str:
 
 
 class InvariantChecker:
-    """Independent books on a running :class:`sim.engine.Engine` (see the module docstring).
+    """Independent books on a running :class:`tlora_sim.sim.core.engine.Engine` (see the module docstring).
 
     Args:
         jobs: the engine's jobs (index order).
-        cluster: the cluster (``sim.cluster.ClusterSpec``).
+        cluster: the cluster (``tlora_sim.sim.core.cluster.ClusterSpec``).
         cost_model: the engine's cost model (for the memory check).
         history: events kept for the report (ring buffer length).
         max_decisions_per_instant: more policy decisions than this at one simulated time is a

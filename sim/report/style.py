@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from sim.errors import InputError
+from tlora_sim.traces.errors import InputError
 
 #: One-column figure width of a two-column paper (inches).
 COLUMN_WIDTH_IN = 3.4
@@ -58,7 +58,7 @@ OKABE_ITO = {
 #: Known policies, in the fixed order every figure and legend uses.
 KNOWN_POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
 
-#: Suffix of a policy's no-grouping ablation (``policies.registry``): drawn in its base policy's
+#: Suffix of a policy's no-grouping ablation (``tlora_sim.policies.registry``): drawn in its base policy's
 #: colour, dotted and with open hatching, right after the base policy.
 ABLATION_SUFFIX = "-nogroup"
 
@@ -365,7 +365,7 @@ def save_figure(fig, out_dir: str | os.PathLike, name: str, formats: Iterable[st
 
 
 def run_figure_command(draw: Callable[[], Iterable[Path]], category: type[Warning]) -> int:
-    """The shared tail of the figure commands (``python -m sim.plots``, ``sim.profiler_plots``):
+    """The shared tail of the figure commands (``python -m tlora_sim.sim.report.plots``, ``tlora_sim.sim.report.profiler_plots``):
     run ``draw`` with each warning of ``category`` printed as one ``warning: ...`` line on stderr,
     then print the written paths.
 

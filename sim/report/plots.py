@@ -38,10 +38,10 @@ aggregated into equal-width bins by time-weighted averaging (:func:`time_weighte
 the integral (e.g. the tokens trained) exact, so million-row timelines plot in about a second.
 
 A missing optional input skips the figures that need it with a :class:`PlotWarning`; a missing
-required input, or a malformed file, raises :class:`sim.errors.InputError` naming the file.
+required input, or a malformed file, raises :class:`tlora_sim.traces.errors.InputError` naming the file.
 
 matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only), so no display is needed
-and the global backend is never changed. Command line: ``python -m sim.plots DIR [--formats png,pdf]``.
+and the global backend is never changed. Command line: ``python -m tlora_sim.sim.report.plots DIR [--formats png,pdf]``.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sim import figstyle as fs
-from sim.errors import InputError
+from tlora_sim.sim.report import style as fs
+from tlora_sim.traces.errors import InputError
 
 __all__ = [
     "FIGURE_NAMES",
@@ -477,7 +477,7 @@ def jct_cdf_figure(jct_by_policy: Mapping[str, tuple[np.ndarray, int]],
 
     Args:
         jct_by_policy: policy -> (finished jobs' JCTs in s, total jobs incl. unfinished).
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
     """
     styles = styles or fs.policy_styles(jct_by_policy)
     return _cdf_figure(jct_by_policy, styles, fs.axis_label("Job completion time", "h"), _S_PER_H)
@@ -489,7 +489,7 @@ def slowdown_cdf_figure(slowdown_by_policy: Mapping[str, tuple[np.ndarray, int]]
 
     Args:
         slowdown_by_policy: policy -> (finished jobs' slowdowns, total jobs incl. unfinished).
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
     """
     styles = styles or fs.policy_styles(slowdown_by_policy)
     return _cdf_figure(slowdown_by_policy, styles,
@@ -502,7 +502,7 @@ def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
 
     Args:
         series: policy -> (bin edges in s, tokens/s per bin), as from :func:`time_weighted_bins`.
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
     """
     styles = styles or fs.policy_styles(series)
     peak = max((float(np.max(m)) for _, m in series.values() if m.size), default=0.0)
@@ -531,7 +531,7 @@ def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
     Args:
         alloc: policy -> (bin edges in s, allocation fraction per bin); may be empty.
         compute: policy -> (bin edges in s, compute fraction per bin); may be empty.
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
     """
     styles = styles or fs.policy_styles([*alloc, *compute])
     fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.0)
@@ -583,7 +583,7 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
             ``summary.csv`` (``avg_jct_s``, ``p90_jct_s``, ``throughput_tokens_per_s``,
             ``gpu_alloc_util``, ``gpu_compute_util``); metrics missing or with no finite value are
             left out.
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
         baseline: policy the ratios are taken to.
 
     Raises:
@@ -782,7 +782,7 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
 
     Reads ``summary.csv`` (required; one row per policy) and each policy's run directory
     ``compare_dir/<policy>/`` (``jobs.csv``, ``timeline.csv``). One line (or bar) per policy, in the
-    fixed policy order and colours of :mod:`sim.figstyle`; the ``bars`` figure is normalised to
+    fixed policy order and colours of :mod:`tlora_sim.sim.report.style`; the ``bars`` figure is normalised to
     ``independent`` when that policy is present. A policy without a run directory is left out of the
     per-job and time-series figures with a :class:`PlotWarning`.
 
@@ -885,7 +885,7 @@ def trace_load(spec: str) -> tuple[float, int] | None:
     """Offered load of a trace spec: ``(load, reference GPUs)``, or ``None`` when the spec has none.
 
     Only ``synthetic:`` specs carry a load: their ``load=`` option (default 0.7) is the offered GPU
-    demand as a fraction of a ``gpus=``-GPU cluster (default 32), see :mod:`traces.synthetic`.
+    demand as a fraction of a ``gpus=``-GPU cluster (default 32), see :mod:`tlora_sim.traces.synthetic`.
     Real traces (``itp:``, ``philly:`` ...) return ``None``: their load is whatever they hold.
 
     Raises:
@@ -894,7 +894,7 @@ def trace_load(spec: str) -> tuple[float, int] | None:
     fmt, _, arg = str(spec).partition(":")
     if fmt.strip().lower() != "synthetic":
         return None
-    from traces.synthetic import parse_options
+    from tlora_sim.traces.synthetic import parse_options
 
     opts = parse_options(arg)
     return float(opts["load"]), int(opts["gpus"])
@@ -905,7 +905,7 @@ def _trace_without_load(spec: str) -> str:
     fmt, _, arg = str(spec).partition(":")
     if fmt.strip().lower() != "synthetic":
         return str(spec)
-    from traces.synthetic import parse_options
+    from tlora_sim.traces.synthetic import parse_options
 
     opts = {k: v for k, v in parse_options(arg).items() if k != "load"}
     return "synthetic:" + ",".join(f"{k}={opts[k]}" for k in sorted(opts))
@@ -985,7 +985,7 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
                          summary["cluster"].iloc[0] if "cluster" in summary.columns and len(summary) else None)
         cluster_gpus = math.nan
         if cluster is not None:
-            from sim.cluster import parse_cluster
+            from tlora_sim.sim.core.cluster import parse_cluster
 
             try:
                 cluster_gpus = float(parse_cluster(str(cluster)).total_gpus)
@@ -1097,7 +1097,7 @@ def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicySty
     Args:
         points: rows of one load sweep, columns ``policy``, ``load``, ``avg_queue_s`` and optionally
             ``p90_queue_s`` (e.g. one ``series`` of :func:`load_sweep_points`).
-        styles: from :func:`sim.figstyle.policy_styles` (default: from the policies given).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
         title: optional panel title (e.g. what the sweep keeps fixed).
 
     Raises:
@@ -1234,11 +1234,11 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m sim.plots DIR [--formats png,pdf]``; prints the written files.
+    """Command line: ``python -m tlora_sim.sim.report.plots DIR [--formats png,pdf]``; prints the written files.
 
     Returns the exit status: 0 on success, 2 on an :class:`InputError` (printed as one line).
     """
-    parser = argparse.ArgumentParser(prog="python -m sim.plots",
+    parser = argparse.ArgumentParser(prog="python -m tlora_sim.sim.report.plots",
                                      description="Re-draw the figures of a run or comparison directory.")
     parser.add_argument("directory", help="run directory (jobs.csv ...), comparison directory "
                                           "(summary.csv + one run directory per policy), or a directory "
