@@ -44,7 +44,7 @@ if ROOT not in sys.path:
 LAYERS = {"4096x4096": (4096, 4096), "4096x14336": (4096, 14336),
           "14336x4096": (14336, 4096), "8192x8192": (8192, 8192)}
 
-# name: (ranks, tokens per adapter). The first six are DESIGN.md's reference table.
+# name: (ranks, tokens per adapter). The first six are docs/kernel.md's reference table.
 MIXES = {
     "16x4": ([16] * 4, [2048] * 4),
     "8-64": ([8, 16, 32, 64], [2048] * 4),

@@ -1,4 +1,4 @@
-"""The analytic roofline cost model: monotonicity, plan ordering, DESIGN.md reference ranges, memory."""
+"""The analytic roofline cost model: monotonicity, plan ordering, docs/costmodel.md reference ranges, memory."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_memory_of_one_8b_job_is_plausible():
     assert CM.memory_bytes("llama3-70b", "H100", [Member(8, 1, 1024)], 8, "alone") < 80 * GIB
 
 
-# DESIGN.md reference table, 4096x4096 rows: (ranks, tokens each, frozen base ms, torch loop ms, LoRAFusion ms)
+# docs/costmodel.md reference table, 4096x4096 rows: (ranks, tokens each, frozen base ms, torch loop ms, LoRAFusion ms)
 REFERENCE_4096 = [
     ([16] * 4, 2048, 0.739, 1.16, 1.06),
     ([8, 16, 32, 64], 2048, 0.748, 1.22, 1.75),
@@ -86,7 +86,7 @@ REFERENCE_4096 = [
 def test_step_time_per_4096x4096_equivalent_matches_the_reference_table(ranks, tokens, base_ms, loop_ms,
                                                                         lorafusion_ms):
     """A whole Llama-3-8B step divided by its number of 4096x4096-equivalent linear layers lands within
-    a factor 2 of DESIGN.md's per-layer measurement (the step also holds attention, element-wise
+    a factor 2 of docs/costmodel.md's per-layer measurement (the step also holds attention, element-wise
     work and optimizer time, which the single-layer table does not)."""
     m = get_model("llama3-8b")
     equivalents = (m.layers * m.block_linear_params + m.vocab * m.hidden) / (4096 * 4096)
@@ -97,7 +97,7 @@ def test_step_time_per_4096x4096_equivalent_matches_the_reference_table(ranks, t
 
     assert 0.5 <= per_layer_ms("loop") / loop_ms <= 2.0
     assert 0.5 <= per_layer_ms("lorafusion") / lorafusion_ms <= 2.0
-    # the fused rank-aware kernel aims at 1.05-1.15x the frozen base (DESIGN.md, "The floor")
+    # the fused rank-aware kernel aims at 1.05-1.15x the frozen base (docs/costmodel.md, "The floor")
     assert 0.5 <= per_layer_ms("fused") / (1.1 * base_ms) <= 2.0
     assert per_layer_ms("fused") < per_layer_ms("loop")
 

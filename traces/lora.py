@@ -3,7 +3,7 @@
 No public trace records LoRA attributes, so a replay keeps each job's arrival, GPU count and duration
 from the trace and draws base model, rank, batch size, sequence length and tolerated slowdown from a
 named, documented distribution. The default ``tlora`` follows the tLoRA reproduction described in
-``DESIGN.md`` ("Traces"): ranks {2, 4, 8, 16}, batch sizes {1, 2, 4, 8} sequences/step, base models
+``docs/model.md`` ("Traces"): ranks {2, 4, 8, 16}, batch sizes {1, 2, 4, 8} sequences/step, base models
 Llama-3-8B and Qwen3-8B, all uniform; sequence lengths {512, 1024, 2048} tokens uniform and tolerated
 slowdown {1.25: 25 %, 1.5: 50 %, 2.0: 25 %} are this project's choices (tLoRA's scheduler keeps every
 member within its tolerated slowdown).

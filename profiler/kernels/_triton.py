@@ -1,6 +1,6 @@
 """Triton kernels of the fused multi-LoRA linear layer (forward and backward).
 
-Math (DESIGN.md, "Fused multi-LoRA kernel"; LoRA: Hu et al. 2021, eq. 3, h = W0 x + (alpha/r) B A x):
+Math (docs/kernel.md, "Fused multi-LoRA kernel"; LoRA: Hu et al. 2021, eq. 3, h = W0 x + (alpha/r) B A x):
 adapters i own contiguous token segments X_i of X (M x K); with P_i = drop(X_i) A_i (M_i x r_i),
 
     forward   Y_i   = X_i W + s_i P_i B_i

@@ -2,7 +2,7 @@
 one interface so that ``bench/kernels.py`` times them side by side.
 
 Every implementation computes, for adapters i with contiguous token segments of x (M, K),
-``y = x W^T + s_i drop(x_i) A_i B_i`` (DESIGN.md "Fused multi-LoRA kernel"; Hu et al. 2021 eq. 3)
+``y = x W^T + s_i drop(x_i) A_i B_i`` (docs/kernel.md "Fused multi-LoRA kernel"; Hu et al. 2021 eq. 3)
 and one training step's gradients (dX, dA_i, dB_i; W frozen), through ``torch.autograd.grad``
 (nothing accumulates into ``.grad``, so graph-captured replays repeat the same work):
 

@@ -1,6 +1,6 @@
 """Fused multi-LoRA linear layer: launch plan, autograd Function and ``MultiLoRALinear`` module.
 
-See ``_triton.py`` for the kernels and DESIGN.md ("Fused multi-LoRA kernel") for the math.
+See ``_triton.py`` for the kernels and docs/kernel.md ("Fused multi-LoRA kernel") for the math.
 Shapes and units used throughout:
 
 * ``x``: (M, K) tokens x in-features, bf16/fp16/fp32; adapter i owns rows
@@ -399,7 +399,7 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tenso
     weight/bias if they require grad, through plain torch).
 
     Per adapter i (rows of segment i): y = x weight^T + bias + s_i (drop_i(x) A_i) B_i with
-    A_i = lora_A[o_i:o_i+r_i]^T, B_i = lora_B[o_i:o_i+r_i] (DESIGN.md "Fused multi-LoRA
+    A_i = lora_A[o_i:o_i+r_i]^T, B_i = lora_B[o_i:o_i+r_i] (docs/kernel.md "Fused multi-LoRA
     kernel"; Hu et al. 2021 eq. 3). ``seed`` (int) picks the dropout mask
     (``reference.keep_mask(M, K, seed, p)`` rebuilds it); ``dropout_on=False`` disables dropout.
     Raises ValueError on shape, device or segment mismatch."""

@@ -1,7 +1,7 @@
 """Plain-torch references of the multi-LoRA layer: the dropout mask and a float64 forward/backward.
 
 Used by the tests (CPU, ``TRITON_INTERPRET=1``) and by the benchmark's GPU correctness check.
-Formulas: DESIGN.md "Fused multi-LoRA kernel"; LoRA update of Hu et al. 2021, eq. 3.
+Formulas: docs/kernel.md "Fused multi-LoRA kernel"; LoRA update of Hu et al. 2021, eq. 3.
 """
 from __future__ import annotations
 

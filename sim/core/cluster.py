@@ -2,7 +2,7 @@
 
 GPU figures are datasheet values (NVIDIA H100 SXM5, H200 SXM and A100 SXM4 80GB datasheets):
 memory, dense bf16 peak and HBM bandwidth. ``matmul_flops`` is the *achievable* large-GEMM rate:
-measured on an H100 80GB in DESIGN.md ("cuBLAS runs the base GEMMs at 700-785 TFLOP/s"; we take
+measured on an H100 80GB in docs/costmodel.md ("cuBLAS runs the base GEMMs at 700-785 TFLOP/s"; we take
 740) and, for the other types, the H100's achieved/peak ratio applied to their datasheet peak.
 """
 
@@ -38,7 +38,7 @@ class GpuSpec:
 
 
 _GIB = 1024**3
-_H100_ACHIEVED = 740e12 / 989e12  # DESIGN.md measured cuBLAS rate over the datasheet peak
+_H100_ACHIEVED = 740e12 / 989e12  # docs/costmodel.md measured cuBLAS rate over the datasheet peak
 
 GPUS: dict[str, GpuSpec] = {
     "H100": GpuSpec("H100", 80 * _GIB, 989e12, 740e12, 3.35e12, 450e9, 50e9),

@@ -2,7 +2,7 @@
 
 No event per training step: each group holds its members' remaining steps and a step time from
 the cost model; an event fires only on arrival, group completion, regroup or pause end
-(DESIGN.md, "Progress is rate-based"). SimPy timeouts cannot be cancelled, so every group timer
+(docs/model.md, "Progress is rate-based"). SimPy timeouts cannot be cancelled, so every group timer
 carries the group's version and stale timers are ignored. Decisions are coalesced: all events at
 one instant are processed before the policy is asked once (a zero-delay event).
 

@@ -13,7 +13,7 @@ class Job:
 
     The arrival, GPU demand and duration come from the trace; the LoRA attributes are assigned
     (``tlora_sim.traces.lora``); ``total_steps`` is derived so that the job alone on its requested GPUs runs
-    for its traced duration under the cost model (DESIGN.md, "The simulation model").
+    for its traced duration under the cost model (docs/model.md, "The simulation model").
 
     Attributes:
         index: 0-based position in submit order; the tie-break for every same-time decision.

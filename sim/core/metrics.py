@@ -1,4 +1,4 @@
-"""Metrics, defined once (DESIGN.md, "Metrics").
+"""Metrics, defined once (docs/metrics.md, "Metrics").
 
 * JCT = finish - submit; queueing delay = first start - submit; slowdown = JCT / isolated runtime.
 * Throughput = trained tokens per second, cluster-wide, over the makespan and as a time series.

@@ -1,6 +1,6 @@
 """What a policy sees (a read-only snapshot) and what it may ask for (actions).
 
-Policies are pure decisions: ``decide(snapshot) -> list[Action]`` (DESIGN.md, "Policies are pure
+Policies are pure decisions: ``decide(snapshot) -> list[Action]`` (docs/model.md, "Policies are pure
 decisions over a read-only snapshot"). The engine validates and applies the actions.
 """
 

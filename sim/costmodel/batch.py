@@ -56,6 +56,11 @@ class FusedBatch:
     ``MAX_SEQ_LENS``).
     """
 
+    #: relative margin within which the batch and the scalar model may disagree (module constant).
+    REL_MARGIN = REL_MARGIN
+    #: columns of a row.
+    WIDTH = WIDTH
+
     def __init__(self, cost_model: ProfiledCostModel, model: str, gpu_name: str, n_gpus: int):
         art = cost_model.artifact
         self.m, self.gpu, self.n = get_model(model), GPUS[gpu_name], int(n_gpus)

@@ -2,7 +2,7 @@
 
 Two implementations stand behind it: the analytic roofline model (``tlora_sim.sim.costmodel.roofline``) and the
 profiled model built from real-GPU measurements (``profiler``'s shipped artifact). A *plan* names
-how a group executes its adapters (DESIGN.md, "Reference measurements"):
+how a group executes its adapters (docs/costmodel.md, "Reference measurements"):
 
 * ``alone``  - one job by itself: its own base GEMM plus eager (unfused) LoRA, as PEFT runs it.
   The trace's durations were measured this way, so ``isolated_step_time_s`` uses it.
@@ -11,7 +11,7 @@ how a group executes its adapters (DESIGN.md, "Reference measurements"):
 * ``fused``  - one shared base GEMM plus the fused rank-aware multi-LoRA kernel (tLoRA,
   arXiv 2602.07263; this project's ``profiler/kernels``).
 * ``lorafusion`` - LoRAFusion's fused kernels (arXiv 2510.00206), whose tiles are sized for the
-  largest rank in the group (DESIGN.md: 2x-4x the base layer once any adapter has rank >= 64).
+  largest rank in the group (docs/costmodel.md: 2x-4x the base layer once any adapter has rank >= 64).
 * ``grouped`` - ALTO's grouped GEMMs over co-located adapters with rank-local adapter
   parallelism (arXiv 2604.05426): no fusion into the base GEMM's loads.
 
@@ -77,6 +77,16 @@ class CostModel(Protocol):
 
     def describe(self) -> dict:
         """Identity and provenance of the model, recorded in a run's ``config.json``."""
+        ...
+
+    def batch(self, model: str, gpu: str, n_gpus: int):
+        """The vectorised form of the ``fused`` plan's step time for groups of this kind, or None.
+
+        Policies that score many candidate groups per decision (tLoRA) ask it once per kind of
+        group (base model, GPU type, GPU count) and evaluate whole arrays of mixes through it
+        (``sim/costmodel/batch.py``: ``row``, ``merge``, ``step_times``, ``REL_MARGIN``,
+        ``WIDTH``). None: the model has no batch form there; ask ``step_time_s`` instead.
+        """
         ...
 
 

@@ -441,6 +441,13 @@ class ProfiledCostModel:
         self.__init__(st["artifact"], st.get("checkpointing", True))
 
     # -- protocol
+    def batch(self, model: str, gpu: str, n_gpus: int):
+        """The vectorised ``fused`` step time for this kind of group (``sim/costmodel/batch.py``),
+        or None where it does not apply (see ``FusedBatch.of``)."""
+        from tlora_sim.sim.costmodel.batch import FusedBatch  # batch imports this module
+
+        return FusedBatch.of(self, model, gpu, n_gpus)
+
     def describe(self) -> dict:
         """Identity, provenance, held-out error and extrapolation counters (config.json)."""
         a = self.artifact

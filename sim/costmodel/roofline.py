@@ -5,7 +5,7 @@ weights replicated per GPU unless they do not fit, then sharded) is the sum of
 
 * base linear layers + LM head: ``max(FLOPs / rate(t), weight bytes / HBM bandwidth)`` with
   FLOPs = 4 x params x tokens (forward + dX; W is frozen so there is no dW) and ``rate(t)``
-  the measured bf16 GEMM rate at ``t`` tokens per GPU (DESIGN.md: 128 tok 192 TFLOP/s, 512 tok
+  the measured bf16 GEMM rate at ``t`` tokens per GPU (docs/costmodel.md: 128 tok 192 TFLOP/s, 512 tok
   539, 1024 tok 721, 2048-8192 tok 726-741 on an H100), scaled by the GPU's ``matmul_flops``;
 * causal attention: 6 x s^2 x (heads x head_dim) FLOPs per sequence per layer at
   ``ATTN_EFFICIENCY`` of the matmul rate (FlashAttention-2 reaches roughly half the GEMM rate);
@@ -19,7 +19,7 @@ weights replicated per GPU unless they do not fit, then sharded) is the sum of
   4.75 and ``FUSED_ADAPTER_S`` = 10 us, plus the LoRA FLOPs at ``LORA_EFFICIENCY`` of the matmul
   rate; ``grouped`` (ALTO) one pass more than ``fused``;
   ``lorafusion`` pays ``LF_PASSES_BASE + LF_PASSES_PER_RANK x max rank`` passes, its tiles being
-  sized for the largest rank (fitted to DESIGN.md's LoRAFusion column: +0.32 ms at 4 x r16,
+  sized for the largest rank (fitted to docs/costmodel.md's LoRAFusion column: +0.32 ms at 4 x r16,
   +1.0 ms at ranks 8-64, +2.2 ms at ranks up to 128, 8192 tokens on 4096x4096), and LoRA FLOPs
   at the largest rank;
 * micro-batches (B): each re-reads the frozen weights and pays the per-layer launch overhead;
@@ -46,7 +46,7 @@ from tlora_sim.sim.core.cluster import GPUS, GpuSpec
 from tlora_sim.sim.costmodel.interface import Member, check_plan
 from tlora_sim.sim.costmodel.models import ModelSpec, get_model
 
-# DESIGN.md, reference measurements (H100 80GB, cuBLAS bf16, 4096x4096): tokens -> TFLOP/s.
+# docs/costmodel.md, reference measurements (H100 80GB, cuBLAS bf16, 4096x4096): tokens -> TFLOP/s.
 _GEMM_TOKENS = np.array([128.0, 512.0, 1024.0, 2048.0, 8192.0])
 _GEMM_TFLOPS = np.array([192.0, 539.0, 721.0, 733.0, 741.0])
 _H100_MATMUL = 740e12
@@ -74,7 +74,7 @@ ADAPTER_STATE_BYTES_PER_PARAM = 16
 def gemm_rate(tokens_per_gpu: float, gpu: GpuSpec) -> float:
     """Achievable bf16 GEMM rate at ``tokens_per_gpu`` rows (FLOP/s).
 
-    Log-linear interpolation of DESIGN.md's H100 measurements, scaled by ``gpu.matmul_flops``;
+    Log-linear interpolation of docs/costmodel.md's H100 measurements, scaled by ``gpu.matmul_flops``;
     below 128 tokens the rate falls in proportion to tokens (weight-read bound).
     """
     scale = gpu.matmul_flops / _H100_MATMUL
@@ -92,6 +92,10 @@ class RooflineCostModel:
     """
 
     name = "roofline"
+
+    def batch(self, model: str, gpu: str, n_gpus: int) -> None:
+        """No vectorised form: the roofline answers through ``step_time_s`` alone."""
+        return None
 
     def describe(self) -> dict:
         """Identity recorded in ``config.json``."""

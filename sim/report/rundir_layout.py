@@ -1,0 +1,84 @@
+"""The names of a run directory's files, in one place.
+
+Every writer (``sim/experiments``) and every reader (``sim/report``, ``bench/``) takes a file's
+name from :class:`RunDir` instead of spelling it, so a renamed or added file changes here only.
+Layout of a run directory (docs/outputs.md describes the columns):
+
+- ``config.json``: every input, versions, the cost model's identity.
+- ``jobs.csv``: one row per job.
+- ``timeline.csv``: piecewise-constant cluster series.
+- ``summary.json``: the run's metrics (deterministic bytes).
+- ``perf.json``: wall time, events/s, decision time (not deterministic).
+- ``figures/``: ``*.png`` and ``*.pdf`` drawn from the files above.
+
+A comparison directory holds one run directory per policy and ``summary.csv``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run (or comparison) directory and the paths of its files.
+
+    Args:
+        root: the directory (need not exist yet).
+    """
+
+    root: Path
+
+    CONFIG = "config.json"
+    JOBS = "jobs.csv"
+    TIMELINE = "timeline.csv"
+    SUMMARY = "summary.json"
+    PERF = "perf.json"
+    FIGURES = "figures"
+    COMPARE_SUMMARY = "summary.csv"
+
+    #: the files every complete run directory has (``perf.json`` aside: it is timing, not results).
+    RESULT_FILES = (CONFIG, JOBS, TIMELINE, SUMMARY)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        """``config.json``."""
+        return self.root / self.CONFIG
+
+    @property
+    def jobs(self) -> Path:
+        """``jobs.csv``."""
+        return self.root / self.JOBS
+
+    @property
+    def timeline(self) -> Path:
+        """``timeline.csv``."""
+        return self.root / self.TIMELINE
+
+    @property
+    def summary(self) -> Path:
+        """``summary.json``."""
+        return self.root / self.SUMMARY
+
+    @property
+    def perf(self) -> Path:
+        """``perf.json``."""
+        return self.root / self.PERF
+
+    @property
+    def figures(self) -> Path:
+        """``figures/``."""
+        return self.root / self.FIGURES
+
+    @property
+    def compare_summary(self) -> Path:
+        """``summary.csv`` of a comparison directory."""
+        return self.root / self.COMPARE_SUMMARY
+
+    def is_run(self) -> bool:
+        """True where ``root`` holds a run directory's ``summary.json`` and ``config.json``."""
+        return self.summary.is_file() and self.config.is_file()
