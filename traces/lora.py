@@ -69,7 +69,7 @@ class LoraDistribution:
                 if fname == "models":
                     ok = isinstance(value, str) and value.strip() != ""
                 elif fname == "max_slowdown":
-                    ok = isinstance(value, (int, float)) and value >= 1.0
+                    ok = isinstance(value, (int, float)) and 1.0 <= value < math.inf
                 else:
                     ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
                 if not ok:
@@ -116,12 +116,31 @@ DISTRIBUTIONS: dict[str, LoraDistribution] = {
 }
 
 
+#: largest LoRA distribution JSON accepted (bytes): a distribution is five small tables.
+MAX_JSON_BYTES = 1 << 20
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` hook: an object with a repeated key is an error, not "last one wins"."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def load_distribution(name_or_json_path: str) -> LoraDistribution:
     """A registered distribution by name, or one read from a JSON file (``to_dict`` form).
 
     Raises:
         InputError: neither a known name nor an existing file (lists the names), unreadable or invalid JSON,
-            invalid tables (field named).
+            a file over ``MAX_JSON_BYTES``, nesting too deep, a key repeated in one object, invalid tables
+            (field named).
     """
     if name_or_json_path in DISTRIBUTIONS:
         return DISTRIBUTIONS[name_or_json_path]
@@ -129,10 +148,18 @@ def load_distribution(name_or_json_path: str) -> LoraDistribution:
     if not path.is_file():
         raise InputError(f"unknown LoRA distribution {name_or_json_path!r}; known: "
                          f"{', '.join(sorted(DISTRIBUTIONS))}, or a JSON file path", field="lora")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise InputError(f"is {path.stat().st_size:,} bytes; a LoRA distribution is a few tables "
+                         f"(limit {MAX_JSON_BYTES:,} bytes)", file=str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"cannot read LoRA distribution JSON ({e})", file=str(path)) from None
+    except RecursionError:
+        raise InputError("cannot read LoRA distribution JSON (nested too deeply)", file=str(path)) from None
+    except _DuplicateKey as e:
+        raise InputError(f"key {e.args[0]!r} appears twice in one object", file=str(path),
+                         field=str(e.args[0])) from None
     if not isinstance(data, dict):
         raise InputError("LoRA distribution JSON must be an object", file=str(path))
     data.setdefault("name", path.stem)

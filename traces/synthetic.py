@@ -57,6 +57,16 @@ from tlora_sim.traces.frame import finish_frame
 
 DEFAULT_OPTIONS: dict[str, Any] = {"jobs": 600, "seed": 7, "load": 0.7, "gpus": 32, "max_gpus": 16,
                                    "dur_scale": 0.2, "max_dur_h": 4.0, "diurnal": 1}
+#: the largest synthetic workload accepted, checked before anything is allocated. The replay
+#: benchmark's 1M-job case peaked at 1.9-2.6 GB RSS (``bench/results/replay_x86_64-2cpu.csv``,
+#: about 2.4 kB per job), so 5M jobs need ~12 GB and more would exhaust a workstation.
+MAX_JOBS = 5_000_000
+_BYTES_PER_JOB = 2400
+
+#: accepted ranges of the scale options (a load or duration scale outside them describes no
+#: cluster: arrivals all at t=0, or jobs shorter than a microsecond).
+_RANGES = {"load": (1e-6, 1e6), "dur_scale": (1e-6, 1e6)}
+
 _TYPES = {"jobs": int, "seed": int, "gpus": int, "max_gpus": int, "diurnal": int,
           "load": float, "dur_scale": float, "max_dur_h": float}
 
@@ -84,10 +94,14 @@ def _gpu_table(params: dict, max_gpus: int | None) -> tuple[np.ndarray, np.ndarr
 def _clip_bounds(params: dict, duration_scale: float, max_duration_s: float | None) -> tuple[float, float]:
     lo = params["duration"]["min_s"] * duration_scale
     hi = params["duration"]["max_s"] * duration_scale
+    if not (0 < lo < hi < math.inf):
+        raise InputError(f"scales the fitted durations to [{lo:g}, {hi:g}] s, outside (0, inf)",
+                         field="dur_scale")
     if max_duration_s is not None:
         hi = min(hi, max_duration_s)
-    if not (0 < lo < hi):
-        raise InputError(f"duration clip range [{lo:g}, {hi:g}] s is empty", field="max_dur_h")
+    if not lo < hi:
+        raise InputError(f"duration clip range [{lo:g}, {hi:g}] s is empty (the shortest fitted job is "
+                         f"{lo / HOUR_S:g} h)", field="max_dur_h")
     return lo, hi
 
 
@@ -155,6 +169,7 @@ def parse_options(arg: str) -> dict[str, Any]:
         InputError (field = the key): unknown key, bad syntax, value of the wrong type or out of range.
     """
     opts = dict(DEFAULT_OPTIONS)
+    seen: set[str] = set()
     for item in (arg or "").split(","):
         item = item.strip()
         if not item or item == "default":
@@ -165,13 +180,24 @@ def parse_options(arg: str) -> dict[str, Any]:
             raise InputError(f"expected key=value, got {item!r}; keys: {', '.join(DEFAULT_OPTIONS)}", field=key)
         if key not in _TYPES:
             raise InputError(f"unknown synthetic option {key!r}; keys: {', '.join(DEFAULT_OPTIONS)}", field=key)
+        if key in seen:
+            raise InputError(f"given twice in {arg!r}", field=key)
+        seen.add(key)
         try:
             opts[key] = _TYPES[key](value.strip())
         except ValueError:
             raise InputError(f"expected {_TYPES[key].__name__}, got {value.strip()!r}", field=key) from None
+        if not math.isfinite(opts[key]):
+            raise InputError(f"must be a finite number, got {value.strip()!r}", field=key)
     for key in ("jobs", "gpus", "max_gpus", "load", "dur_scale", "max_dur_h"):
         if not opts[key] > 0:
             raise InputError(f"must be > 0, got {opts[key]}", field=key)
+    for key, (lo, hi) in _RANGES.items():
+        if not lo <= opts[key] <= hi:
+            raise InputError(f"must be in [{lo:g}, {hi:g}], got {opts[key]:g}", field=key)
+    if opts["jobs"] > MAX_JOBS:
+        raise InputError(f"{opts['jobs']:,} jobs is above the limit of {MAX_JOBS:,} (about {_BYTES_PER_JOB} "
+                         f"bytes per job in the simulation: the run would exhaust memory)", field="jobs")
     if opts["seed"] < 0 or opts["diurnal"] not in (0, 1):
         bad = "seed" if opts["seed"] < 0 else "diurnal"
         raise InputError(f"invalid value {opts[bad]} (seed >= 0, diurnal 0 or 1)", field=bad)
