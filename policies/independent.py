@@ -23,6 +23,7 @@ class Independent:
 
     name = "independent"
     plan = "alone"
+    timer_s = None  # no timer decisions
 
     def __init__(self, config: IndependentConfig | None = None) -> None:
         self.config = config or IndependentConfig()

@@ -64,6 +64,7 @@ class LoRAFusion:
 
     name = "lorafusion"
     plan = "lorafusion"
+    timer_s = None  # no timer decisions
 
     def __init__(self, config: LoRAFusionConfig | None = None) -> None:
         self.config = config or LoRAFusionConfig()

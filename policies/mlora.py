@@ -36,6 +36,7 @@ class MLoRA:
 
     name = "mlora"
     plan = "loop"
+    timer_s = None  # no timer decisions
 
     def __init__(self, config: MLoRAConfig | None = None) -> None:
         self.config = config or MLoRAConfig()

@@ -1,13 +1,24 @@
 """Policy registry: name -> (factory, config dataclass, one-line description).
 
-A policy is any object with ``name: str``, ``plan: str`` and ``decide(snapshot) -> list[Action]``
-(``tlora_sim.sim.core.snapshot``). Register with :func:`register`; build with :func:`make_policy`.
+A policy is any object with the attributes of :class:`Policy` (``tlora_sim.policies.api`` is the
+public face of this module). Register with :func:`register`; build with :func:`make_policy`.
+Policies come from three places, loaded in this order: the built-in modules of this package, the
+entry-point group ``tlora_sim.policies`` of installed distributions (each entry point names a
+module whose import registers policies), and modules named at run time with
+:func:`load_policy_module` (``--policy-module PATH_OR_MODULE``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from tlora_sim.traces.errors import InputError
@@ -15,10 +26,21 @@ from tlora_sim.sim.core.snapshot import Action, Snapshot
 
 
 class Policy(Protocol):
-    """A grouping/scheduling policy: a pure function of the snapshot."""
+    """A grouping/scheduling policy: a pure function of the snapshot.
+
+    Attributes:
+        name: the registered name (``make_policy`` sets it; ablations get ``<name>-nogroup``).
+        plan: the execution plan of the groups it starts (``tlora_sim.sim.core.snapshot``).
+        timer_s: seconds between timer decisions while any group runs (the engine also asks the
+            policy to decide every ``timer_s`` seconds, even with an empty queue), or None for
+            no timer.
+        config: its config dataclass instance (recorded in ``config.json``).
+    """
 
     name: str
     plan: str
+    timer_s: float | None
+    config: Any
 
     def decide(self, snap: Snapshot) -> Sequence[Action]:
         """Actions to apply now (may be empty)."""
@@ -39,9 +61,22 @@ _REGISTRY: dict[str, Entry] = {}
 
 
 def register(name: str, config_cls: type, description: str) -> Callable:
-    """Class decorator: register a policy class whose ``__init__`` takes one ``config_cls`` instance."""
+    """Class decorator: register a policy class whose ``__init__`` takes one ``config_cls`` instance.
+
+    ``config_cls`` is a dataclass whose fields (with defaults) are the policy's options, set with
+    ``--option NAME.field=value``; ``description`` is the one line ``tlora-sim policies`` prints.
+
+    Raises:
+        InputError: ``name`` already registered by another class, or ``config_cls`` not a dataclass.
+    """
 
     def deco(cls):
+        old = _REGISTRY.get(name)
+        if old is not None and old.factory.__qualname__ != cls.__qualname__:
+            raise InputError(f"policy name {name!r} is already registered by {old.factory.__module__}."
+                             f"{old.factory.__qualname__}", field="policy")
+        if not dataclasses.is_dataclass(config_cls):
+            raise InputError(f"policy {name!r}: the config class must be a dataclass", field="policy")
         _REGISTRY[name] = Entry(name, cls, config_cls, description)
         return cls
 
@@ -85,8 +120,10 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
         elif isinstance(default, (int, float)) and not isinstance(default, bool):
             try:
                 options[key] = type(default)(val)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise InputError(f"option {key!r} of policy {name!r} must be a number, got {val!r}", field=key) from None
+            if not math.isfinite(options[key]):
+                raise InputError(f"option {key!r} of policy {name!r} must be finite, got {val!r}", field=key)
     policy = entry.factory(entry.config_cls(**options))
     policy.name = name
     return policy
@@ -106,9 +143,76 @@ def config_of(policy: Policy) -> dict:
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
 
 
-def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    import importlib
+BUILTIN_MODULES = ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead")
+ENTRY_POINT_GROUP = "tlora_sim.policies"
+_loaded = False
 
-    for module in ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead"):
+
+def _load_builtin() -> None:
+    """Import the built-in policy modules, then every ``tlora_sim.policies`` entry point, once.
+
+    Raises:
+        InputError: an entry point that fails to load (named, with the error's message).
+    """
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN_MODULES:
         importlib.import_module(f"tlora_sim.policies.{module}")
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plug-in is the user's input, not our bug
+            _loaded = False
+            raise InputError(f"policy entry point {ep.name!r} ({ep.value}) failed to load: "
+                             f"{type(e).__name__}: {e}", field=ENTRY_POINT_GROUP) from None
+
+
+def load_policy_module(spec: str) -> list[str]:
+    """Import a policy module given as a ``.py`` file path or a dotted module name, so that its
+    ``@register`` decorators run; returns the names it registered, in order.
+
+    A file is imported under a unique module name derived from its resolved path, so two files
+    with the same name do not collide; loading the same spec twice registers nothing new and
+    returns the names it registered the first time.
+
+    Raises:
+        InputError: a missing file, an import that fails (one line with the error's message) or a
+            module that registers no policy.
+    """
+    _load_builtin()
+    key = str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
+    if key in _MODULE_NAMES:
+        return list(_MODULE_NAMES[key])
+    before = set(_REGISTRY)
+    try:
+        if key != spec or spec.endswith(".py"):
+            path = Path(key)
+            if not path.is_file():
+                raise InputError(f"no such policy module file", file=spec, field="--policy-module")
+            name = "tlora_sim_user_policy_" + hashlib.sha1(key.encode()).hexdigest()[:12]
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            try:
+                mod_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+        else:
+            importlib.import_module(spec)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module: report, do not crash
+        raise InputError(f"cannot import policy module: {type(e).__name__}: {e}", file=spec,
+                         field="--policy-module") from None
+    new = [n for n in _REGISTRY if n not in before]
+    if not new:
+        raise InputError("the module registered no policy (decorate a class with "
+                         "tlora_sim.policies.api.register)", file=spec, field="--policy-module")
+    _MODULE_NAMES[key] = new
+    return new
+
+
+_MODULE_NAMES: dict[str, list[str]] = {}

@@ -16,6 +16,7 @@ class Scripted:
 
     name = "scripted"
     plan = "fused"
+    timer_s = None
 
     def __init__(self, script):
         self.script = script
@@ -190,6 +191,7 @@ class NewestFirst:
 
     name = "newest-first"
     plan = "alone"
+    timer_s = None
 
     def decide(self, snap):
         if not snap.queue:

@@ -29,6 +29,7 @@ def caught(info, check, reliability):
 class Script:
     name = "script"
     plan = "fused"
+    timer_s = None
 
     def __init__(self, fn):
         self.fn = fn
@@ -81,6 +82,7 @@ def test_group_over_gpu_memory_is_caught(reliability):
 class NeverStarts:
     name = "lazy"
     plan = "alone"
+    timer_s = None
 
     def decide(self, snap):
         return []
@@ -183,6 +185,7 @@ class Flapper:
 
     name = "flapper"
     plan = "fused"
+    timer_s = None
 
     def decide(self, snap):
         out = []
@@ -223,6 +226,7 @@ def test_cli_reports_a_violation_with_exit_status_3(tmp_path, monkeypatch, capsy
     class Broken:
         name = "broken-test"
         plan = "alone"
+        timer_s = None
 
         def __init__(self, config=None):
             self.config = config

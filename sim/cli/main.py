@@ -35,6 +35,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="csv format only: unit of the submit and duration columns (default: %(default)s)")
     p.add_argument("--regroup-pause", type=float, default=30.0, metavar="S",
                    help="pause of a group when members join or are preempted, s (default: %(default)s)")
+    p.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
+                   help="import a policy module (a .py file or a dotted module name) before resolving "
+                        "policy names, so policies written outside the repo can run (repeatable; "
+                        "docs/writing-a-policy.md)")
     p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
     p.add_argument("--cost-model", default="auto", choices=["auto", "profiled", "roofline"],
@@ -81,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
     d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL")
     d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
-    sub.add_parser("policies", help="list registered policies: name, then a one-line description")
+    po = sub.add_parser("policies", help="list registered policies: name, then a one-line description")
+    po.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
+                    help="also list the policies a module registers (repeatable)")
     pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
     pl.add_argument("directory", type=Path, metavar="RUN_OR_COMPARE_DIR")
     pl.add_argument("--format", default="pdf,png", help="comma-separated figure formats")
@@ -118,7 +124,12 @@ def _base_config(args, policy: str):
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
                         time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
-                        cost_model=args.cost_model)
+                        cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)))
+
+
+def _module_specs(specs: list[str]) -> list[str]:
+    """``--policy-module`` values with file paths made absolute (worker processes may run elsewhere)."""
+    return [str(Path(m).resolve()) if m.endswith(".py") or Path(m).is_file() else m for m in specs]
 
 
 def _run(args) -> int:
@@ -155,8 +166,10 @@ def _run(args) -> int:
         cols = parse_column_mapping(args.columns) if args.columns else None
         print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
     elif args.command == "policies":
-        from tlora_sim.policies.registry import available
+        from tlora_sim.policies.registry import available, load_policy_module
 
+        for module in _module_specs(args.policy_module):
+            load_policy_module(module)
         for e in available():
             print(f"{e.name}\t{e.description}")
     elif args.command == "sweep":

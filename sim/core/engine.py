@@ -9,7 +9,7 @@ one instant are processed before the policy is asked once (a zero-delay event).
 Regroup cost: adding members to a running group pauses the whole group for ``regroup_pause_s``
 (checkpoint/restore of adapter state); a member leaving on completion costs nothing.
 
-Policy timer: a policy with a ``timer_s`` attribute (float, s) is also asked to decide every
+Policy timer: a policy whose ``timer_s`` (the Policy protocol, float s or None) is set is also asked to decide every
 ``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning,
 ALTO's early-exit checks).
 
@@ -159,7 +159,7 @@ class Engine:
         self._dirty: set[int] = set()  # groups started, retimed or closed since the last decision
         self._kinds: dict[tuple[str, int], dict[int, None]] = {}  # (model, n_gpus) -> running group ids
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
-        self._timer_s = getattr(policy, "timer_s", None)
+        self._timer_s = policy.timer_s
         self._timer_pending = False
         self._chk = InvariantChecker(self.jobs, cluster, cost_model) if check_invariants else None
 

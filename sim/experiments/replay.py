@@ -48,6 +48,11 @@ class ReplayConfig:
         strict: turn documented skips into errors: a job the cluster cannot host (``oversized``,
             ``memory``) and rows a trace reader dropped by a documented rule (``zero_duration``,
             ``duplicate``).
+        sweeps: ``FRACTION:K1,K2`` sweep families (ALTO workloads), or None.
+        cost_model: ``auto``, ``profiled`` or ``roofline``.
+        policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
+            is built (``tlora_sim.policies.registry.load_policy_module``), in every process that
+            runs this configuration.
     """
 
     trace: str
@@ -62,6 +67,7 @@ class ReplayConfig:
     strict: bool = False
     sweeps: str | None = None
     cost_model: str = "auto"
+    policy_modules: tuple[str, ...] = ()
 
 
 def versions() -> dict[str, str]:
@@ -128,9 +134,11 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
         InputError: bad input (nothing is written).
         sim.engine.InvariantError: an impossible state (nothing is written but ``config.json``).
     """
-    from tlora_sim.policies.registry import config_of, make_policy
+    from tlora_sim.policies.registry import config_of, load_policy_module, make_policy
 
     out = Path(out_dir)
+    for module in cfg.policy_modules:
+        load_policy_module(module)
     if policy is None:
         policy = make_policy(cfg.policy, cfg.policy_options)
     jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
@@ -236,9 +244,11 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     Returns:
         The summary table (one row per policy, in the given order).
     """
-    from tlora_sim.policies.registry import make_policy
+    from tlora_sim.policies.registry import load_policy_module, make_policy
 
     out = Path(out_dir)
+    for module in base.policy_modules:
+        load_policy_module(module)
     for p in policies:  # fail on a bad name or option before any simulation starts
         make_policy(p, (policy_options or {}).get(p))
     cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": (policy_options or {}).get(p, {})})

@@ -73,7 +73,7 @@ COST_MODELS: dict[str, str] = {
 }
 
 LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models")
-SCALAR_KEYS = ("strict", "time_unit", "csv_columns")
+SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
                              "regroup_pause_s": [30.0], "cost_models": ["auto"]}
@@ -96,6 +96,9 @@ class Cell:
         trace_run: the trace spec with its path resolved (what the replay reads).
         lora_dist_run: the distribution name or resolved JSON path.
         csv_columns, time_unit, strict: sweep-wide reader options.
+        policy_modules: sweep-wide policy modules (resolved paths or dotted names), loaded in
+            every worker before the policy is built; not part of the cell's identity (they say
+            where a policy comes from, not what is simulated).
     """
 
     trace: str
@@ -111,6 +114,7 @@ class Cell:
     csv_columns: tuple[tuple[str, str], ...] | None = None
     time_unit: str = "s"
     strict: bool = False
+    policy_modules: tuple[str, ...] = ()
 
     def identity(self) -> dict:
         """The canonical inputs the id hashes (paths as written, not as resolved)."""
@@ -204,6 +208,17 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         csv_columns = {str(k): v for k, v in csv_columns.items()}
 
     lists = {key: _list(data, key, err) for key in LIST_KEYS}
+    modules = data.get("policy_modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise err("policy_modules", 'expected a list of .py paths or module names, e.g. ["my_policy.py"]')
+    modules = [str((base / m).resolve()) if m.endswith(".py") else m for m in modules]
+    from tlora_sim.policies.registry import load_policy_module
+
+    for i, m in enumerate(modules):
+        try:
+            load_policy_module(m)
+        except InputError as e:
+            raise err(f"policy_modules[{i}]", e.message) from None
 
     # traces: FORMAT:PATH (file formats: the path must exist) or synthetic:OPTIONS
     from tlora_sim.traces.registry import split_spec
@@ -311,7 +326,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
 
     csv_items = tuple(sorted(csv_columns.items())) if csv_columns is not None else None
     cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(options.get(p, {}).items())), trace_run[t], dist_run[d],
-                  csv_items, time_unit, strict)
+                  csv_items, time_unit, strict, tuple(modules))
              for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for s in lists["seeds"]
              for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
     return Sweep(file, lists, {k: dict(v) for k, v in options.items()}, cells)
@@ -351,7 +366,8 @@ def _replay_config(cell: Cell):
                               lora_dist=cell.lora_dist_run, policy_options=dict(cell.policy_options),
                               regroup_pause_s=cell.regroup_pause_s,
                               csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
-                              time_unit=cell.time_unit, strict=cell.strict)
+                              time_unit=cell.time_unit, strict=cell.strict,
+                              policy_modules=cell.policy_modules)
     if "cost_model" in names:
         kw["cost_model"] = cell.cost_model
     elif cell.cost_model != "roofline":
