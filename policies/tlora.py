@@ -51,6 +51,7 @@ With ``grouping=False`` only the ordering and the fused kernel remain: every job
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,6 @@ from tlora_sim.policies.ordering import order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.costmodel.batch import REL_MARGIN, WIDTH, FusedBatch
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
 
@@ -395,9 +395,9 @@ class TLoRA:
         idx = np.flatnonzero(live)
         if tab.batch is not None and (row := self._job_row(tab.batch, job)) is not None:
             k = idx[tab.known[idx]]
-            t = tab.batch.step_times(FusedBatch.merge(tab.rows[k], row), tab.nano[k])
+            t = tab.batch.step_times(tab.batch.merge(tab.rows[k], row), tab.nano[k])
             live[k[_refused(t, np.minimum(tab.bound[k], bound_job), tab.iso[k] + job.isolated_step_time_s,
-                            tab.rate[k] + bonus + self.config.min_gain)]] = False
+                            tab.rate[k] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)]] = False
             idx = np.flatnonzero(live)
         protos = self._protos
         order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
@@ -609,9 +609,10 @@ class TLoRA:
         if src.size and tab.batch is not None:
             known = tab.known[at[src]] & tab.known[at[dst]]
             s, d = at[src[known]], at[dst[known]]
-            t = tab.batch.step_times(FusedBatch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
+            t = tab.batch.step_times(tab.batch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
             refuse = _refused(t, np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
-                              tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain)
+                              tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain,
+                              tab.batch.REL_MARGIN)
             keep = np.ones(src.size, bool)
             keep[np.flatnonzero(known)[refuse]] = False
             src, dst = src[keep], dst[keep]
@@ -632,22 +633,22 @@ class TLoRA:
             return None
         row, iso = feats
         step, bound = d.step_time_s(snap, self.plan), d.slowdown_bound_s(snap, self.plan)
-        t = tab.batch.step_times(FusedBatch.merge(tab.rows[at], row), d.nano_batches)
+        t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), d.nano_batches)
         refuse = _refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
-                          tab.rate[at] + iso / step - freed_value + self.config.min_gain)
+                          tab.rate[at] + iso / step - freed_value + self.config.min_gain, tab.batch.REL_MARGIN)
         return ~(refuse & tab.known[at])
 
-    def _batch(self, snap: Snapshot, kind: tuple) -> FusedBatch | None:
+    def _batch(self, snap: Snapshot, kind: tuple) -> Any:
         """The batch cost model for groups of ``kind`` (None where it does not apply)."""
         key = (id(snap.cost_model), snap.cluster.gpu.name, kind)
         hit = self._batches.get(key)
         if hit is None or hit[0] is not snap.cost_model:
-            fb = FusedBatch.of(snap.cost_model, kind[0], snap.cluster.gpu.name, kind[1]) \
+            fb = snap.cost_model.batch(kind[0], snap.cluster.gpu.name, kind[1]) \
                 if self.plan == "fused" else None
             hit = self._batches[key] = (snap.cost_model, fb)
         return hit[1]
 
-    def _features(self, fb: FusedBatch, g: PlannedGroup) -> tuple | None:
+    def _features(self, fb: Any, g: PlannedGroup) -> tuple | None:
         """(batch feature row, Σ isolated step time) of a running group, kept per membership
         version; None if the batch cannot describe it."""
         hit = self._feats.get(g.group_id)
@@ -655,7 +656,7 @@ class TLoRA:
             hit = self._feats[g.group_id] = (g.version, fb, _group_features(fb, g.members))
         return hit[2]
 
-    def _job_row(self, fb: FusedBatch, job: Job) -> np.ndarray | None:
+    def _job_row(self, fb: Any, job: Job) -> np.ndarray | None:
         """Batch feature row of one job (kept per batch and job shape)."""
         key = (id(fb), job.member)
         hit = self._job_rows.get(key)
@@ -723,7 +724,7 @@ class _KindTable:
     (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
     group). ``slot`` maps group id -> slot."""
 
-    def __init__(self, batch: FusedBatch | None, capacity: int = 16):
+    def __init__(self, batch: Any, capacity: int = 16):
         self.batch = batch
         self.slot: dict[int, int] = {}
         self._free: list[int] = []
@@ -735,7 +736,7 @@ class _KindTable:
         new["known"] = np.zeros(cap, bool)
         new["alive"] = np.zeros(cap, bool)
         new["gid"] = np.full(cap, -1, np.int64)
-        new["rows"] = np.zeros((cap, WIDTH))
+        new["rows"] = np.zeros((cap, self.batch.WIDTH if self.batch is not None else 0))
         if old is not None:
             n = len(old)
             for name, arr in new.items():
@@ -796,18 +797,19 @@ def _group_memo(memo: dict[int, tuple[tuple, dict]], g: PlannedGroup) -> dict:
     return ent[1]
 
 
-def _group_features(fb: FusedBatch, members: list[Job]) -> tuple[np.ndarray, float] | None:
+def _group_features(fb: Any, members: list[Job]) -> tuple[np.ndarray, float] | None:
     """(batch feature row, Σ isolated step time (s)) of a group of ``members``; None if the batch
     cannot describe it (``FusedBatch.row``)."""
     row = fb.row([j.member for j in members])
     return None if row is None else (row, sum(j.isolated_step_time_s for j in members))
 
 
-def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray) -> np.ndarray:
+def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray,
+             margin: float) -> np.ndarray:
     """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
     time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
-    (the apart rate plus the minimum gain), each by more than ``REL_MARGIN`` beyond the batch's
-    error (``tlora_sim.sim.costmodel.batch``)."""
-    over = step_s > bound_s * (1 + 1e-12) * (1 + REL_MARGIN)
-    short = (need > 0) & (iso_s / step_s * (1 + REL_MARGIN) < need * (1 - REL_MARGIN))
+    (the apart rate plus the minimum gain), each by more than ``margin`` (the batch's
+    ``REL_MARGIN``, ``tlora_sim.sim.costmodel.batch``) beyond the batch's error."""
+    over = step_s > bound_s * (1 + 1e-12) * (1 + margin)
+    short = (need > 0) & (iso_s / step_s * (1 + margin) < need * (1 - margin))
     return over | short

@@ -401,7 +401,6 @@ class Prediction:
 
 _ARTS: dict[str, dict] = {}
 _MEMO_MAX = 1 << 18  # entries of each per-instance answer memo
-_STATS: dict[str, dict] = {}
 
 
 class ProfiledCostModel:
@@ -424,8 +423,10 @@ class ProfiledCostModel:
             raise InputError(f"not a cost-model artifact (schema {art.get('schema')!r})")
         self.key = f"{art['id']}:{art.get('_sha256', id(art))}"
         _ARTS[self.key] = art
-        _STATS.setdefault(self.key, {"predictions": 0, "extrapolated": 0, "roofline_fallback": 0,
-                                     "analytic_plan": 0, "reasons": {}})
+        # this instance's counters (config.json): one count per distinct question asked of it
+        self.stats = {"predictions": 0, "extrapolated": 0, "roofline_fallback": 0, "analytic_plan": 0,
+                      "reasons": {}}
+        self._counted: set = set()
         self.artifact = art
         self.gpu = art["gpu"]
         self.roofline = rf.RooflineCostModel()
@@ -459,7 +460,7 @@ class ProfiledCostModel:
                 else "no checkpointing (all saved activations)",
                 "terms": a.get("terms", TERMS), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
                                                            "models missing from the artifact",
-                **{k: v for k, v in _STATS[self.key].items()}}
+                **{k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in self.stats.items()}}
 
     def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                     nano_batches: int = 1, micro_batches: int = 1) -> float:
@@ -487,8 +488,23 @@ class ProfiledCostModel:
         get_model(model)
         if gpu not in GPUS:
             raise InputError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}", field="gpu")
-        return _predict(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
-                        int(nano_batches), int(micro_batches))
+        args = (model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan), int(nano_batches),
+                int(micro_batches))
+        pred = _predict(self.key, *args)
+        if args not in self._counted:
+            self._counted.add(args)
+            self._count(pred)
+        return pred
+
+    def _count(self, pred: "Prediction") -> None:
+        st = self.stats
+        st["predictions"] += 1
+        if pred.reasons:
+            st["extrapolated"] += 1
+            for r in pred.reasons:
+                st["reasons"][r] = st["reasons"].get(r, 0) + 1
+        st["roofline_fallback"] += any(r.startswith("roofline:") for r in pred.reasons)
+        st["analytic_plan"] += any(r.startswith("analytic_plan:") for r in pred.reasons)
 
     def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                      micro_batches: int = 1) -> float:
@@ -542,15 +558,6 @@ def _tables(key: str, model: str) -> Tables:
     return Tables(model, art["gpu"], art["models"][model])
 
 
-def _flag(key: str, reasons: list[str]):
-    st = _STATS[key]
-    st["predictions"] += 1
-    if reasons:
-        st["extrapolated"] += 1
-        for r in reasons:
-            st["reasons"][r] = st["reasons"].get(r, 0) + 1
-
-
 def _opt_ms(art: dict, params: float, tensors: float) -> float:
     c = art["optimizer"]["coef"]
     return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
@@ -578,22 +585,17 @@ def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n
              nano: int, micro: int) -> Prediction:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
-        _STATS[key]["roofline_fallback"] += 1
         why = "gpu" if gpu_name != art["gpu"] else "model"
-        _flag(key, [f"roofline:{why}"])
         return Prediction(rf._step_time(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",))
     if plan == "alone" and len(members) > 1:
         parts = [_predict(key, model, gpu_name, (x,), n, plan, nano, micro) for x in members]
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
-        _flag(key, list(reasons))
         return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons)
     if plan not in MEASURED_PLANS:  # lorafusion, grouped: fused x roofline ratio
         base = _predict(key, model, gpu_name, members, n, "fused", nano, micro)
         ratio = (rf._step_time(model, gpu_name, members, n, plan, nano, micro)
                  / rf._step_time(model, gpu_name, members, n, "fused", nano, micro))
-        _STATS[key]["analytic_plan"] += 1
         reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
-        _flag(key, list(reasons))
         return Prediction(base.step_time_s * ratio, True, reasons)
     m, gpu = get_model(model), GPUS[gpu_name]
     entry = art["models"][model]
@@ -613,7 +615,6 @@ def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n
         comm /= nano
     step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3 + comm
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
-    _flag(key, reasons)
     return Prediction(step, bool(reasons), tuple(reasons))
 
 
