@@ -1,0 +1,268 @@
+"""The per-run and per-comparison figures: JCT and slowdown CDFs, throughput and utilization
+over time, and the summary bars. Each function takes already-loaded data and returns a
+matplotlib Figure (``style.py`` sets sizes and fonts); nothing here reads or writes files."""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report.rundata import BASELINE_POLICY, MAX_POINTS_PER_LINE, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _warn, time_weighted_bins  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------------
+# Figure builders (each returns a matplotlib Figure; call inside figstyle.style_context())
+# --------------------------------------------------------------------------------------------
+
+def _si_scale(max_value: float) -> tuple[float, str]:
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if max_value >= factor:
+            return factor, prefix
+    return 1.0, ""
+
+
+def _plain_log_ticks(axis) -> None:
+    """Label a log axis 0.1, 1, 10 (not 10^k); label minor ticks 2 and 5 when it spans < 2 decades."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    lo, hi = sorted(axis.get_view_interval())
+    narrow = lo > 0 and math.log10(hi / lo) < 2.0
+
+    def minor(v: float, _pos) -> str:
+        mant = v / 10 ** math.floor(math.log10(v) + 1e-9) if v > 0 else 0.0
+        return f"{v:g}" if narrow and (abs(mant - 2) < 1e-6 or abs(mant - 5) < 1e-6) else ""
+
+    axis.set_minor_formatter(FuncFormatter(minor) if narrow else NullFormatter())
+
+
+def _legend(fig, ax, ncol_max: int = 3) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside upper center", ncol=min(len(handles), ncol_max))
+
+
+def _ecdf_points(values: np.ndarray, n_total: int, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.sort(values)
+    y = np.arange(1, x.size + 1, dtype=float) / max(n_total, 1)
+    if x.size > max_points:
+        idx = np.unique(np.linspace(0, x.size - 1, max_points).round().astype(int))
+        x, y = x[idx], y[idx]
+    return np.concatenate(([x[0]], x)), np.concatenate(([0.0], y))
+
+
+def _cdf_figure(samples: Mapping[str, tuple[np.ndarray, int]], styles: Mapping[str, fs.PolicyStyle],
+                xlabel: str, scale: float, ref_line: float | None = None):
+    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 2.3)
+    ax = fig.add_subplot()
+    for pol, (vals, n_total) in samples.items():
+        vals = vals[vals > 0] / scale
+        if vals.size == 0:
+            continue
+        x, y = _ecdf_points(vals, n_total, MAX_POINTS_PER_LINE)
+        ax.step(x, y, where="post", linewidth=_LW, **styles[pol].line_kwargs())
+    if ref_line is not None:
+        ax.axvline(ref_line, color="0.5", linewidth=0.5, linestyle=(0, (2, 2)), zorder=0)
+    ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(fs.axis_label("CDF", "fraction of jobs"))
+    _legend(fig, ax)
+    return fig
+
+
+def jct_cdf_figure(jct_by_policy: Mapping[str, tuple[np.ndarray, int]],
+                   styles: Mapping[str, fs.PolicyStyle] | None = None):
+    """Figure: CDF of job completion time, log x-axis in hours, one step line per policy.
+
+    Args:
+        jct_by_policy: policy -> (finished jobs' JCTs in s, total jobs incl. unfinished).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+    """
+    styles = styles or fs.policy_styles(jct_by_policy)
+    return _cdf_figure(jct_by_policy, styles, fs.axis_label("Job completion time", "h"), _S_PER_H)
+
+
+def slowdown_cdf_figure(slowdown_by_policy: Mapping[str, tuple[np.ndarray, int]],
+                        styles: Mapping[str, fs.PolicyStyle] | None = None):
+    """Figure: CDF of per-job slowdown (JCT / isolated runtime), log x-axis, one line per policy.
+
+    Args:
+        slowdown_by_policy: policy -> (finished jobs' slowdowns, total jobs incl. unfinished).
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+    """
+    styles = styles or fs.policy_styles(slowdown_by_policy)
+    return _cdf_figure(slowdown_by_policy, styles,
+                       fs.axis_label("Slowdown", "\u00d7 isolated runtime"), 1.0, ref_line=1.0)
+
+
+def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                           styles: Mapping[str, fs.PolicyStyle] | None = None):
+    """Figure: cluster throughput (tokens/s, SI-prefixed) over time (days), a step line per policy.
+
+    Args:
+        series: policy -> (bin edges in s, tokens/s per bin), as from :func:`time_weighted_bins`.
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+    """
+    styles = styles or fs.policy_styles(series)
+    peak = max((float(np.max(m)) for _, m in series.values() if m.size), default=0.0)
+    factor, prefix = _si_scale(peak)
+    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 2.2)
+    ax = fig.add_subplot()
+    for pol, (edges, means) in series.items():
+        if means.size:
+            ax.stairs(means / factor, edges / _S_PER_DAY, baseline=None, linewidth=_LW,
+                      **styles[pol].line_kwargs())
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(fs.axis_label("Time", "days"))
+    ax.set_ylabel(fs.axis_label("Throughput", f"{prefix} tokens/s".lstrip()))
+    _legend(fig, ax)
+    return fig
+
+
+def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                            compute: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                            styles: Mapping[str, fs.PolicyStyle] | None = None):
+    """Figure: GPU allocation utilization (top) and GPU compute utilization (bottom) over time.
+
+    Two panels sharing the time axis (days); utilizations are drawn in % (inputs are fractions 0..1).
+    *Allocation* = GPUs held / GPUs in the cluster; *compute* = model FLOP/s / peak FLOP/s.
+
+    Args:
+        alloc: policy -> (bin edges in s, allocation fraction per bin); may be empty.
+        compute: policy -> (bin edges in s, compute fraction per bin); may be empty.
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+    """
+    styles = styles or fs.policy_styles([*alloc, *compute])
+    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.0)
+    ax_a, ax_c = fig.subplots(2, 1, sharex=True)
+    for ax, data, title, quantity in (
+            (ax_a, alloc, "GPU allocation (GPUs held / GPUs in cluster)", "Allocation util."),
+            (ax_c, compute, "GPU compute (model FLOP/s / peak FLOP/s)", "Compute util.")):
+        for pol in styles:
+            if pol in data and data[pol][1].size:
+                edges, means = data[pol]
+                ax.stairs(100.0 * means, edges / _S_PER_DAY, baseline=None, linewidth=_LW,
+                          **styles[pol].line_kwargs())
+        if not data:
+            ax.text(0.5, 0.5, "not in timeline", transform=ax.transAxes, ha="center", va="center",
+                    color="0.4")
+        ax.set_title(title, loc="left", fontsize=7)
+        ax.set_ylabel(fs.axis_label(quantity, "%"))
+        top = max((100.0 * float(np.max(m)) for _, m in data.values() if m.size), default=100.0)
+        ax.set_ylim(0, min(105.0, max(top * 1.1, 1.0)))
+    ax_c.set_xlabel(fs.axis_label("Time", "days"))
+    _legend(fig, ax_a if alloc else ax_c)
+    return fig
+
+
+def _available_bar_metrics(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """Bar metrics with at least one finite value in ``summary``."""
+    out = []
+    for m in _BAR_METRICS:
+        if m[0] in summary.columns:
+            vals = pd.to_numeric(summary[m[0]], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+            if np.isfinite(vals).any():
+                out.append(m)
+    return out
+
+
+def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | None = None,
+                baseline: str = BASELINE_POLICY):
+    """Figure: bar panels of avg JCT, p90 JCT, throughput, allocation and compute utilization.
+
+    Up to six policies: a one-column figure, panels in a 2 x 3 grid with the legend in the sixth
+    cell; more: a full-text-width figure, the panels in one row and the legend below them.
+    When ``baseline`` is one of the policies, each panel shows the ratio to it (unit "x baseline",
+    dashed line at 1; a metric whose baseline value is 0 or missing falls back to raw values); else
+    raw values: JCT in hours, throughput in SI-prefixed tokens/s, utilizations in %. Each bar is
+    annotated with its value; arrows in the titles say whether lower or higher is better.
+
+    Args:
+        summary: one row per policy with a ``policy`` column and the columns of
+            ``summary.csv`` (``avg_jct_s``, ``p90_jct_s``, ``throughput_tokens_per_s``,
+            ``gpu_alloc_util``, ``gpu_compute_util``); metrics missing or with no finite value are
+            left out.
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+        baseline: policy the ratios are taken to.
+
+    Raises:
+        ValueError: no metric has a finite value.
+    """
+    from matplotlib.patches import Patch
+
+    styles = styles or fs.policy_styles(summary["policy"])
+    table = summary.set_index("policy")
+    pols = [p for p in styles if p in table.index]
+    metrics = _available_bar_metrics(summary)
+    if not metrics:
+        raise ValueError("summary has none of the bar metrics " + ", ".join(m[0] for m in _BAR_METRICS))
+    has_base = baseline in table.index
+    wide = len(pols) > _BARS_COLUMN_MAX_POLICIES
+    if wide:  # many policies: one row of panels at full text width, legend below
+        fig = fs.new_figure(fs.DOUBLE_COLUMN_WIDTH_IN, 2.5)
+        axes = np.atleast_1d(fig.subplots(1, len(metrics))).ravel()
+    else:
+        fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.1)
+        axes = fig.subplots(2, 3).ravel()
+    x = np.arange(len(pols))
+    for ax, (col, title, better, quantity) in zip(axes, metrics):
+        vals = np.array([float(table.at[p, col]) for p in pols], dtype=float)
+        base = float(table.at[baseline, col]) if has_base else math.nan
+        normalised = has_base and math.isfinite(base) and base != 0.0
+        if normalised:
+            shown = vals / base
+            ylabel = fs.axis_label("Ratio", f"\u00d7 {baseline}")
+            fmt = "{:.2f}"
+        elif col.endswith("_jct_s"):
+            shown, ylabel, fmt = vals / _S_PER_H, fs.axis_label(quantity, "h"), "{:.3g}"
+        elif col.endswith("_util"):
+            shown, ylabel, fmt = 100.0 * vals, fs.axis_label(quantity, "%"), "{:.1f}"
+        else:
+            finite = vals[np.isfinite(vals)]
+            factor, prefix = _si_scale(float(np.max(finite)) if finite.size else 0.0)
+            shown, ylabel, fmt = vals / factor, fs.axis_label(quantity, f"{prefix} tok/s".lstrip()), "{:.3g}"
+        if has_base and not normalised:
+            _warn(f"bars: {baseline!r} has {col} = {base}; panel {title!r} shows raw values")
+        heights = np.where(np.isfinite(shown), shown, 0.0)
+        ax.bar(x, heights, width=0.75, color=[styles[p].color for p in pols],
+               hatch=None, edgecolor="black", linewidth=0.4)
+        for patch, pol in zip(ax.patches, pols):
+            patch.set_hatch(styles[pol].hatch or None)
+        top = float(np.max(heights)) if heights.size else 1.0
+        top = top if top > 0 else 1.0
+        for xi, val in zip(x, shown):
+            text = fmt.format(val) if math.isfinite(val) else "n/a"
+            ax.annotate(text, (xi, val if math.isfinite(val) else 0.0), xytext=(0, 1.5),
+                        textcoords="offset points", ha="center", va="bottom", rotation=90,
+                        fontsize=5.5 if len(pols) <= 8 else 4.5)
+        if normalised:
+            ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle=(0, (2, 2)), zorder=0)
+        ax.set_ylim(0, top * 1.45)
+        arrow = "\u2193" if better == "lower" else "\u2191"
+        ax.set_title(f"{title} {arrow}", fontsize=7, pad=2)
+        ax.set_xticks([])
+        ax.set_xlim(-0.6, len(pols) - 0.4)
+        ax.tick_params(axis="y", labelsize=6)
+        ax.set_ylabel(ylabel, fontsize=6.5, labelpad=1)
+        ax.grid(axis="x", visible=False)
+    for ax in axes[len(metrics):]:
+        ax.set_axis_off()
+    handles = [Patch(facecolor=styles[p].color, edgecolor="black", linewidth=0.4,
+                     hatch=styles[p].hatch or None, label=p) for p in pols]
+    legend_ax = axes[-1] if len(metrics) < len(axes) and not wide else None
+    note = "\u2193 lower / \u2191 higher is better"
+    if wide:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(pols), 6), title=note,
+                   title_fontsize=5.5, handlelength=1.6)
+    elif legend_ax is not None:
+        legend_ax.legend(handles=handles, loc="center", ncol=1 if len(pols) <= 6 else 2,
+                         title=note, title_fontsize=5.5, handlelength=1.6)
+    else:
+        fig.legend(handles=handles, loc="outside upper center", ncol=min(len(pols), 4), title=note,
+                   title_fontsize=5.5)
+    return fig
