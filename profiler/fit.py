@@ -22,7 +22,7 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, _corr_point, attention_ms, layer_ms, mix_features,
+from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, correction_point, attention_ms, layer_ms, mix_features,
                           seq_groups, smoothmax)
 
 PLAN_FEATURES = {"loop": ("const", "adapters", "tokens", "rank_tokens", "ranks"),
@@ -96,7 +96,7 @@ def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
     (against time proportional to sequences)."""
     from tlora_sim.sim.core.cluster import GPUS
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled import _roof_l0_ms
+    from tlora_sim.sim.costmodel.profiled import roofline_l0_ms
 
     l0 = dm[dm.kind == "noattn"]
     head = dm[dm.kind == "head"]
@@ -113,7 +113,7 @@ def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
         a[str(int(sq))] = {"seqs": bs, "ms": v, "gpu_from": gpu_bound_from(bs, v, lambda b: b)}
     _, lpk = _median_by(l0, "tokens", "peak_bytes")
     return {"l0": {"tokens": t, "ms": ms, "peak_bytes": lpk,
-                   "gpu_from": gpu_bound_from(t, ms, lambda x: _roof_l0_ms(m, g, x))},
+                   "gpu_from": gpu_bound_from(t, ms, lambda x: roofline_l0_ms(m, g, x))},
             "head": {"tokens": ht, "ms": hms, "peak_bytes": hpk}, "attn": a}
 
 
@@ -230,7 +230,7 @@ def add_correction(tab: Tables, pe: dict, rows: pd.DataFrame, prior: float = 1.0
     for _, r in rows.iterrows():
         m = members_of(r)
         pred, _ = layer_ms(tab, pe, m, in_model=False)
-        pts.append(_corr_point(m).tolist())
+        pts.append(correction_point(m).tolist())
         lr.append(math.log(r["step_ms"] / pred))
     pe["correction"] = {"points": pts, "log_ratio": lr, "scale": list(scale), "prior": prior}
     return pe

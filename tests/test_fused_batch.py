@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
-from tlora_sim.sim.costmodel.profiled import default_cost_model
+from tlora_sim.sim.costmodel.factory import default_cost_model
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 RANKS = [4, 8, 16, 32, 64, 128, 256]

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, Tables, artifact_path, default_cost_model, load_artifact
+from tlora_sim.sim.costmodel.factory import default_cost_model
+from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, Tables, artifact_path, load_artifact
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 ART = artifact_path("H100")
@@ -35,7 +36,7 @@ def cm(art):
 def test_import_needs_no_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
             "import tlora_sim.sim.costmodel.profiled, tlora_sim.sim.cli.costmodel, tlora_sim.profiler.fit\n"
-            "from tlora_sim.sim.costmodel.profiled import default_cost_model\n"
+            "from tlora_sim.sim.costmodel.factory import default_cost_model\n"
             "print(default_cost_model('H100').name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from tlora_sim.sim.costmodel.factory import COST_MODELS
 from tlora_sim.traces.errors import InputError
 
 TRACE_HELP = ("trace spec FORMAT:PATH; formats: itp (Microsoft ITP clusterNN.csv.gz), philly (public Philly CSV), "
@@ -41,9 +42,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "docs/writing-a-policy.md)")
     p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
-    p.add_argument("--cost-model", default="auto", choices=["auto", "profiled", "roofline"],
-                   help="auto: the profiled model where profiler/data has one for the GPU (H100), else the "
-                        "analytic roofline model")
+    p.add_argument("--cost-model", default="auto", choices=list(COST_MODELS),
+                   help="; ".join(f"{k}: {v}" for k, v in COST_MODELS.items()) + " (default: %(default)s)")
     p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
                    help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
                         "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")

@@ -26,9 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from tlora_sim.sim.costmodel import roofline as rf
-from tlora_sim.sim.core.cluster import GPUS
+from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
-from tlora_sim.sim.costmodel.profiled import LINEARS_PER_LAYER, ProfiledCostModel, _bucket, _tables
+from tlora_sim.sim.costmodel.profiled import LINEARS_PER_LAYER, ProfiledCostModel, rank_bucket, tables_of
 from tlora_sim.sim.costmodel.models import get_model
 
 _OFFSET = 32.0
@@ -64,7 +64,7 @@ class FusedBatch:
     def __init__(self, cost_model: ProfiledCostModel, model: str, gpu_name: str, n_gpus: int):
         art = cost_model.artifact
         self.m, self.gpu, self.n = get_model(model), GPUS[gpu_name], int(n_gpus)
-        self.tab = _tables(cost_model.key, model)
+        self.tab = tables_of(cost_model.key, model)
         entry = art["models"][model]
         self.pe = entry["plans"]["fused"]
         self.opt = art["optimizer"]["coef"]
@@ -117,7 +117,7 @@ class FusedBatch:
             t_sum += t
             rt += x.rank * t
             r_sum += x.rank
-            brt += _bucket(x.rank) * t
+            brt += rank_bucket(x.rank) * t
             p_sum += x.rank * lp
             max_r = max(max_r, x.rank)
             c = self.seq_col.get(x.seq_len)
@@ -140,7 +140,7 @@ class FusedBatch:
     # ---- the model -----------------------------------------------------------------------------
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
-        ``nano`` (shape (P,) or one int), one micro-batch: ``tlora_sim.sim.costmodel.profiled._predict`` for the
+        ``nano`` (shape (P,) or one int), one micro-batch: ``tlora_sim.sim.costmodel.profiled.predict_cached`` for the
         ``fused`` plan, row by row. (Written for few numpy calls: the policies call it ~10^5
         times per replay with P mostly under 100, where each call's fixed cost dominates.)"""
         if rows.ndim == 1:
@@ -175,28 +175,28 @@ class FusedBatch:
         opt_const, per_mparam = self._opt
         step = (m.layers * lay + self._head_ms(T)) / 1e3 + (opt_const + per_mparam * P / 1e6) / 1e3
         if self.n > 1:
-            step = step + self._comm_s(P) / N
+            step = step + self.comm_s(P) / N
         return step
 
-    def _comm_s(self, P: np.ndarray) -> np.ndarray:
-        """``tlora_sim.sim.costmodel.profiled._comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
+    def comm_s(self, P: np.ndarray) -> np.ndarray:
+        """``tlora_sim.sim.costmodel.profiled.comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
         m, gpu, n = self.m, self.gpu, self.n
         link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
         comm = 2.0 * (n - 1) / n * 2 * P / link + rf.ALLREDUCE_LATENCY_S * m.layers
-        if rf._base_sharded(m, gpu, n):
+        if rf.base_sharded(m, gpu, n):
             comm = comm + 2.0 * (n - 1) / n * 2 * (m.layers * m.block_linear_params + m.vocab * m.hidden) / link
         return comm
 
     def _gemm_rate(self, t: np.ndarray) -> np.ndarray:
-        scale = self.gpu.matmul_flops / rf._H100_MATMUL
+        scale = self.gpu.matmul_flops / rf.H100_MATMUL_FLOPS
         t = np.maximum(t, 1e-9)
-        lo = rf._GEMM_TOKENS[0]
-        low = rf._GEMM_TFLOPS[0] * 1e12 * scale * t / lo
-        high = np.interp(np.log(t), np.log(rf._GEMM_TOKENS), rf._GEMM_TFLOPS) * 1e12 * scale
+        lo = rf.GEMM_TOKENS[0]
+        low = rf.GEMM_TFLOPS[0] * 1e12 * scale * t / lo
+        high = np.interp(np.log(t), np.log(rf.GEMM_TOKENS), rf.GEMM_TFLOPS) * 1e12 * scale
         return np.where(t < lo, low, high)
 
     def _roof(self, t: np.ndarray) -> np.ndarray:
-        """``tlora_sim.sim.costmodel.profiled._roof_l0_ms``, vectorised."""
+        """``tlora_sim.sim.costmodel.profiled.roofline_l0_ms``, vectorised."""
         m, gpu = self.m, self.gpu
         t = np.maximum(t, 1e-6)
         p = m.block_linear_params
@@ -215,7 +215,7 @@ class FusedBatch:
         below the first GPU-bound point."""
         tab = self.tab
         xs, ys = tab.l0_t, tab.l0_ms
-        out = _loglog(t, *tab.l0_logs, len(xs), ys[0])
+        out = loglog_interp(t, *tab.l0_logs, len(xs), ys[0])
         if self._l0_in[0] <= t.min() and t.max() <= self._l0_in[1]:
             return out
         hi = t > xs[-1]
@@ -233,7 +233,7 @@ class FusedBatch:
     def _head_ms(self, t: np.ndarray) -> np.ndarray:
         """``Tables.head``, vectorised."""
         xs, ys = self.tab.h_t, self.tab.h_ms
-        out = _loglog(t, *self.tab.h_logs, len(xs), ys[0])
+        out = loglog_interp(t, *self.tab.h_logs, len(xs), ys[0])
         if self._head_in[0] <= t.min() and t.max() <= self._head_in[1]:
             return out
         for edge, v, side in ((xs[-1], ys[-1], t > xs[-1]), (xs[0], ys[0], t < xs[0])):
@@ -276,7 +276,7 @@ class FusedBatch:
             llx, lly = tab.attn_logs[s]
             b0.append(g0)
             last.append(bs[-1])
-            c_lin.append(float(_loglog(np.float64(g0), llx, lly, len(bs), ms[0])) / g0)
+            c_lin.append(float(loglog_interp(np.float64(g0), llx, lly, len(bs), ms[0])) / g0)
             c_hi.append(ms[-1] / bs[-1])
             lx.append(llx + c * _OFFSET)
             ly.append(lly)
@@ -287,13 +287,13 @@ class FusedBatch:
         """``Tables._attn_at(s, b, gpu=True)`` for a measured sequence length, vectorised."""
         bs, ms, b0 = self.tab.attn[s]
         lx, ly = self.tab.attn_logs[s]
-        out = _loglog(b, lx, ly, len(bs), ms[0])
+        out = loglog_interp(b, lx, ly, len(bs), ms[0])
         hi = b > bs[-1]
         if hi.any():
             out[hi] = ms[-1] * b[hi] / bs[-1]
         lo = b < b0
         if lo.any():
-            at_b0 = float(_loglog(np.float64(b0), lx, ly, len(bs), ms[0]))
+            at_b0 = float(loglog_interp(np.float64(b0), lx, ly, len(bs), ms[0]))
             out[lo] = at_b0 * b[lo] / b0
             below = (b >= b0) & (b < bs[0])
             if below.any():
@@ -315,8 +315,8 @@ class FusedBatch:
         return np.exp((1 - w) * np.log(v0) + w * np.log(v1))
 
 
-def _loglog(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
-    """``tlora_sim.sim.costmodel.profiled._loglog`` on an array (values outside the table are the edge values;
+def loglog_interp(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
+    """``tlora_sim.sim.costmodel.profiled.loglog_interp`` on an array (values outside the table are the edge values;
     callers replace them)."""
     if n == 1:
         return np.full(np.shape(x), float(y0))

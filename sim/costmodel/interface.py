@@ -24,7 +24,6 @@ for the ``fused``, ``lorafusion`` and ``grouped`` plans).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 from tlora_sim.traces.errors import InputError

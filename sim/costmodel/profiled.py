@@ -40,7 +40,7 @@ each table is continued with the roofline's shape from its nearest edge (e.g. ``
 l0(T_max) x roofline(T) / roofline(T_max)``) and the prediction is *flagged*: counted in
 ``describe()["extrapolated"]`` (distinct predictions; results are memoised) and reported per call
 by ``predict``. For a GPU type without an artifact (or a model missing from it)
-``default_cost_model`` / the model fall back to the analytic ``RooflineCostModel``, whose ceilings
+``factory.default_cost_model`` / the model fall back to the analytic ``RooflineCostModel``, whose ceilings
 are scaled from datasheets (sim/core/cluster.py).
 
 Memory per GPU (bytes), ``checkpointing=True`` (default, the roofline's convention): frozen
@@ -55,27 +55,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 from tlora_sim.sim.costmodel import roofline as rf
-from tlora_sim.sim.core.cluster import GPUS
+from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member, check_plan
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.models import get_model
-
-SCHEMA = "tlora-sim/costmodel/1"
-FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens", "max_rank_tokens")
-BUCKETS = (16, 32, 64, 128, 256)  # the fused kernel's rank buckets (profiler/kernels: tiles per bucket)
-PLAN_FAMILY = {"alone": "loop", "loop": "loop", "fused": "fused"}
-MEASURED_PLANS = ("alone", "loop", "fused")
-LINEARS_PER_LAYER = 7
-
+from tlora_sim.sim.costmodel.profiled_tables import BUCKETS, FEATURES, LINEARS_PER_LAYER, MEASURED_PLANS, PLAN_FAMILY, SCHEMA, Tables, rank_bucket, correction_point, residual_correction, loglog_interp, log_table, roofline_head_ms, roofline_l0_ms, attention_ms, host_ms, layer_ms, mix_features, plan_term_ms, seq_groups, smoothmax  # noqa: F401
 
 # ------------------------------------------------------------------------------------ artifacts
 def data_dir() -> Path:
@@ -112,281 +103,6 @@ def load_artifact(path: str | Path) -> dict:
     art["_path"], art["_sha256"] = str(p), hashlib.sha256(raw).hexdigest()
     return art
 
-
-COST_MODEL_CHOICES = ("auto", "profiled", "roofline")
-"""``auto``: profiled where an artifact for the GPU exists, else roofline."""
-
-
-def make_cost_model(name: str, gpu_name: str):
-    """The cost model called ``name`` (``COST_MODEL_CHOICES``) for ``gpu_name``.
-
-    Raises:
-        InputError: unknown name, or ``profiled`` for a GPU with no shipped artifact.
-    """
-    from tlora_sim.traces.errors import InputError
-
-    if name == "auto":
-        return default_cost_model(gpu_name)
-    if name == "roofline":
-        return rf.RooflineCostModel()
-    if name == "profiled":
-        p = artifact_path(gpu_name)
-        if not p.is_file():
-            raise InputError(f"no profiled cost model for {gpu_name} (expected {p}); use --cost-model roofline "
-                             f"or profile that GPU", field="--cost-model")
-        return ProfiledCostModel(load_artifact(p))
-    raise InputError(f"unknown cost model {name!r}; expected one of {', '.join(COST_MODEL_CHOICES)}",
-                     field="--cost-model")
-
-
-def default_cost_model(gpu_name: str, directory: str | Path | None = None):
-    """The profiled model where ``profiler/data`` has an artifact for ``gpu_name``, else the
-    analytic ``RooflineCostModel``."""
-    p = artifact_path(gpu_name, directory)
-    if p.is_file():
-        return ProfiledCostModel(load_artifact(p))
-    return rf.RooflineCostModel()
-
-
-# ------------------------------------------------------------------------------ interpolation
-def _loglog(x: float, xs: Sequence[float], ys: Sequence[float], logs: tuple | None = None) -> float:
-    """Piecewise-linear interpolation in log-log space (xs sorted ascending, inside the range).
-    ``logs``: (log xs, log ys) if the caller holds them (``Tables``), else looked up."""
-    if len(xs) == 1:
-        return float(ys[0])
-    lx, ly = logs if logs is not None else _logs(tuple(xs), tuple(ys))
-    return float(np.exp(np.interp(math.log(x), lx, ly)))
-
-
-@lru_cache(maxsize=1024)
-def _logs(xs: tuple, ys: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """log(xs), log(ys) of a measured table (computed once per table)."""
-    return np.log(xs), np.log(ys)
-
-
-def _roof_l0_ms(m, gpu, t: float) -> float:
-    """Roofline shape of the attention-free layer at t tokens (ms): linear layers + elementwise."""
-    t = max(t, 1e-6)
-    p = m.block_linear_params
-    base = max(4.0 * p * t / rf.gemm_rate(t, gpu), 2 * 2 * p / gpu.mem_bw_bytes_s)
-    return 1e3 * (base + t * rf.ELEMENTWISE_BYTES_PER_TOKEN(m) / gpu.mem_bw_bytes_s)
-
-
-def _roof_head_ms(m, gpu, t: float) -> float:
-    t = max(t, 1e-6)
-    p = m.vocab * m.hidden
-    return 1e3 * (max(4.0 * p * t / rf.gemm_rate(t, gpu), 2 * 2 * p / gpu.mem_bw_bytes_s)
-                  + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
-
-
-class Tables:
-    """The measured tables of one model in an artifact, with roofline-shaped continuation.
-
-    Two readings of each table: the raw one (``l0``, ``attn_ms``: exact at the measured points),
-    and its GPU-time part (``l0g``, ``attg``), which the layer model adds up: where a small
-    measurement was bound by host launch overhead (below ``gpu_from``, found at fit time), the
-    GPU time is continued from the first GPU-bound point with the roofline's shape (GEMM
-    efficiency curve for the base layer, time proportional to sequences for attention). Every
-    lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range.
-    ``l0_logs``, ``h_logs`` and ``attn_logs[s]`` hold (log x, log y) of each measured table, for
-    the log-log interpolation here and in ``tlora_sim.sim.costmodel.batch``."""
-
-    def __init__(self, model: str, gpu: str, entry: dict):
-        self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
-        l0 = entry["l0"]
-        self.l0_t, self.l0_ms = list(l0["tokens"]), list(l0["ms"])
-        self.l0_from = float(l0.get("gpu_from", self.l0_t[0]))
-        self.l0_logs = _logs(tuple(self.l0_t), tuple(self.l0_ms))
-        self.l0_from_ms = _loglog(self.l0_from, self.l0_t, self.l0_ms, self.l0_logs)
-        h = entry["head"]
-        self.h_t, self.h_ms, self.h_peak = list(h["tokens"]), list(h["ms"]), list(h.get("peak_bytes") or [])
-        self.attn = {int(s): (list(v["seqs"]), list(v["ms"]), float(v.get("gpu_from", v["seqs"][0])))
-                     for s, v in entry["attn"].items()}
-        self.attn_s = sorted(self.attn)
-        self.h_logs = _logs(tuple(self.h_t), tuple(self.h_ms))
-        self.attn_logs = {s: _logs(tuple(bs), tuple(ms)) for s, (bs, ms, _) in self.attn.items()}
-
-    def _roof(self, t: float) -> float:
-        return _roof_l0_ms(self.m, self.gpu, t)
-
-    def l0(self, t: float) -> tuple[float, bool]:
-        """Measured attention-free layer (ms) at t tokens, raw."""
-        lo, hi = self.l0_t[0], self.l0_t[-1]
-        if lo <= t <= hi:
-            return _loglog(t, self.l0_t, self.l0_ms, self.l0_logs), False
-        edge, v = (lo, self.l0_ms[0]) if t < lo else (hi, self.l0_ms[-1])
-        return v * self._roof(t) / self._roof(edge), True
-
-    def l0g(self, t: float) -> tuple[float, bool]:
-        """GPU time of the attention-free layer (ms) at t tokens."""
-        if t >= self.l0_from:
-            return self.l0(t)
-        return self.l0_from_ms * self._roof(t) / self._roof(self.l0_from), t < self.l0_t[0]
-
-    def head(self, t: float) -> tuple[float, bool]:
-        lo, hi = self.h_t[0], self.h_t[-1]
-        if lo <= t <= hi:
-            return _loglog(t, self.h_t, self.h_ms, self.h_logs), False
-        edge, v = (lo, self.h_ms[0]) if t < lo else (hi, self.h_ms[-1])
-        return v * _roof_head_ms(self.m, self.gpu, t) / _roof_head_ms(self.m, self.gpu, edge), True
-
-    def head_peak(self, t: float) -> float:
-        """Peak bytes of the head step at t tokens (proportional to tokens beyond the grid)."""
-        if not self.h_peak:
-            return 3 * 4.0 * t * self.m.vocab
-        if t < self.h_t[0]:
-            return self.h_peak[0] * t / self.h_t[0]
-        if t > self.h_t[-1]:
-            return self.h_peak[-1] * t / self.h_t[-1]
-        return float(np.interp(t, self.h_t, self.h_peak))
-
-    def _attn_at(self, s: int, b: float, gpu: bool) -> tuple[float, bool]:
-        bs, ms, b0 = self.attn[s]
-        if gpu and b < b0:
-            return _loglog(b0, bs, ms, self.attn_logs[s]) * b / b0, b < bs[0]
-        if bs[0] <= b <= bs[-1]:
-            return _loglog(b, bs, ms, self.attn_logs[s]), False
-        edge, v = (bs[0], ms[0]) if b < bs[0] else (bs[-1], ms[-1])
-        return v * b / edge, True  # time per sequence constant beyond the grid
-
-    def attn_ms(self, s: float, b: float, gpu: bool = False) -> tuple[float, bool]:
-        """Attention block of b sequences of s tokens (one SDPA call), ms (``gpu``: GPU part)."""
-        if b <= 0:
-            return 0.0, False
-        ss = self.attn_s
-        if s in self.attn:
-            return self._attn_at(int(s), b, gpu)
-        if s < ss[0] or s > ss[-1]:
-            edge = ss[0] if s < ss[0] else ss[-1]
-            v, _ = self._attn_at(edge, b, gpu)
-            return v * (s / edge) ** 2, True
-        j = int(np.searchsorted(ss, s))
-        s0, s1 = ss[j - 1], ss[j]
-        (v0, e0), (v1, e1) = self._attn_at(s0, b, gpu), self._attn_at(s1, b, gpu)
-        w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
-        return math.exp((1 - w) * math.log(v0) + w * math.log(v1)), e0 or e1
-
-    def attg(self, s: float, b: float) -> tuple[float, bool]:
-        """GPU time of the attention block (ms)."""
-        return self.attn_ms(s, b, gpu=True)
-
-
-# ---------------------------------------------------------------------------------- features
-def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
-    """Features of a per-GPU mix, members (rank, sequences, tokens per sequence): one pass, sums
-    in member order (the order ``tlora_sim.sim.costmodel.batch`` adds them in)."""
-    tokens = rank_tokens = bucket_rank_tokens = 0.0
-    ranks = max_rank = 0
-    for r, b, s in members:
-        t = b * s
-        tokens += t
-        rank_tokens += r * t
-        bucket_rank_tokens += _bucket(r) * t
-        ranks += r
-        if r > max_rank:
-            max_rank = r
-    return {"const": 1.0, "adapters": float(len(members)), "tokens": tokens, "rank_tokens": rank_tokens,
-            "ranks": float(ranks), "bucket_rank_tokens": bucket_rank_tokens,
-            "max_rank_tokens": float(max_rank * tokens)}
-
-
-def _bucket(r: int) -> int:
-    for b in BUCKETS:
-        if r <= b:
-            return b
-    return r
-
-
-def seq_groups(members) -> dict[int, float]:
-    """Sequences per distinct sequence length (one SDPA call each)."""
-    groups: dict[int, float] = {}
-    for _, b, s in members:
-        groups[int(s)] = groups.get(int(s), 0.0) + b
-    return groups
-
-
-def attention_ms(tab: Tables, members, gpu: bool = True) -> tuple[float, bool]:
-    """Attention of a mix: one SDPA call per distinct sequence length (GPU part by default)."""
-    tot, ext = 0.0, False
-    for s, b in sorted(seq_groups(members).items()):
-        v, e = tab.attn_ms(s, b, gpu=gpu)
-        tot, ext = tot + v, ext or e
-    return tot, ext
-
-
-def plan_term_ms(pe: dict, members) -> float:
-    """The fitted GPU time of the adapters of a plan family (ms)."""
-    f = mix_features(members)
-    return float(sum(pe["coef"].get(k, 0.0) * f[k] for k in FEATURES))
-
-
-def host_ms(pe: dict, members) -> float:
-    """The fitted host (launch) time of one layer step (ms): cpu0 + cpu_n x adapters + cpu_g x
-    sequence-length groups."""
-    return pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * len(members) + pe.get("cpu_g", 0.0) * len(seq_groups(members))
-
-
-def smoothmax(a: float, b: float, p: float) -> float:
-    """(a^p + b^p)^(1/p): max(a, b) for large p, a bit above it where the two are close."""
-    if p >= 64:
-        return max(a, b)
-    hi = max(a, b)
-    if hi <= 0:
-        return 0.0
-    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
-
-
-def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = True) -> tuple[float, bool]:
-    """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms):
-    ``smoothmax(gpu, host)`` with gpu = base curve + attention + adapter term (GPU parts) and host
-    the launch time of the eager step. ``in_model``: the layer inside a model, whose host time
-    lacks the profiling harness's per-call overhead (``call_ms``, measured with stacked layers);
-    ``in_model=False`` predicts what the profiler measures for one layer alone.
-
-    ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano, the adapter term (all but
-    its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline) and the host time is
-    paid ``nano`` times (eager launches)."""
-    T = sum(b * s for _, b, s in members)
-    if nano > 1:
-        l0, e0 = tab.l0g(T / nano)
-        l0 *= nano
-    else:
-        l0, e0 = tab.l0g(T)
-    at, e1 = attention_ms(tab, members)
-    term = plan_term_ms(pe, members)
-    if nano > 1:
-        c = pe["coef"].get("const", 0.0)
-        term = c * nano + (term - c) / nano
-    host = host_ms(pe, members)
-    if in_model:
-        host = max(host - pe.get("call_ms", 0.0), 0.5 * host)
-    val = smoothmax(l0 + at + term, nano * host, pe.get("p", 64.0))
-    cov = pe.get("coverage", {})
-    e2 = bool(cov) and (len(members) > cov["adapters_max"] or T < cov["tokens_min"] or T > cov["tokens_max"]
-                        or min(r for r, _, _ in members) < cov["rank_min"]
-                        or max(r for r, _, _ in members) > cov["rank_max"])
-    corr = pe.get("correction")
-    if corr:
-        val *= _correction(corr, members)
-    return val, e0 or e1 or e2
-
-
-def _corr_point(members) -> np.ndarray:
-    f = mix_features(members)
-    n, T = f["adapters"], f["tokens"]
-    return np.array([math.log(T), math.log(n), math.log(f["rank_tokens"] / T)])
-
-
-def _correction(corr: dict, members) -> float:
-    """Multiplicative residual correction: a Gaussian-kernel average of the measured/fitted
-    log-ratios of nearby training mixes (``corr``: points, log ratios, bandwidth, prior weight)."""
-    pts = np.asarray(corr["points"], dtype=float)
-    if not len(pts):
-        return 1.0
-    x = _corr_point(members)
-    d2 = (((pts - x) / np.asarray(corr["scale"])) ** 2).sum(axis=1)
-    w = np.exp(-0.5 * d2)
-    return float(math.exp((w * np.asarray(corr["log_ratio"])).sum() / (w.sum() + corr["prior"])))
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -490,7 +206,7 @@ class ProfiledCostModel:
             raise InputError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}", field="gpu")
         args = (model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan), int(nano_batches),
                 int(micro_batches))
-        pred = _predict(self.key, *args)
+        pred = predict_cached(self.key, *args)
         if args not in self._counted:
             self._counted.add(args)
             self._count(pred)
@@ -516,7 +232,7 @@ class ProfiledCostModel:
         if micro_batches < 1 or not members or n_gpus < 1:
             raise ValueError("need members, n_gpus >= 1 and micro_batches >= 1")
         get_model(model)
-        b = _memory(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+        b = memory_bytes_of(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
                     int(micro_batches), self.checkpointing)
         if len(self._mem_memo) >= _MEMO_MAX:
             self._mem_memo.clear()
@@ -535,7 +251,7 @@ class ProfiledCostModel:
     def layer_ms(self, model: str, members: Sequence[tuple], plan: str, nano: int = 1) -> tuple[float, bool]:
         """One layer (forward + backward) of a one-GPU mix of (rank, sequences, seq_len) (ms, flag)."""
         entry = self.artifact["models"][model]
-        return layer_ms(_tables(self.key, model), entry["plans"][PLAN_FAMILY[plan]], members, nano)
+        return layer_ms(tables_of(self.key, model), entry["plans"][PLAN_FAMILY[plan]], members, nano)
 
 
 TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + attention + adapter term)",
@@ -553,7 +269,7 @@ def _rel(p: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _tables(key: str, model: str) -> Tables:
+def tables_of(key: str, model: str) -> Tables:
     art = _ARTS[key]
     return Tables(model, art["gpu"], art["models"][model])
 
@@ -563,14 +279,14 @@ def _opt_ms(art: dict, params: float, tensors: float) -> float:
     return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
 
 
-def _comm_s(m, gpu, members, n: int, micro: int) -> float:
+def comm_s(m, gpu, members, n: int, micro: int) -> float:
     """Communication per step (s): sim/costmodel/roofline.py's all-reduce and all-gather terms."""
     if n <= 1:
         return 0.0
     link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
     adapter_params = sum(m.lora_params(x.rank) for x in members)
     comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + rf.ALLREDUCE_LATENCY_S * m.layers
-    if rf._base_sharded(m, gpu, n):
+    if rf.base_sharded(m, gpu, n):
         lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
         comm += micro * 2.0 * (n - 1) / n * 2 * lin_params / link
     return comm
@@ -581,25 +297,25 @@ def _per_gpu(members: tuple[Member, ...], div: float) -> list[tuple[int, float, 
 
 
 @lru_cache(maxsize=1 << 18)
-def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
              nano: int, micro: int) -> Prediction:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
         why = "gpu" if gpu_name != art["gpu"] else "model"
-        return Prediction(rf._step_time(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",))
+        return Prediction(rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",))
     if plan == "alone" and len(members) > 1:
-        parts = [_predict(key, model, gpu_name, (x,), n, plan, nano, micro) for x in members]
+        parts = [predict_cached(key, model, gpu_name, (x,), n, plan, nano, micro) for x in members]
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
         return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons)
     if plan not in MEASURED_PLANS:  # lorafusion, grouped: fused x roofline ratio
-        base = _predict(key, model, gpu_name, members, n, "fused", nano, micro)
-        ratio = (rf._step_time(model, gpu_name, members, n, plan, nano, micro)
-                 / rf._step_time(model, gpu_name, members, n, "fused", nano, micro))
+        base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro)
+        ratio = (rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro)
+                 / rf.step_time_s_of(model, gpu_name, members, n, "fused", nano, micro))
         reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
         return Prediction(base.step_time_s * ratio, True, reasons)
     m, gpu = get_model(model), GPUS[gpu_name]
     entry = art["models"][model]
-    tab = _tables(key, model)
+    tab = tables_of(key, model)
     pe = entry["plans"][PLAN_FAMILY[plan]]
     if plan not in ("fused",):
         nano = 1
@@ -610,7 +326,7 @@ def _predict(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n
     n_tensors = 2 * LINEARS_PER_LAYER * m.layers * (1 if plan == "fused" else len(members))
     params = sum(m.lora_params(x.rank) for x in members)
     opt = _opt_ms(art, params, n_tensors)
-    comm = _comm_s(m, gpu, members, n, micro)
+    comm = comm_s(m, gpu, members, n, micro)
     if nano > 1:
         comm /= nano
     step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3 + comm
@@ -633,7 +349,7 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
     live = max(0.0, sum(pe["memory"]["peak"].get(k, 0.0) * f[k] for k in FEATURES))
     saved = max(0.0, sum(pe["memory"]["saved"].get(k, 0.0) * f[k] for k in FEATURES))
     tab = tables if tables is not None else Tables(model, art["gpu"], entry)
-    weights = 2.0 * m.params / (n if rf._base_sharded(m, gpu, n) else 1)
+    weights = 2.0 * m.params / (n if rf.base_sharded(m, gpu, n) else 1)
     params = sum(m.lora_params(x.rank) for x in members)
     if checkpointing:
         return {"weights": weights, "adapters": rf.ADAPTER_STATE_BYTES_PER_PARAM * params,
@@ -644,10 +360,10 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
 
 
 @lru_cache(maxsize=1 << 18)
-def _memory(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int,
+def memory_bytes_of(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int,
             ckpt: bool = True) -> float:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
-        return rf._memory(model, gpu_name, members, n, micro)
+        return rf.memory_bytes_of(model, gpu_name, members, n, micro)
     return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt,
-                                      _tables(key, model)).values()))
+                                      tables_of(key, model)).values()))

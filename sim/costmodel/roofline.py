@@ -42,14 +42,14 @@ from typing import Sequence
 
 import numpy as np
 
-from tlora_sim.sim.core.cluster import GPUS, GpuSpec
+from tlora_sim.sim.costmodel.hardware import GPUS, GpuSpec
 from tlora_sim.sim.costmodel.interface import Member, check_plan
 from tlora_sim.sim.costmodel.models import ModelSpec, get_model
 
 # docs/costmodel.md, reference measurements (H100 80GB, cuBLAS bf16, 4096x4096): tokens -> TFLOP/s.
-_GEMM_TOKENS = np.array([128.0, 512.0, 1024.0, 2048.0, 8192.0])
-_GEMM_TFLOPS = np.array([192.0, 539.0, 721.0, 733.0, 741.0])
-_H100_MATMUL = 740e12
+GEMM_TOKENS = np.array([128.0, 512.0, 1024.0, 2048.0, 8192.0])
+GEMM_TFLOPS = np.array([192.0, 539.0, 721.0, 733.0, 741.0])
+H100_MATMUL_FLOPS = 740e12
 
 ATTN_EFFICIENCY = 0.5
 LORA_EFFICIENCY = 0.3
@@ -77,11 +77,11 @@ def gemm_rate(tokens_per_gpu: float, gpu: GpuSpec) -> float:
     Log-linear interpolation of docs/costmodel.md's H100 measurements, scaled by ``gpu.matmul_flops``;
     below 128 tokens the rate falls in proportion to tokens (weight-read bound).
     """
-    scale = gpu.matmul_flops / _H100_MATMUL
+    scale = gpu.matmul_flops / H100_MATMUL_FLOPS
     t = max(float(tokens_per_gpu), 1e-9)
-    if t < _GEMM_TOKENS[0]:
-        return _GEMM_TFLOPS[0] * 1e12 * scale * t / _GEMM_TOKENS[0]
-    return float(np.interp(np.log(t), np.log(_GEMM_TOKENS), _GEMM_TFLOPS)) * 1e12 * scale
+    if t < GEMM_TOKENS[0]:
+        return GEMM_TFLOPS[0] * 1e12 * scale * t / GEMM_TOKENS[0]
+    return float(np.interp(np.log(t), np.log(GEMM_TOKENS), GEMM_TFLOPS)) * 1e12 * scale
 
 
 class RooflineCostModel:
@@ -100,7 +100,7 @@ class RooflineCostModel:
     def describe(self) -> dict:
         """Identity recorded in ``config.json``."""
         return {"name": self.name, "kind": "analytic", "source": "sim/costmodel/roofline.py",
-                "gemm_curve_tokens": _GEMM_TOKENS.tolist(), "gemm_curve_tflops_h100": _GEMM_TFLOPS.tolist()}
+                "gemm_curve_tokens": GEMM_TOKENS.tolist(), "gemm_curve_tflops_h100": GEMM_TFLOPS.tolist()}
 
     def step_time_s(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                     nano_batches: int = 1, micro_batches: int = 1) -> float:
@@ -113,13 +113,13 @@ class RooflineCostModel:
         if nano_batches < 1 or micro_batches < 1 or not members:
             raise ValueError(f"need members, nano_batches >= 1, micro_batches >= 1; got {len(members)}, "
                              f"{nano_batches}, {micro_batches}")
-        return _step_time(model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
+        return step_time_s_of(model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
                           int(nano_batches), int(micro_batches))
 
     def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                      micro_batches: int = 1) -> float:
         """Peak memory per GPU (bytes); see the module docstring."""
-        return _memory(model, gpu, tuple(sorted(members)), int(n_gpus), int(micro_batches))
+        return memory_bytes_of(model, gpu, tuple(sorted(members)), int(n_gpus), int(micro_batches))
 
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (FLOP)."""
@@ -130,7 +130,7 @@ class RooflineCostModel:
         return self.step_time_s(model, gpu, (member,), n_gpus, "alone")
 
 
-def _base_sharded(m: ModelSpec, gpu: GpuSpec, n: int) -> bool:
+def base_sharded(m: ModelSpec, gpu: GpuSpec, n: int) -> bool:
     return n > 1 and 2 * m.params > 0.5 * gpu.memory_bytes
 
 
@@ -145,7 +145,7 @@ def _flops(model: str, members: tuple[Member, ...]) -> float:
 
 
 @lru_cache(maxsize=1 << 18)
-def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+def step_time_s_of(model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
                nano: int = 1, micro: int = 1) -> float:
     m, gpu = get_model(model), GPUS[gpu_name]
     bw = gpu.mem_bw_bytes_s
@@ -155,7 +155,7 @@ def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, p
     chunks = micro * nano  # base GEMM launches per layer per step
     tc = t / chunks
     lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
-    weight_bytes = 2 * 2 * lin_params / (n if _base_sharded(m, gpu, n) else 1)  # read in fwd and bwd
+    weight_bytes = 2 * 2 * lin_params / (n if base_sharded(m, gpu, n) else 1)  # read in fwd and bwd
     base = chunks * max(4.0 * lin_params * tc / gemm_rate(tc, gpu), weight_bytes / bw)
     attn = sum(6.0 * x.batch_size * x.seq_len**2 * m.heads * m.head_dim * m.layers for x in members)
     attn /= n * ATTN_EFFICIENCY * gpu.matmul_flops
@@ -181,7 +181,7 @@ def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, p
     if n > 1:
         link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
         comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + ALLREDUCE_LATENCY_S * m.layers
-        if _base_sharded(m, gpu, n):  # all-gather the frozen weights in forward and backward
+        if base_sharded(m, gpu, n):  # all-gather the frozen weights in forward and backward
             comm += micro * 2.0 * (n - 1) / n * 2 * lin_params / link
     hidden = (lora + comm) / nano  # nano-batching hides all but one nano-batch's share
     overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * m.layers * micro
@@ -189,9 +189,9 @@ def _step_time(model: str, gpu_name: str, members: tuple[Member, ...], n: int, p
 
 
 @lru_cache(maxsize=1 << 18)
-def _memory(model: str, gpu_name: str, members: tuple[Member, ...], n: int, micro: int = 1) -> float:
+def memory_bytes_of(model: str, gpu_name: str, members: tuple[Member, ...], n: int, micro: int = 1) -> float:
     m, gpu = get_model(model), GPUS[gpu_name]
-    weights = 2.0 * m.params / (n if _base_sharded(m, gpu, n) else 1)
+    weights = 2.0 * m.params / (n if base_sharded(m, gpu, n) else 1)
     adapters = ADAPTER_STATE_BYTES_PER_PARAM * sum(m.lora_params(x.rank) for x in members)
     t = sum(x.tokens for x in members) / n / micro  # one micro-batch's activations are live
     t_max = max((x.tokens for x in members), default=0) / n / micro

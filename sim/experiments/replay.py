@@ -27,7 +27,7 @@ from tlora_sim.sim.core.cluster import parse_cluster
 from tlora_sim.sim.core.engine import Engine
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundir import interrupt_handler, redeliver_interrupts, write_csv, write_json
-from tlora_sim.sim.costmodel.profiled import make_cost_model
+from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
 
 
