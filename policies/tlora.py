@@ -34,7 +34,7 @@ nano-batch count, step time, bound) and a per-kind log of which groups changed a
 them (``_note_changes``, from ``Snapshot.changed``). A refused merge stays refused until one side
 changes; a join answer for a job shape stands until its kind changes; merged step times are kept
 per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
-answers again. The running groups of each kind are also kept as arrays (``_KindTable``, updated
+answers again. The running groups of each kind are also kept as arrays (``KindTable``, updated
 as groups change), so the pairs a tick must examine are found with array operations, and under the
 profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``) evaluates every
 such pair, or every join candidate of a large kind, in one call: candidates it refuses by more
@@ -59,6 +59,8 @@ from tlora_sim.policies.nanobatch import NanoBatchTuner
 from tlora_sim.policies.ordering import order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, group_features, group_memo, job_shape, refused  # noqa: F401
+from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
@@ -77,6 +79,8 @@ class TLoRAConfig:
         nano_batching: tune nano-batch counts.
         consolidate: merge running groups on policy ticks (node, rack, cluster tiers).
         tick_s: policy tick (s): nano-batch measurements and consolidation.
+        join_rule: ``residual`` (the paper's: most residual capacity) or ``throughput`` (ours:
+            largest rise of collective throughput; ``tlora_join.py``).
     """
 
     max_group_size: int = 16
@@ -87,11 +91,12 @@ class TLoRAConfig:
     nano_batching: bool = True
     consolidate: bool = True
     tick_s: float = 600.0
+    join_rule: str = "residual"
 
 
 @register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
                                  "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
-class TLoRA:
+class TLoRA(JoinSearch):
     """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
@@ -102,6 +107,9 @@ class TLoRA:
         if self.config.max_group_size < 1 or self.config.window < 0 or self.config.tick_s <= 0:
             raise InputError("tlora needs max_group_size >= 1, window >= 0, tick_s > 0", field="tlora")
         order_queue([], self.config.ordering, 0.0)  # validate the ordering name
+        if self.config.join_rule not in JOIN_RULES:
+            raise InputError(f"unknown join rule {self.config.join_rule!r}; known: {', '.join(JOIN_RULES)}",
+                             field="join_rule")
         self.timer_s = self.config.tick_s if (self.config.grouping or self.config.nano_batching) else None
         self._reset()
 
@@ -115,7 +123,7 @@ class TLoRA:
         self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
         self._batches: dict[tuple, tuple] = {}  # (cost model id, GPU, kind) -> (cost model, FusedBatch or None)
         self._feats: dict[int, tuple] = {}  # group id -> (membership version, batch, (feature row, Σ T_iso))
-        self._tables: dict[tuple, _KindTable] = {}  # kind -> its running groups as arrays (``_note_changes``)
+        self._tables: dict[tuple, KindTable] = {}  # kind -> its running groups as arrays (``_note_changes``)
         self._job_rows: dict[tuple, tuple] = {}  # (batch id, job shape) -> (batch, feature row)
         # consolidation's change tracking (``_note_changes``)
         self._stamp = 0
@@ -291,158 +299,6 @@ class TLoRA:
                     plan.join(target, j)
                     placed.add(j.index)
 
-    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
-        """The running or planned group with the most residual capacity that ``job`` may join
-        (ties: the earliest in start/plan order). Groups are tried in order of residual capacity
-        left for the job (from each group's cached step time and bound), so ``merge_ok`` runs only
-        until the first that accepts; a running group unchanged in this decision keeps its answer
-        for the job's shape (memoised per group as grouping sees it, ``_note_changes``)."""
-        if snap.kinds is None:
-            return self._join_target_scan(snap, plan.candidates(job), job, can_start)
-        kind = (job.model, job.num_gpus)
-        jkey = _job_shape(job, can_start)
-        # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
-        # shape are asked about again and again while they wait)
-        kv = plan.kind_version.get(kind, 0)
-        recent = self._recent.get(kind)
-        valid = (plan.serial, kv) if kv else (next(reversed(recent.values())) if recent else -1)
-        hit = self._target_memo.get((kind, jkey))
-        if hit is not None and hit[0] == valid:
-            x = hit[1]
-            if x is None or isinstance(x, PlannedGroup):
-                return x
-            if x in snap.kinds.get(kind, ()):
-                return plan.group(x)
-        best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
-        ans = best if best is None or best.group_id is None else best.group_id
-        self._target_memo[(kind, jkey)] = (valid, ans)
-        return best
-
-    def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
-                            jkey: tuple) -> PlannedGroup | None:
-        """``_join_target`` without its per-shape memo: running groups of the kind in start order,
-        then the groups planned in this decision, ranked by residual capacity for ``job``; the first
-        that ``merge_ok`` accepts. Running groups unchanged in this decision are read from the
-        kind's table, and those the batch cost model refuses by more than its margin are passed
-        over unasked (``tlora_sim.sim.costmodel.batch``); ``merge_ok``'s answers for the rest are memoised per
-        unchanged group and ``jkey``."""
-        bound_job = job.max_slowdown * job.isolated_step_time_s
-        bonus = 1.0 if can_start else 0.0
-        order = self._join_order(snap, plan, job, kind, bound_job, bonus)
-        for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
-            sl = self._slack(snap, g, bound_job)
-            if sl > 0:
-                order.append((-sl, _AFTER_RUNNING + i, g, None))
-        order.sort(key=lambda t: (t[0], t[1]))
-        for _, _, x, proto in order:
-            answers = ok = None
-            if proto is not None:  # an unchanged running group: its answer for this job shape is kept
-                answers = _group_memo(self._join_memo, proto)
-                ok = answers.get(jkey)
-                if ok is False:
-                    continue
-            g = x if isinstance(x, PlannedGroup) else plan.group(x)
-            if ok is None:
-                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
-                                   + bonus)
-                if answers is not None:
-                    answers[jkey] = ok
-            if ok:
-                return g
-        return None
-
-    def _join_order(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, bound_job: float,
-                    bonus: float) -> list[tuple]:
-        """The running groups of ``kind`` that may take ``job`` (bound ``bound_job``; ``bonus``: its
-        value apart), as (-slack, start rank, group id, proto or None if changed in this decision):
-        ``_join_order_scan`` for small kinds, ``_join_order_table`` (batch-screened) from
-        ``_ARRAY_MIN`` groups up. Groups left out have no residual capacity for the job or are
-        refused by the batch screen: ``merge_ok`` would refuse them."""
-        tab = self._tables.get(kind)
-        if tab is None or not tab.slot:
-            return []
-        if len(tab.slot) < _ARRAY_MIN:
-            return self._join_order_scan(snap, plan, kind, bound_job)
-        return self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
-
-    def _join_order_scan(self, snap: Snapshot, plan: Planner, kind: tuple, bound_job: float) -> list[tuple]:
-        """The running groups of ``kind`` with residual capacity left for a job of bound
-        ``bound_job``, as (-slack, start rank, group id, proto or None if changed in this decision),
-        by a scan (cheaper than the table for a few groups)."""
-        order = []
-        for gid in snap.kinds.get(kind, ()):
-            if plan.removed(gid):
-                continue
-            proto = None if plan.joined(gid) else self._protos.get(gid)
-            if proto is not None:  # the cached (step, bound) read directly: this loop is hot on long queues
-                _, step, bound = proto._cached
-                slack = min(bound, bound_job) - step
-            else:
-                slack = self._slack(snap, plan.group(gid), bound_job)
-            if slack > 0:
-                order.append((-slack, gid, gid, proto))
-        return order
-
-    def _join_order_table(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, tab: "_KindTable",
-                          bound_job: float, bonus: float) -> list[tuple]:
-        """``_join_order_scan`` from the kind's table, leaving out the groups the batch cost model
-        refuses ``job`` by more than its margin (``tlora_sim.sim.costmodel.batch``): they would be refused."""
-        slack = np.minimum(tab.bound, bound_job) - tab.step
-        live = tab.alive & (slack > 0)
-        planned = [gid for gid in plan.touched_ids() if self._kind_of.get(gid) == kind]
-        for gid in planned:  # joined or merged away in this decision: read as planned, below
-            live[tab.slot[gid]] = False
-        idx = np.flatnonzero(live)
-        if tab.batch is not None and (row := self._job_row(tab.batch, job)) is not None:
-            k = idx[tab.known[idx]]
-            t = tab.batch.step_times(tab.batch.merge(tab.rows[k], row), tab.nano[k])
-            live[k[_refused(t, np.minimum(tab.bound[k], bound_job), tab.iso[k] + job.isolated_step_time_s,
-                            tab.rate[k] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)]] = False
-            idx = np.flatnonzero(live)
-        protos = self._protos
-        order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
-        for gid in planned:
-            if not plan.removed(gid):
-                sl = self._slack(snap, plan.group(gid), bound_job)
-                if sl > 0:
-                    order.append((-sl, gid, gid, None))
-        return order
-
-    def _slack(self, snap: Snapshot, g: PlannedGroup, bound_job: float) -> float:
-        """Residual capacity (s) left in ``g`` for a job whose own bound is ``bound_job`` (s):
-        min(g's bound, bound_job) - g's step time."""
-        return min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
-
-    def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
-        """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
-        slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
-        ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
-                                         + (1.0 if can_start else 0.0))
-        return slack, ok
-
-    def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
-        """The join target by a scan over ``cands`` (snapshots without the engine's kind index)."""
-        best, best_slack = None, 0.0
-        jkey = _job_shape(job, can_start)
-        for g in cands:
-            if g.group_id is not None and not g.added:
-                # unchanged running group: (slack, ok) is a pure function of its version and the job's shape
-                answers = _group_memo(self._scan_memo, g)
-                hit = answers.get(jkey)
-                if hit is None:
-                    hit = answers[jkey] = self._join_answer(snap, g, job, can_start)
-                slack, ok = hit
-                if ok and slack > best_slack:
-                    best, best_slack = g, slack
-                continue
-            slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
-            if slack <= 0 or slack <= best_slack:
-                continue
-            apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
-            if self.merge_ok(snap, g, [job], apart):
-                best, best_slack = g, slack
-        return best
-
     def _note_changes(self, snap: Snapshot) -> None:
         """Record which running groups changed *as grouping sees them* since the previous decision
         (their members or their nano-batch count; a regroup pause alone is no change), refresh the
@@ -499,7 +355,7 @@ class TLoRA:
                 self._protos[gid] = proto
                 tab = self._tables.get(kind)
                 if tab is None:
-                    tab = self._tables[kind] = _KindTable(self._batch(snap, kind))
+                    tab = self._tables[kind] = KindTable(self._batch(snap, kind))
                 feats = self._features(tab.batch, proto) if tab.batch is not None else None
                 iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
                 tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano,
@@ -610,7 +466,7 @@ class TLoRA:
             known = tab.known[at[src]] & tab.known[at[dst]]
             s, d = at[src[known]], at[dst[known]]
             t = tab.batch.step_times(tab.batch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
-            refuse = _refused(t, np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
+            refuse = refused(t, np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
                               tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain,
                               tab.batch.REL_MARGIN)
             keep = np.ones(src.size, bool)
@@ -628,13 +484,13 @@ class TLoRA:
         batch cost model refuses the pair by more than its margin. None: no screen (the batch does
         not apply)."""
         tab = self._tables[kind]
-        feats = None if tab.batch is None else _group_features(tab.batch, d.members)
+        feats = None if tab.batch is None else group_features(tab.batch, d.members)
         if feats is None:
             return None
         row, iso = feats
         step, bound = d.step_time_s(snap, self.plan), d.slowdown_bound_s(snap, self.plan)
         t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), d.nano_batches)
-        refuse = _refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
+        refuse = refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
                           tab.rate[at] + iso / step - freed_value + self.config.min_gain, tab.batch.REL_MARGIN)
         return ~(refuse & tab.known[at])
 
@@ -653,7 +509,7 @@ class TLoRA:
         version; None if the batch cannot describe it."""
         hit = self._feats.get(g.group_id)
         if hit is None or hit[0] != g.version or hit[1] is not fb:
-            hit = self._feats[g.group_id] = (g.version, fb, _group_features(fb, g.members))
+            hit = self._feats[g.group_id] = (g.version, fb, group_features(fb, g.members))
         return hit[2]
 
     def _job_row(self, fb: Any, job: Job) -> np.ndarray | None:
@@ -707,109 +563,3 @@ class TLoRA:
             live[gid] = (tuner, last, members)
         self._tuners = live
         return out
-
-
-_ARRAY_MIN = 32
-"""Fewest running groups of a kind for which the join search reads the kind's table and screens
-with the batch cost model (below, a scan with the memoised ``merge_ok`` answers is cheaper)."""
-_AFTER_RUNNING = 1 << 62
-"""Rank of the first group planned in a decision, after every running group (whose rank is its id,
-in start order) in the join-target order."""
-
-
-class _KindTable:
-    """The running groups of one kind as arrays, one slot per group, kept up to date as groups
-    change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
-    time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
-    (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
-    group). ``slot`` maps group id -> slot."""
-
-    def __init__(self, batch: Any, capacity: int = 16):
-        self.batch = batch
-        self.slot: dict[int, int] = {}
-        self._free: list[int] = []
-        self._alloc(capacity)
-
-    def _alloc(self, cap: int) -> None:
-        old = getattr(self, "size", None)
-        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano")}
-        new["known"] = np.zeros(cap, bool)
-        new["alive"] = np.zeros(cap, bool)
-        new["gid"] = np.full(cap, -1, np.int64)
-        new["rows"] = np.zeros((cap, self.batch.WIDTH if self.batch is not None else 0))
-        if old is not None:
-            n = len(old)
-            for name, arr in new.items():
-                arr[:n] = getattr(self, name)
-            self._free = list(range(cap - 1, n - 1, -1)) + self._free
-        else:
-            self._free = list(range(cap - 1, -1, -1))
-        for name, arr in new.items():
-            setattr(self, name, arr)
-
-    def put(self, gid: int, size: int, step: float, bound: float, iso: float, nano: int,
-            row: np.ndarray | None) -> None:
-        """Write group ``gid``'s state (a new group takes a free slot)."""
-        i = self.slot.get(gid)
-        if i is None:
-            if not self._free:
-                self._alloc(2 * len(self.size))
-            i = self.slot[gid] = self._free.pop()
-        self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
-        self.rate[i] = iso / step
-        self.gid[i], self.alive[i] = gid, True
-        self.known[i] = row is not None
-        if row is not None:
-            self.rows[i] = row
-
-    def retime(self, gid: int, step: float, nano: int) -> None:
-        """Group ``gid`` runs at ``nano`` nano-batches with step time ``step`` (s); members unchanged."""
-        i = self.slot[gid]
-        self.step[i], self.nano[i] = step, nano
-        self.rate[i] = self.iso[i] / step
-
-    def drop(self, gid: int) -> None:
-        """Forget group ``gid`` (closed, or moved to another kind)."""
-        i = self.slot.pop(gid, None)
-        if i is not None:
-            self.known[i] = self.alive[i] = False
-            self._free.append(i)
-
-    def slots(self, gids) -> np.ndarray:
-        """Slots of ``gids`` (in that order)."""
-        slot = self.slot
-        return np.fromiter((slot[g] for g in gids), int, len(gids))
-
-
-def _job_shape(job: Job, can_start: bool) -> tuple:
-    """What a join answer for ``job`` depends on (its cost-model member, slowdown bound terms, and
-    whether it could start alone now): the key of the join memos."""
-    return (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
-
-
-def _group_memo(memo: dict[int, tuple[tuple, dict]], g: PlannedGroup) -> dict:
-    """The answers ``memo`` keeps for running group ``g`` as it is now (its membership version and
-    nano-batch count; answers kept for another state are dropped)."""
-    state = (g.version, g.nano_batches)
-    ent = memo.get(g.group_id)
-    if ent is None or ent[0] != state:
-        ent = memo[g.group_id] = (state, {})
-    return ent[1]
-
-
-def _group_features(fb: Any, members: list[Job]) -> tuple[np.ndarray, float] | None:
-    """(batch feature row, Σ isolated step time (s)) of a group of ``members``; None if the batch
-    cannot describe it (``FusedBatch.row``)."""
-    row = fb.row([j.member for j in members])
-    return None if row is None else (row, sum(j.isolated_step_time_s for j in members))
-
-
-def _refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray,
-             margin: float) -> np.ndarray:
-    """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
-    time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
-    (the apart rate plus the minimum gain), each by more than ``margin`` (the batch's
-    ``REL_MARGIN``, ``tlora_sim.sim.costmodel.batch``) beyond the batch's error."""
-    over = step_s > bound_s * (1 + 1e-12) * (1 + margin)
-    short = (need > 0) & (iso_s / step_s * (1 + margin) < need * (1 - margin))
-    return over | short

@@ -98,12 +98,20 @@ def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_
     groups take the table path), assert identical job records and timelines, and return how many
     candidates the batch screen refused."""
     import tlora_sim.policies.tlora as tlora_module
+    import tlora_sim.policies.tlora_join as join_module
 
     if array_min is not None:
-        monkeypatch.setattr(tlora_module, "_ARRAY_MIN", array_min)
+        monkeypatch.setattr(join_module, "ARRAY_MIN", array_min)
     screened = []
-    real = tlora_module._refused
-    monkeypatch.setattr(tlora_module, "_refused", lambda *a: screened.append(int((r := real(*a)).sum())) or r)
+    real = tlora_module.refused
+
+    def counting(*a):
+        r = real(*a)
+        screened.append(int(r.sum()))
+        return r
+
+    for module in (tlora_module, join_module):  # the join search and consolidation both screen
+        monkeypatch.setattr(module, "refused", counting)
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy=policy, cluster=spec, seed=0,
                                                     cost_model=cost_model))
     a = run_engine(jobs, fast, spec, cost_model=model)

@@ -1,0 +1,118 @@
+"""tLoRA's incremental index: the running groups of each kind as arrays, and the small pure helpers
+the join search and consolidation share (issue 6's bookkeeping; none of it changes a decision).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tlora_sim.policies.planner import PlannedGroup
+from tlora_sim.sim.core.jobs import Job
+
+
+ARRAY_MIN = 32
+"""Fewest running groups of a kind for which the join search reads the kind's table and screens
+with the batch cost model (below, a scan with the memoised ``merge_ok`` answers is cheaper)."""
+AFTER_RUNNING = 1 << 62
+"""Rank of the first group planned in a decision, after every running group (whose rank is its id,
+in start order) in the join-target order."""
+
+
+class KindTable:
+    """The running groups of one kind as arrays, one slot per group, kept up to date as groups
+    change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
+    time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
+    (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
+    group). ``slot`` maps group id -> slot."""
+
+    def __init__(self, batch: Any, capacity: int = 16):
+        self.batch = batch
+        self.slot: dict[int, int] = {}
+        self._free: list[int] = []
+        self._alloc(capacity)
+
+    def _alloc(self, cap: int) -> None:
+        old = getattr(self, "size", None)
+        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano")}
+        new["known"] = np.zeros(cap, bool)
+        new["alive"] = np.zeros(cap, bool)
+        new["gid"] = np.full(cap, -1, np.int64)
+        new["rows"] = np.zeros((cap, self.batch.WIDTH if self.batch is not None else 0))
+        if old is not None:
+            n = len(old)
+            for name, arr in new.items():
+                arr[:n] = getattr(self, name)
+            self._free = list(range(cap - 1, n - 1, -1)) + self._free
+        else:
+            self._free = list(range(cap - 1, -1, -1))
+        for name, arr in new.items():
+            setattr(self, name, arr)
+
+    def put(self, gid: int, size: int, step: float, bound: float, iso: float, nano: int,
+            row: np.ndarray | None) -> None:
+        """Write group ``gid``'s state (a new group takes a free slot)."""
+        i = self.slot.get(gid)
+        if i is None:
+            if not self._free:
+                self._alloc(2 * len(self.size))
+            i = self.slot[gid] = self._free.pop()
+        self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
+        self.rate[i] = iso / step
+        self.gid[i], self.alive[i] = gid, True
+        self.known[i] = row is not None
+        if row is not None:
+            self.rows[i] = row
+
+    def retime(self, gid: int, step: float, nano: int) -> None:
+        """Group ``gid`` runs at ``nano`` nano-batches with step time ``step`` (s); members unchanged."""
+        i = self.slot[gid]
+        self.step[i], self.nano[i] = step, nano
+        self.rate[i] = self.iso[i] / step
+
+    def drop(self, gid: int) -> None:
+        """Forget group ``gid`` (closed, or moved to another kind)."""
+        i = self.slot.pop(gid, None)
+        if i is not None:
+            self.known[i] = self.alive[i] = False
+            self._free.append(i)
+
+    def slots(self, gids) -> np.ndarray:
+        """Slots of ``gids`` (in that order)."""
+        slot = self.slot
+        return np.fromiter((slot[g] for g in gids), int, len(gids))
+
+
+def job_shape(job: Job, can_start: bool) -> tuple:
+    """What a join answer for ``job`` depends on (its cost-model member, slowdown bound terms, and
+    whether it could start alone now): the key of the join memos."""
+    return (job.member, job.max_slowdown, job.isolated_step_time_s, can_start)
+
+
+def group_memo(memo: dict[int, tuple[tuple, dict]], g: PlannedGroup) -> dict:
+    """The answers ``memo`` keeps for running group ``g`` as it is now (its membership version and
+    nano-batch count; answers kept for another state are dropped)."""
+    state = (g.version, g.nano_batches)
+    ent = memo.get(g.group_id)
+    if ent is None or ent[0] != state:
+        ent = memo[g.group_id] = (state, {})
+    return ent[1]
+
+
+def group_features(fb: Any, members: list[Job]) -> tuple[np.ndarray, float] | None:
+    """(batch feature row, Σ isolated step time (s)) of a group of ``members``; None if the batch
+    cannot describe it (``FusedBatch.row``)."""
+    row = fb.row([j.member for j in members])
+    return None if row is None else (row, sum(j.isolated_step_time_s for j in members))
+
+
+def refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np.ndarray,
+             margin: float) -> np.ndarray:
+    """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
+    time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
+    (the apart rate plus the minimum gain), each by more than ``margin`` (the batch's
+    ``REL_MARGIN``, ``tlora_sim.sim.costmodel.batch``) beyond the batch's error."""
+    over = step_s > bound_s * (1 + 1e-12) * (1 + margin)
+    short = (need > 0) & (iso_s / step_s * (1 + margin) < need * (1 - margin))
+    return over | short

@@ -1,0 +1,239 @@
+"""tLoRA's join search: which running or planned group a queued job joins.
+
+Two rules, chosen by ``TLoRAConfig.join_rule``:
+
+- ``residual`` (tLoRA, arXiv 2602.07263): the group with the most residual capacity left for the
+  job (min over members of bound minus step time) that ``merge_ok`` accepts;
+- ``throughput`` (ours, the ``lookahead`` configuration): the group where the job raises
+  collective throughput most. Our rule, not the paper's: LoRA jobs' durations are predictable, so
+  packing a small job where it costs least should beat packing it where there is most room.
+
+Both read the incremental index (``tlora_index.py``): groups unchanged in a decision keep their
+answers per job shape, and large kinds are screened with the batch cost model first. The answers
+are those of asking every group (``tests/test_tlora_incremental.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tlora_sim.policies.planner import Planner, PlannedGroup
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, KindTable, group_memo, job_shape, refused
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.snapshot import Snapshot
+
+JOIN_RULES = ("residual", "throughput")
+
+
+class JoinSearch:
+    """The join-search half of ``TLoRA`` (a mixin: it reads the policy's config, memos and index)."""
+
+    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
+        """The running or planned group with the most residual capacity that ``job`` may join
+        (ties: the earliest in start/plan order). Groups are tried in order of residual capacity
+        left for the job (from each group's cached step time and bound), so ``merge_ok`` runs only
+        until the first that accepts; a running group unchanged in this decision keeps its answer
+        for the job's shape (memoised per group as grouping sees it, ``_note_changes``)."""
+        if snap.kinds is None:
+            return self._join_target_scan(snap, plan.candidates(job), job, can_start)
+        kind = (job.model, job.num_gpus)
+        jkey = job_shape(job, can_start)
+        # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
+        # shape are asked about again and again while they wait)
+        kv = plan.kind_version.get(kind, 0)
+        recent = self._recent.get(kind)
+        valid = (plan.serial, kv) if kv else (next(reversed(recent.values())) if recent else -1)
+        hit = self._target_memo.get((kind, jkey))
+        if hit is not None and hit[0] == valid:
+            x = hit[1]
+            if x is None or isinstance(x, PlannedGroup):
+                return x
+            if x in snap.kinds.get(kind, ()):
+                return plan.group(x)
+        best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
+        ans = best if best is None or best.group_id is None else best.group_id
+        self._target_memo[(kind, jkey)] = (valid, ans)
+        return best
+
+    def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                            jkey: tuple) -> PlannedGroup | None:
+        """``_join_target`` without its per-shape memo, by the configured join rule."""
+        if self.config.join_rule == "throughput":
+            return self._throughput_search(snap, plan, job, can_start, kind, jkey)
+        return self._residual_search(snap, plan, job, can_start, kind, jkey)
+
+    def _residual_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                         jkey: tuple) -> PlannedGroup | None:
+        """tLoRA's join rule: running groups of the kind in start order,
+        then the groups planned in this decision, ranked by residual capacity for ``job``; the first
+        that ``merge_ok`` accepts. Running groups unchanged in this decision are read from the
+        kind's table, and those the batch cost model refuses by more than its margin are passed
+        over unasked (``tlora_sim.sim.costmodel.batch``); ``merge_ok``'s answers for the rest are memoised per
+        unchanged group and ``jkey``."""
+        bound_job = job.max_slowdown * job.isolated_step_time_s
+        bonus = 1.0 if can_start else 0.0
+        order = self._join_order(snap, plan, job, kind, bound_job, bonus)
+        for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
+            sl = self._slack(snap, g, bound_job)
+            if sl > 0:
+                order.append((-sl, AFTER_RUNNING + i, g, None))
+        order.sort(key=lambda t: (t[0], t[1]))
+        for _, _, x, proto in order:
+            answers = ok = None
+            if proto is not None:  # an unchanged running group: its answer for this job shape is kept
+                answers = group_memo(self._join_memo, proto)
+                ok = answers.get(jkey)
+                if ok is False:
+                    continue
+            g = x if isinstance(x, PlannedGroup) else plan.group(x)
+            if ok is None:
+                ok = self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
+                                   + bonus)
+                if answers is not None:
+                    answers[jkey] = ok
+            if ok:
+                return g
+        return None
+
+    def _join_order(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, bound_job: float,
+                    bonus: float) -> list[tuple]:
+        """The running groups of ``kind`` that may take ``job`` (bound ``bound_job``; ``bonus``: its
+        value apart), as (-slack, start rank, group id, proto or None if changed in this decision):
+        ``_join_order_scan`` for small kinds, ``_join_order_table`` (batch-screened) from
+        ``ARRAY_MIN`` groups up. Groups left out have no residual capacity for the job or are
+        refused by the batch screen: ``merge_ok`` would refuse them."""
+        tab = self._tables.get(kind)
+        if tab is None or not tab.slot:
+            return []
+        if len(tab.slot) < ARRAY_MIN:
+            return self._join_order_scan(snap, plan, kind, bound_job)
+        return self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
+
+    def _join_order_scan(self, snap: Snapshot, plan: Planner, kind: tuple, bound_job: float) -> list[tuple]:
+        """The running groups of ``kind`` with residual capacity left for a job of bound
+        ``bound_job``, as (-slack, start rank, group id, proto or None if changed in this decision),
+        by a scan (cheaper than the table for a few groups)."""
+        order = []
+        for gid in snap.kinds.get(kind, ()):
+            if plan.removed(gid):
+                continue
+            proto = None if plan.joined(gid) else self._protos.get(gid)
+            if proto is not None:  # the cached (step, bound) read directly: this loop is hot on long queues
+                _, step, bound = proto._cached
+                slack = min(bound, bound_job) - step
+            else:
+                slack = self._slack(snap, plan.group(gid), bound_job)
+            if slack > 0:
+                order.append((-slack, gid, gid, proto))
+        return order
+
+    def _join_order_table(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, tab: "KindTable",
+                          bound_job: float, bonus: float) -> list[tuple]:
+        """``_join_order_scan`` from the kind's table, leaving out the groups the batch cost model
+        refuses ``job`` by more than its margin (``tlora_sim.sim.costmodel.batch``): they would be refused."""
+        slack = np.minimum(tab.bound, bound_job) - tab.step
+        live = tab.alive & (slack > 0)
+        planned = [gid for gid in plan.touched_ids() if self._kind_of.get(gid) == kind]
+        for gid in planned:  # joined or merged away in this decision: read as planned, below
+            live[tab.slot[gid]] = False
+        idx = np.flatnonzero(live)
+        if tab.batch is not None and (row := self._job_row(tab.batch, job)) is not None:
+            k = idx[tab.known[idx]]
+            t = tab.batch.step_times(tab.batch.merge(tab.rows[k], row), tab.nano[k])
+            live[k[refused(t, np.minimum(tab.bound[k], bound_job), tab.iso[k] + job.isolated_step_time_s,
+                            tab.rate[k] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)]] = False
+            idx = np.flatnonzero(live)
+        protos = self._protos
+        order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
+        for gid in planned:
+            if not plan.removed(gid):
+                sl = self._slack(snap, plan.group(gid), bound_job)
+                if sl > 0:
+                    order.append((-sl, gid, gid, None))
+        return order
+
+    def _slack(self, snap: Snapshot, g: PlannedGroup, bound_job: float) -> float:
+        """Residual capacity (s) left in ``g`` for a job whose own bound is ``bound_job`` (s):
+        min(g's bound, bound_job) - g's step time."""
+        return min(g.slowdown_bound_s(snap, self.plan), bound_job) - g.step_time_s(snap, self.plan)
+
+    def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
+        """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
+        slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
+        ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
+                                         + (1.0 if can_start else 0.0))
+        return slack, ok
+
+    def _join_target_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
+        """The join target by a scan over ``cands`` (snapshots without the engine's kind index), by
+        the configured join rule."""
+        if self.config.join_rule == "throughput":
+            jkey = job_shape(job, can_start)
+            return self._best_gain(snap, [(g, g if g.group_id is not None and not g.added else None)
+                                          for g in cands], job, can_start, jkey)
+        return self._residual_scan(snap, cands, job, can_start)
+
+    def _residual_scan(self, snap: Snapshot, cands, job: Job, can_start: bool) -> PlannedGroup | None:
+        """tLoRA's join rule by a scan over ``cands``: the most residual capacity."""
+        best, best_slack = None, 0.0
+        jkey = job_shape(job, can_start)
+        for g in cands:
+            if g.group_id is not None and not g.added:
+                # unchanged running group: (slack, ok) is a pure function of its version and the job's shape
+                answers = group_memo(self._scan_memo, g)
+                hit = answers.get(jkey)
+                if hit is None:
+                    hit = answers[jkey] = self._join_answer(snap, g, job, can_start)
+                slack, ok = hit
+                if ok and slack > best_slack:
+                    best, best_slack = g, slack
+                continue
+            slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
+            if slack <= 0 or slack <= best_slack:
+                continue
+            apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
+            if self.merge_ok(snap, g, [job], apart):
+                best, best_slack = g, slack
+        return best
+
+    # ---- the throughput rule (ours) ----------------------------------------------------------------
+    def _throughput_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                           jkey: tuple) -> PlannedGroup | None:
+        """The group of ``kind`` where ``job`` raises collective throughput most (ties: the earliest
+        in start/plan order). Running groups unchanged in this decision are read as the policy's
+        own picture of them (no planned copy) and keep their gain for the job's shape, memoised per
+        membership version and nano-batch count (``TLoRA._join_target`` keeps the answer per kind)."""
+        # the running groups that may take the job, unchanged ones with their picture (the others
+        # would refuse it: gain -inf), in start order
+        order = self._join_order(snap, plan, job, kind, job.max_slowdown * job.isolated_step_time_s,
+                                 1.0 if can_start else 0.0)
+        running = [(gid, proto) if proto is not None else (plan.group(gid), None)
+                   for _, gid, _, proto in sorted(order, key=lambda t: t[1])]
+        best = self._best_gain(snap, running + [(g, None) for g in plan.new_of_kind(kind)], job, can_start, jkey)
+        return plan.group(best) if isinstance(best, int) else best
+
+    def _best_gain(self, snap: Snapshot, cands: list[tuple], job: Job, can_start: bool, jkey: tuple):
+        """The first of ``cands`` with the largest positive gain (``_gain``). ``cands``: (group or
+        running group id with its unchanged view; a group with None), in start/plan order; a group
+        id is resolved by the caller."""
+        best, best_gain = None, 0.0
+        for x, view in cands:
+            if view is None:
+                gain = self._gain(snap, x, job, can_start)
+            else:
+                gains = group_memo(self._scan_memo, view)
+                gain = gains.get(jkey)
+                if gain is None:
+                    gain = gains[jkey] = self._gain(snap, view, job, can_start)
+            if gain > best_gain:
+                best, best_gain = x, gain
+        return best
+
+    def _gain(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> float:
+        """Rise of collective throughput if ``job`` joins ``g`` over the two apart (the job counted
+        as 1 if it could start alone now); -inf if ``merge_ok`` refuses the join."""
+        apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
+        if not self.merge_ok(snap, g, [job], apart):
+            return float("-inf")
+        new_step, _ = self._merged(snap, g, [job])
+        return self.collective_rate(g.members + [job], new_step) - apart
