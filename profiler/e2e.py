@@ -34,7 +34,8 @@ def run(device: str, prov: dict, out: Path, deadline: float = float("inf"), tiny
     import torch.nn.functional as F
 
     from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, Marks, layer_forward, rmsnorm, shape_of, sync
-    from tlora_sim.profiler.profile import Writer, log, mix_key, order_members, variant
+    from tlora_sim.profiler.grid import mix_key, order_members
+    from tlora_sim.profiler.provenance import Writer, log, variant
 
     if tiny:
         sh, mixes, reps = TINY, TINY_MIXES, 1

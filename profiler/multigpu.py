@@ -506,7 +506,7 @@ def _worker(rank: int, world: int, args, port: int) -> None:
 def _provenance(device: str) -> dict:
     import torch
 
-    from tlora_sim.profiler.profile import git_commit, short_gpu_name
+    from tlora_sim.profiler.provenance import git_commit, short_gpu_name
 
     try:
         import triton

@@ -1,0 +1,138 @@
+"""The grid of mixes the single-GPU profile measures: rank, batch and sequence-length values, the
+quick and full token grids per model, the canonical mix key and member order, and the parallel
+precompilation of the fused kernel for the mixes of a run."""
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from tlora_sim.profiler.provenance import log, variant  # noqa: F401
+
+
+PLAN_IMPL = {"alone": "loop", "loop": "loop", "fused": "fused"}
+RANKS = (2, 4, 8, 16, 32, 64, 128)
+BATCHES = (1, 2, 4, 8)
+SEQS = (512, 1024, 2048, 4096)
+
+# tokens per GPU the quick grid reaches, by model (one layer fits; the step stays under ~0.2 s)
+T_MAX_QUICK = {"llama3-8b": 32768, "qwen3-8b": 32768, "qwen2.5-32b": 16384, "llama3-70b": 16384}
+T_MAX_FULL = {"llama3-8b": 65536, "qwen3-8b": 65536, "qwen2.5-32b": 32768, "llama3-70b": 32768}
+MODEL_WEIGHT = {"llama3-8b": 1.3, "qwen3-8b": 1.3, "qwen2.5-32b": 1.3, "llama3-70b": 1.6}
+# per-call overhead of the harness: the layer alone and stacked three times (profile --stack)
+MINI_MIXES = ([(16, 1, 512)], [(16, 2, 1024)], [(16, 1, 512)] * 4, [(2, 2, 512), (4, 1, 1024), (8, 1, 1024), (16, 1, 1024)],
+              [(16, 1, 512)] * 8, [(16, 4, 2048)] * 2)
+STACK_MIXES = ([(16, 1, 512)], [(16, 1, 512)] * 4, [(16, 1, 512)] * 8, [(16, 4, 2048)] * 2)
+
+
+
+
+# ------------------------------------------------------------------------------------- the grid
+def mix_key(members) -> str:
+    """Canonical id of a mix: ``r:b:s`` per member, members sorted."""
+    return "|".join(f"{r}:{b}:{s}" for r, b, s in sorted(members))
+
+
+def order_members(members) -> list[tuple[int, int, int]]:
+    """Segment order used by the layer: by sequence length (one SDPA call per length), then rank."""
+    return sorted((tuple(m) for m in members), key=lambda m: (m[2], m[0], m[1]))
+
+
+def quick_mixes(model: str, t_max: int, n_random: int = 20, seed: int = 0) -> list[list[tuple]]:
+    """The mixes of a profile: uniform mixes (n adapters x one rank x one micro-batch shape) and
+    seeded random heterogeneous mixes (ranks 2-128, 1-8 sequences of 512-4096 tokens, 2-16
+    adapters), interleaved so that a run cut short still spans the space."""
+    shapes = {1: [(1, 512), (2, 2048), (8, 2048)], 2: [(1, 512), (2, 2048)], 4: [(1, 512), (2, 1024)],
+              8: [(1, 512), (1, 2048)], 16: [(1, 512), (1, 1024)]}
+    uniform = []
+    for n, bss in shapes.items():
+        for b, s in bss:
+            for r in (4, 16, 64):
+                if n * b * s <= t_max:
+                    uniform.append([(r, b, s)] * n)
+    rng = random.Random(zlib.crc32(model.encode()) + seed)
+    rand, seen = [], {mix_key(m) for m in uniform}
+    tries = 0
+    while len(rand) < n_random and tries < 10000:
+        tries += 1
+        n = rng.choice((2, 3, 4, 5, 6, 8, 10, 12, 16))
+        shapes_ok = [(b, s) for b in BATCHES for s in SEQS if b * s <= t_max // n]
+        if not shapes_ok:
+            continue
+        mem = [(rng.choice(RANKS), *rng.choice(shapes_ok)) for _ in range(n)]
+        if mix_key(mem) in seen:
+            continue
+        seen.add(mix_key(mem))
+        rand.append(mem)
+    urng = random.Random(7)
+    urng.shuffle(uniform)
+    out = []
+    for i in range(max(len(uniform), len(rand))):
+        if i < len(uniform):
+            out.append(uniform[i])
+        if i < len(rand):
+            out.append(rand[i])
+    return [order_members(m) for m in out]
+
+
+def spread(values: list) -> list:
+    """Coarse-to-fine order of a sorted grid (ends and middle first) for budgeted runs."""
+    vals, out = list(values), []
+    idx = [0, len(vals) - 1]
+    step = len(vals) - 1
+    while step > 1:
+        step = (step + 1) // 2
+        idx += list(range(0, len(vals), step))
+    idx += list(range(len(vals)))
+    for i in idx:
+        if vals[i] not in out:
+            out.append(vals[i])
+    return out
+
+
+def token_grid(t_max: int) -> list[int]:
+    g = [64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]
+    return [t for t in g if t <= t_max]
+
+
+
+
+def _precompile_one(ranks: tuple, device: str):
+    """Compile the fused kernels' variant for one rank-bucket set (tiny shapes: Triton specialises
+    on divisibility by 16 only, so the compiled kernels serve every real shape)."""
+    import torch
+
+    from tlora_sim.profiler.kernels import build_plan, multi_lora_linear
+
+    K = N = 64
+    segs = [16] * len(ranks)
+    M = sum(segs)
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
+    W = torch.randn(N, K, device=device, dtype=torch.bfloat16)
+    A = torch.randn(sum(ranks), K, device=device, dtype=torch.bfloat16, requires_grad=True)
+    B = torch.randn(sum(ranks), N, device=device, dtype=torch.bfloat16, requires_grad=True)
+    from tlora_sim.profiler.layer import ALPHA_OVER_R, DROPOUT
+
+    plan = build_plan(segs, list(ranks), [ALPHA_OVER_R] * len(ranks), DROPOUT, K, N, device)
+    y = multi_lora_linear(x, W, A, B, plan, seed=1)
+    torch.autograd.grad(y, [x, A, B], torch.randn_like(y))
+    torch.cuda.synchronize()
+    return True
+
+
+def precompile(mixes: list, device: str, workers: int = 8):
+    """Warm Triton's on-disk cache for every rank-bucket set in ``mixes``, in parallel processes."""
+    import multiprocessing as mp
+
+    from tlora_sim.profiler.kernels import multilora
+
+    keys = {}
+    for mem in mixes:
+        bk = tuple(sorted({multilora._bucket(r) for r, _, _ in mem}))
+        keys.setdefault(bk, tuple(sorted({r for r, _, _ in mem})))
+    t0 = time.time()
+    try:
+        with mp.get_context("spawn").Pool(min(workers, len(keys))) as pool:
+            pool.starmap(_precompile_one, [(v, device) for v in keys.values()])
+        log(f"precompiled fused kernels for {len(keys)} rank-bucket sets in {time.time() - t0:.1f} s")
+    except Exception as e:  # noqa: BLE001 (the main process compiles lazily anyway)
+        log(f"precompile failed ({e!r}); compiling lazily")
