@@ -107,7 +107,7 @@ class ScriptedPolicy:
 
 # ---- child: one replay, recorded or scripted -----------------------------------------------------
 def _child(spec: dict) -> dict:
-    import tlora_sim.sim.core.engine as engine_mod
+    from tlora_sim.sim.core.listeners import EventCounter
     from tlora_sim.policies.registry import make_policy
     from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
@@ -119,25 +119,18 @@ def _child(spec: dict) -> dict:
     else:
         with open(spec["script"], "rb") as f:
             policy = ScriptedPolicy(pickle.load(f), like=real)
-    retimes = [0]
-    original = engine_mod.Engine._retime
-
-    def counting_retime(self, g):
-        retimes[0] += 1
-        return original(self, g)
-
-    engine_mod.Engine._retime = counting_retime
+    counter = EventCounter()
     with tempfile.TemporaryDirectory(prefix="tlora-floor-") as tmp:
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        replay(cfg, tmp, progress=False, plots=False, check_invariants=False, policy=policy)
+        replay(cfg, tmp, progress=False, plots=False, check_invariants=False, policy=policy, listeners=[counter])
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         out_sha = bench_replay.output_sha(Path(tmp))
         perf = json.loads((Path(tmp) / "perf.json").read_text())
         cm = json.loads((Path(tmp) / "config.json").read_text()).get("cost_model", {})
     res = {"jobs": perf["jobs"], "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "wall_s": wall,
-           "out_sha": out_sha, "src_sha": src, "retimes": retimes[0],
+           "out_sha": out_sha, "src_sha": src, "retimes": counter.counts["retimes"],
            "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm)}
     if spec["mode"] == "record":
         with open(spec["script"], "wb") as f:

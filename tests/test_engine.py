@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from tlora_sim.sim.core.listeners import EngineListener, EventCounter
+
 from conftest import CM, cluster, make_job, policy, reindex, run_engine
 from tlora_sim.sim.core.engine import Engine, InvariantError
 from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
@@ -109,15 +111,14 @@ def test_pause_shows_as_zero_token_rate_in_the_timeline():
 def test_stale_timers_are_ignored_and_every_job_finishes_once(reliability):
     a = make_job(0, steps=1000)
     b = make_job(1, submit=50.0, steps=400)
-    eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), regroup_pause_s=30.0)
     finishes = []
-    original = eng._chk.finish
 
-    def spy(gid, i, early=False):
-        finishes.append((eng.env.now, i))
-        original(gid, i, early=early)
+    class Spy(EngineListener):
+        def finish(self, gid, i, *, early=False):
+            finishes.append((eng.env.now, i))
 
-    eng._chk.finish = spy
+    eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), regroup_pause_s=30.0,
+                 listeners=[Spy()])
     res = eng.run()
     # a's first timer (at 1000 x T alone) fired after the regroup and was ignored: exactly one finish each
     assert sorted(i for _, i in finishes) == [0, 1]
@@ -279,3 +280,15 @@ def test_same_time_arrivals_are_one_decision_in_index_order():
     run_engine(jobs, pol, "1x8xH100")
     first = pol.seen[0]
     assert first.now_s == 5.0 and [j.index for j in first.queue] == [0, 1, 2, 3]
+
+
+def test_listeners_see_every_state_change_and_change_nothing():
+    """An EventCounter listening in does not change a simulation, and counts what happened."""
+    jobs = [make_job(i, submit=10.0 * i, steps=5000) for i in range(6)]
+    quiet = Engine(jobs, cluster("1x8xH100"), CM, Scripted(join_on_arrival), check_invariants=False).run()
+    counter = EventCounter()
+    loud = Engine(jobs, cluster("1x8xH100"), CM, Scripted(join_on_arrival), listeners=[counter]).run()
+    assert [(r.start_s, r.finish_s) for r in quiet.records] == [(r.start_s, r.finish_s) for r in loud.records]
+    assert counter.counts["finishes"] == 6 and counter.counts["starts"] >= 1
+    assert counter.counts["joins"] >= 1 and counter.counts["retimes"] > counter.counts["joins"]
+    assert counter.counts["decisions"] == loud.decisions

@@ -206,13 +206,14 @@ def test_history_is_a_bounded_ring_buffer():
     jobs = [make_job(i, submit=10.0 * i, steps=50) for i in range(40)]
     eng = Engine(jobs, cluster("1x8xH100"), CM, policy("independent"))
     eng.run()
-    assert len(eng._chk.events) == 50  # far more than 50 events happened
-    assert eng._chk.events[-1][1] == "end"
+    (checker,) = [x for x in eng._obs.listeners if isinstance(x, InvariantChecker)]
+    assert len(checker.events) == 50  # far more than 50 events happened
+    assert checker.events[-1][1] == "end"
 
 
 def test_checks_off_means_no_checker():
     eng = Engine([make_job(0)], cluster(), CM, policy("independent"), check_invariants=False)
-    assert eng._chk is None
+    assert eng._obs is None
     eng.run()
 
 

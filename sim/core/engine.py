@@ -31,6 +31,7 @@ from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.costmodel.interface import CostModel
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
+from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
@@ -112,7 +113,9 @@ class Engine:
         regroup_pause_s: pause of a group when members join (s).
         progress: optional callback ``progress(now_s)`` called after each decision.
         check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
-            for benchmarks).
+            for benchmarks). The checker is a listener, called after ``listeners``.
+        listeners: ``EngineListener`` objects told of every state change (``sim/core/listeners.py``),
+            e.g. an ``EventCounter``.
 
     Raises:
         ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
@@ -124,7 +127,7 @@ class Engine:
 
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
-                 check_invariants: bool = True) -> None:
+                 check_invariants: bool = True, listeners: Sequence[EngineListener] = ()) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -161,12 +164,13 @@ class Engine:
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
         self._timer_s = policy.timer_s
         self._timer_pending = False
-        self._chk = InvariantChecker(self.jobs, cluster, cost_model) if check_invariants else None
+        watchers = list(listeners) + ([InvariantChecker(self.jobs, cluster, cost_model)] if check_invariants else [])
+        self._obs = Listeners(watchers) if watchers else None
 
     def _fail(self, message: str) -> None:
         """Reject an impossible state: InvariantViolation with history when checking, else InvariantError."""
-        if self._chk is not None:
-            self._chk.fail("action", message)
+        if self._obs is not None:
+            self._obs.fail("action", message)
         raise InvariantError(f"t={self.env.now:.6f}s: {message}")
 
     # ---- run -------------------------------------------------------------------------------
@@ -175,8 +179,8 @@ class Engine:
         t0 = time.perf_counter()
         self.env.process(self._arrivals())
         self.env.run()
-        if self._chk is not None:  # every job finished once, GPUs released, work adds up
-            self._chk.final(self.timeline, self.records)
+        if self._obs is not None:  # every job finished once, GPUs released, work adds up
+            self._obs.final(self.timeline, self.records)
         if self._finished != len(self.jobs):
             left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
@@ -194,8 +198,8 @@ class Engine:
             while i < len(jobs) and jobs[i].submit_time_s <= env.now:
                 self.queue[i] = jobs[i]
                 i += 1
-            if self._chk is not None:
-                self._chk.arrive(env.now, range(first, i))
+            if self._obs is not None:
+                self._obs.arrive(env.now, range(first, i))
             self._events += 1
             self._request_decision()
 
@@ -231,8 +235,8 @@ class Engine:
         snap.groups.freeze()  # the engine changes from here on
         self._decision_time += time.perf_counter() - t0
         self._decisions += 1
-        if self._chk is not None:
-            self._chk.decision(self.env.now, actions)
+        if self._obs is not None:
+            self._obs.decision(self.env.now, actions)
         for a in actions:
             if isinstance(a, StartGroup):
                 self._start_group(a)
@@ -292,8 +296,8 @@ class Engine:
         self._gpus_alloc += n
         self._kinds.setdefault((g.model, g.n_gpus), {})[g.gid] = None
         self._running += len(idx)
-        if self._chk is not None:
-            self._chk.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
+        if self._obs is not None:
+            self._obs.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
         for i in idx:
             r = self.records[i]
             if r.start_s is None:
@@ -308,8 +312,8 @@ class Engine:
             self._fail(f"AddMembers puts jobs {bad} on a {g.model} group")
         self._settle(g)
         now = self.env.now
-        if self._chk is not None:
-            self._chk.join(g.gid, idx)
+        if self._obs is not None:
+            self._obs.join(g.gid, idx)
         self._running += len(idx)
         g.membership = None
         for i in idx:
@@ -326,8 +330,8 @@ class Engine:
         g = self._group(a.group_id, "RemoveMembers")
         self._check_members(g, a.job_indices, "RemoveMembers")
         self._settle(g)
-        if self._chk is not None:
-            self._chk.leave(g.gid, a.job_indices)
+        if self._obs is not None:
+            self._obs.leave(g.gid, a.job_indices)
         self._running -= len(a.job_indices)
         g.membership = None
         for i in a.job_indices:
@@ -377,8 +381,8 @@ class Engine:
         now = self.env.now
         g.membership = None
         for i in done:
-            if self._chk is not None:
-                self._chk.finish(g.gid, i, early=self.records[i].early_exit)
+            if self._obs is not None:
+                self._obs.finish(g.gid, i, early=self.records[i].early_exit)
             g.members.remove(i)
             self._running -= 1
             rec = self.records[i]
@@ -412,8 +416,8 @@ class Engine:
         if done:
             for i in g.members:
                 g.remaining[i] -= done
-            if self._chk is not None:
-                self._chk.progress(g.members, done)
+            if self._obs is not None:
+                self._obs.progress(g.members, done)
         g.last_update_s = now
 
     def _retime(self, g: _Group) -> None:
@@ -422,8 +426,8 @@ class Engine:
         _, members, _, _, first_i = g.membership or self._membership(g)
         g.step_time_s = step = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan,
                                                            g.nano_batches, g.micro_batches)
-        if self._chk is not None:  # memory fits, step time finite and > 0
-            self._chk.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, step, g.micro_batches)
+        if self._obs is not None:  # memory fits, step time finite and > 0
+            self._obs.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, step, g.micro_batches)
         self._set_rates(g, active=now >= g.paused_until_s)
         g.version += 1
         self._dirty.add(g.gid)
@@ -470,8 +474,8 @@ class Engine:
         if g is None or g.version != version:
             return
         self._events += 1
-        if self._chk is not None:
-            self._chk.at(self.env.now, "resume", gid)
+        if self._obs is not None:
+            self._obs.at(self.env.now, "resume", gid)
         self._set_rates(g, active=True)
         self._record()
 
@@ -480,8 +484,8 @@ class Engine:
         if g is None or g.version != version:
             return  # stale: the group changed since this timer was set
         self._events += 1
-        if self._chk is not None:
-            self._chk.at(self.env.now, "timer", gid)
+        if self._obs is not None:
+            self._obs.at(self.env.now, "timer", gid)
         self._settle(g)
         done = [i for i in g.members if g.remaining[i] <= _STEP_EPS + 1e-9 * self.jobs[i].total_steps]
         if not done:
@@ -505,8 +509,8 @@ class Engine:
             del self._kinds[(g.model, g.n_gpus)]
         if not self.groups:  # no float drift of the running sums into an idle cluster
             self._tok_rate = self._flop_rate = 0.0
-        if self._chk is not None:
-            self._chk.close(g.gid, self.free.free)
+        if self._obs is not None:
+            self._obs.close(g.gid, self.free.free)
 
     def _record(self) -> None:
         now = self.env.now

@@ -32,6 +32,8 @@ import math
 from collections import deque
 from typing import Any, Sequence
 
+from tlora_sim.sim.core.listeners import EngineListener
+
 # Relative and absolute tolerance of the work and time checks (float round-off of rate x time).
 REL_TOL = 1e-6
 ABS_TOL_STEPS = 1e-3
@@ -85,7 +87,7 @@ def _fmt_event(ev: tuple) -> str:
     return f"t={t:.6f}s {kind}: {detail}"
 
 
-class InvariantChecker:
+class InvariantChecker(EngineListener):
     """Independent books on a running :class:`tlora_sim.sim.core.engine.Engine` (see the module docstring).
 
     Args:

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -117,8 +117,12 @@ def load_workload(cfg: ReplayConfig):
 
 
 def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
-           position: int = 0, check_invariants: bool = True, policy: Any = None) -> dict:
+           position: int = 0, check_invariants: bool = True, policy: Any = None,
+           listeners: Sequence[Any] = ()) -> dict:
     """Simulate one configuration and write its run directory.
+
+    ``listeners``: ``EngineListener`` objects the engine tells of every state change
+    (``sim/core/listeners.py``; ``bench/engine_floor.py`` counts re-times with one).
 
     ``check_invariants`` (default True) checks ``tlora_sim.sim.core.invariants`` while simulating; switch it off
     for benchmarks only (results are identical, the checks cost a few per cent).
@@ -151,7 +155,7 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     bar = _progress_bar(jobs, cfg.policy, position) if progress else None
     engine = Engine(jobs, cluster, cost_model, policy, regroup_pause_s=cfg.regroup_pause_s,
                     progress=(lambda now: bar.update(min(now / 3600.0, bar.total) - bar.n)) if bar else None,
-                    check_invariants=check_invariants)
+                    check_invariants=check_invariants, listeners=listeners)
     try:
         res = engine.run()
     finally:
