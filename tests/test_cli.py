@@ -473,8 +473,8 @@ def test_killed_replay_leaves_only_complete_files(sig, delay, previous, baseline
     out = tmp_path / "run"
     if previous:  # a complete earlier run in the same directory must survive intact
         shutil.copytree(baseline_run, out)
-    proc = subprocess.Popen([*EXE, *REPLAY_ARGS, "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*EXE, *REPLAY_ARGS, "--out", str(out), *(["--force"] if previous else [])], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
@@ -485,7 +485,79 @@ def test_killed_replay_leaves_only_complete_files(sig, delay, previous, baseline
     present = check_complete_or_absent(out, baseline_run) if out.exists() else []
     if previous:
         assert set(present) >= {"config.json", "jobs.csv", "timeline.csv", "summary.json", "perf.json"}
+    else:  # the run directory appears whole or not at all
+        assert not present or set(present) >= {"config.json", "jobs.csv", "timeline.csv", "summary.json"}
+    assert not [p.name for p in tmp_path.iterdir() if ".stage-" in p.name or ".old-" in p.name]
     reliability("signal_cases")
+
+
+def test_out_holding_a_run_is_refused_without_force(baseline_run, tmp_path, reliability):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(baseline_run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = cli("replay", "--trace", "synthetic:jobs=20,seed=1", "--cluster", "1x8xH100", "--policy", "independent",
+            "--out", str(out), "--no-progress")
+    assert r.returncode == 2 and "--force" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    r = cli("compare", "--trace", "synthetic:jobs=20,seed=1", "--cluster", "1x8xH100", "--policies", "independent",
+            "--out", str(out), "--no-progress")
+    assert r.returncode == 2 and "--force" in r.stderr
+    reliability("bad_inputs", 2)
+
+
+def test_force_replaces_the_whole_directory(baseline_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(baseline_run, out)
+    (out / "stale.txt").write_text("from an earlier run")
+    r = cli("replay", "--trace", "synthetic:jobs=20,seed=1", "--cluster", "1x8xH100", "--policy", "independent",
+            "--out", str(out), "--no-progress", "--no-plots", "--force")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "config.json").read_text())["policy"] == "independent"
+    assert not (out / "stale.txt").exists() and not (out / "figures").exists()  # nothing of the old run is left
+
+
+def test_killed_forced_replay_keeps_the_earlier_run(tmp_path, reliability):
+    """A replay killed while replacing a different earlier run leaves that earlier run, whole."""
+    out = tmp_path / "run"
+    r = cli("replay", "--trace", "synthetic:jobs=30,seed=2", "--cluster", "1x8xH100", "--policy", "independent",
+            "--out", str(out), "--no-progress", "--no-plots")
+    assert r.returncode == 0, r.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc = subprocess.Popen([*EXE, *REPLAY_ARGS, "--out", str(out), "--force"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    if proc.returncode != 0:  # interrupted: the earlier run, byte for byte
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p.name for p in tmp_path.iterdir() if ".stage-" in p.name]
+    reliability("signal_cases")
+
+
+@pytest.mark.parametrize("make", ["file", "unwritable"])
+def test_bad_out_is_one_line(tmp_path, make, reliability):
+    if make == "file":
+        out = tmp_path / "f.txt"
+        out.write_text("x")
+    else:
+        if os.geteuid() == 0:
+            out = Path("/proc/tlora-sim-cannot-write/run")
+        else:
+            ro = tmp_path / "ro"
+            ro.mkdir()
+            ro.chmod(0o500)
+            out = ro / "run"
+    for cmd in (["replay", "--policy", "independent"], ["compare", "--policies", "independent,mlora", "--workers", "2"]):
+        r = cli(*cmd, "--trace", "synthetic:jobs=10,seed=1", "--cluster", "1x8xH100", "--out", str(out),
+                "--no-progress")
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    reliability("bad_inputs", 2)
 
 
 def test_killed_parallel_compare_stops_its_workers_and_leaves_only_complete_files(tmp_path, reliability):

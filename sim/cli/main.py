@@ -54,6 +54,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="do not check simulation invariants while running (for benchmarks; results are identical)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip figures (replay only)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an --out directory that already holds files (without it such a directory is "
+                        "refused; the new directory replaces it only once complete)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +144,7 @@ def _run(args) -> int:
         from dataclasses import replace
 
         s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
-                   plots=not args.no_plots, check_invariants=not args.no_invariants)
+                   plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force)
         print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
               f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
               f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
@@ -153,7 +156,7 @@ def _run(args) -> int:
             raise InputError("no policies given", field="--policies")
         table = compare(_base_config(args, policies[0]), policies, args.out, workers=args.workers,
                         progress=not args.no_progress, policy_options=_options(args.option, policies),
-                        check_invariants=not args.no_invariants)
+                        check_invariants=not args.no_invariants, force=args.force)
         cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
                 "gpu_alloc_util", "gpu_compute_util"]
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))

@@ -26,7 +26,9 @@ from tlora_sim.sim.core import metrics
 from tlora_sim.sim.core.cluster import parse_cluster
 from tlora_sim.sim.core.engine import Engine
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundir import interrupt_handler, redeliver_interrupts, write_csv, write_json
+from tlora_sim.sim.report.rundir import (check_out_dir, interrupt_handler, redeliver_interrupts, staged_dir,
+                                         write_csv, write_json)
+from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
 
@@ -118,8 +120,11 @@ def load_workload(cfg: ReplayConfig):
 
 def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
            position: int = 0, check_invariants: bool = True, policy: Any = None,
-           listeners: Sequence[Any] = ()) -> dict:
-    """Simulate one configuration and write its run directory.
+           listeners: Sequence[Any] = (), force: bool = False) -> dict:
+    """Simulate one configuration and write its run directory, as a unit: the files are written
+    into a hidden sibling directory that replaces ``out_dir`` only once the run is complete
+    (``rundir.staged_dir``), so an interrupted or failed run leaves the previous directory as it
+    was. ``out_dir`` holding files is refused unless ``force`` (``rundir.check_out_dir``).
 
     ``listeners``: ``EngineListener`` objects the engine tells of every state change
     (``sim/core/listeners.py``; ``bench/engine_floor.py`` counts re-times with one).
@@ -135,18 +140,27 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
         The summary dict (also written to ``summary.json``).
 
     Raises:
-        InputError: bad input (nothing is written).
-        sim.engine.InvariantError: an impossible state (nothing is written but ``config.json``).
+        InputError: bad input, or an ``out_dir`` that may not be written (nothing is written).
+        sim.engine.InvariantError: an impossible state (nothing is written).
     """
+    out = check_out_dir(out_dir, force=force)
+    with staged_dir(out) as stage:
+        return _replay_into(cfg, stage, progress=progress, plots=plots, position=position,
+                            check_invariants=check_invariants, policy=policy, listeners=listeners)
+
+
+def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, position: int,
+                 check_invariants: bool, policy: Any, listeners: Sequence[Any]) -> dict:
+    """``replay`` writing straight into the directory ``out`` (the caller stages it)."""
     from tlora_sim.policies.registry import config_of, load_policy_module, make_policy
 
-    out = Path(out_dir)
     for module in cfg.policy_modules:
         load_policy_module(module)
     if policy is None:
         policy = make_policy(cfg.policy, cfg.policy_options)
     jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
-    write_json(out / "config.json", {
+    files = RunDir(out)
+    write_json(files.config, {
         "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
         "policy": cfg.policy, "policy_config": config_of(policy), "plan": policy.plan,
         "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
@@ -166,10 +180,10 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped}
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
-    write_csv(out / "jobs.csv", jobs_df)
-    write_csv(out / "timeline.csv", metrics.timeline_table(res, cluster))
-    write_json(out / "summary.json", summary)
-    write_json(out / "perf.json", {**perf, "jobs": len(jobs), "machine": platform.machine(),
+    write_csv(files.jobs, jobs_df)
+    write_csv(files.timeline, metrics.timeline_table(res, cluster))
+    write_json(files.summary, summary)
+    write_json(files.perf, {**perf, "jobs": len(jobs), "machine": platform.machine(),
                                    "python": platform.python_version(), "invariants_checked": check_invariants})
     if plots:
         from tlora_sim.sim.report.plots import plot_run
@@ -210,7 +224,8 @@ def _replay_row(args) -> dict:
     cfg, out, progress, position, check = args
     _IN_TASK = True
     try:
-        return replay(cfg, out, progress=progress, position=position, check_invariants=check)
+        return _replay_into(cfg, out, progress=progress, plots=True, position=position, check_invariants=check,
+                            policy=None, listeners=())
     finally:
         _IN_TASK = False
 
@@ -239,8 +254,12 @@ def stop_pool(ex: ProcessPoolExecutor) -> None:
 
 def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, workers: int = 1,
             progress: bool = True, policy_options: dict[str, dict] | None = None,
-            check_invariants: bool = True) -> pd.DataFrame:
+            check_invariants: bool = True, force: bool = False) -> pd.DataFrame:
     """Replay ``base`` under each policy; write ``OUT/summary.csv``, ``OUT/<policy>/`` and ``OUT/figures/``.
+
+    The comparison directory is written as a unit, as ``replay``'s run directory is: it replaces
+    ``out_dir`` only when every policy's run, the table and the figures are complete; ``out_dir``
+    holding files is refused unless ``force``.
 
     With ``workers`` > 1 the policies run in worker processes; an error or interrupt in any of them
     stops the others (each leaves only complete files) and is raised here.
@@ -250,13 +269,20 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     """
     from tlora_sim.policies.registry import load_policy_module, make_policy
 
-    out = Path(out_dir)
+    final = check_out_dir(out_dir, force=force, what="comparison")
     for module in base.policy_modules:
         load_policy_module(module)
     for p in policies:  # fail on a bad name or option before any simulation starts
         make_policy(p, (policy_options or {}).get(p))
     cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": (policy_options or {}).get(p, {})})
             for p in policies]
+    with staged_dir(final) as out:
+        return _compare_into(cfgs, out, workers, progress, check_invariants)
+
+
+def _compare_into(cfgs: list[ReplayConfig], out: Path, workers: int, progress: bool,
+                  check_invariants: bool) -> pd.DataFrame:
+    """``compare`` writing straight into ``out`` (the caller stages it)."""
     tasks = [(c, out / c.policy, progress, i, check_invariants) for i, c in enumerate(cfgs)]
     if workers > 1 and len(tasks) > 1:
         ex = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_init)
@@ -272,7 +298,7 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
                           for r in rows])
     first = ["policy"] + metrics.SUMMARY_KEYS
     table = table[first + [c for c in table.columns if c not in first]]
-    write_csv(out / "summary.csv", table)
+    write_csv(RunDir(out).compare_summary, table)
     from tlora_sim.sim.report.plots import plot_compare
 
     plot_compare(out)

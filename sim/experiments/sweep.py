@@ -99,7 +99,7 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
     try:
         for tmp in out.glob(".*.tmp") if out.is_dir() else ():  # leftovers of a SIGKILLed run
             tmp.unlink(missing_ok=True)
-        replay(_replay_config(cell), out, progress=False, plots=False)
+        replay(_replay_config(cell), out, progress=False, plots=False, force=True)  # the sweep owns its cells
         return {"ok": True, "error": "", "message": ""}
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the sweep goes on
         from tlora_sim.sim.core.invariants import InvariantError

@@ -190,3 +190,75 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, Path):
         return str(x)
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") -> Path:
+    """Check that ``out`` may receive a new run (or comparison) directory, before any work.
+
+    Args:
+        out: the target directory (need not exist).
+        force: replace a directory that already holds files.
+        what: "run" or "comparison", for the message.
+
+    Returns:
+        ``out`` as a Path.
+
+    Raises:
+        InputError: ``out`` is an existing file, holds files and ``force`` is False (a previous run
+            is never replaced silently), or its parent cannot be created or written.
+    """
+    from tlora_sim.traces.errors import InputError
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out is an existing file, not a directory", file=str(out), field="--out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        kind = "a run" if (out / "summary.json").is_file() or (out / "config.json").is_file() else "files"
+        raise InputError(f"--out already holds {kind}; pass --force to replace it, or choose another directory",
+                         file=str(out), field="--out")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the parent directory ({e.strerror})", file=str(parent),
+                         field="--out") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError("the parent directory is not writable", file=str(parent), field="--out")
+    return out
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | Path) -> Iterator[Path]:
+    """Build a directory as a unit: yield a temporary sibling (``.NAME.stage-XXXX``) to write into;
+    when the block ends normally it replaces ``out`` (the previous contents are removed only after
+    the new directory is in place); on any exception or interrupt the sibling is removed and ``out``
+    is left exactly as it was. Only SIGKILL can leave a stray hidden sibling behind; ``out`` is
+    never half-written.
+
+    Raises:
+        OSError: the sibling cannot be created (the caller checked with :func:`check_out_dir`).
+    """
+    import shutil
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage: str | None = None
+    old: str | None = None
+    try:
+        with _signals_held():
+            stage = tempfile.mkdtemp(prefix=f".{out.name}.stage-", dir=out.parent)
+            os.chmod(stage, 0o777 & ~_UMASK)
+        yield Path(stage)
+        with _signals_held():  # swap: out -> old, stage -> out, then drop old
+            if out.exists():
+                old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
+                os.rmdir(old)
+                os.replace(out, old)
+            os.replace(stage, out)
+            stage = None
+    finally:
+        with _signals_held():
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
