@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
 from tlora_sim.policies.registry import register
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup, StopMembers
@@ -40,6 +41,7 @@ class ALTOConfig:
         keep: configurations kept per family at least.
         tick_s: policy tick (s).
         grouping: co-locate families (False = the ordering-only ablation).
+        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
     """
 
     max_group_size: int = 16
@@ -49,6 +51,10 @@ class ALTOConfig:
     keep: int = 1
     tick_s: float = 600.0
     grouping: bool = True
+    ordering: str = "fifo"
+
+    def __post_init__(self) -> None:
+        check_ordering(self.ordering)
 
 
 @register("alto", ALTOConfig, "ALTO: sweeps as job families, early exit of weak configurations, "
@@ -76,7 +82,10 @@ class ALTO:
         if snap.now_s - self._last_tick >= self.config.tick_s:
             self._last_tick = snap.now_s
             out += self._early_exit(snap)
-        out += self._admit(snap)
+        admitted = self._admit(ordered(snap, self.config.ordering))
+        out += admitted
+        if self.config.ordering == "backfill":
+            out += backfill_starts(snap, admitted, self.plan)
         return out
 
     def _early_exit(self, snap: Snapshot) -> list[Action]:

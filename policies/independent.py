@@ -8,13 +8,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
 from tlora_sim.policies.registry import register
 from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup
 
 
 @dataclass(frozen=True)
 class IndependentConfig:
-    """No options: the baseline is fixed."""
+    """Options of ``independent``.
+
+    Attributes:
+        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
+    """
+
+    ordering: str = "fifo"
+
+    def __post_init__(self) -> None:
+        check_ordering(self.ordering)
+
+
+@dataclass(frozen=True)
+class IndependentBackfillConfig(IndependentConfig):
+    """``independent`` with EASY backfilling: the reference baseline clusters run."""
+
+    ordering: str = "backfill"
 
 
 @register("independent", IndependentConfig, "FIFO baseline: every job alone on its requested GPUs, no co-location")
@@ -29,12 +46,26 @@ class Independent:
         self.config = config or IndependentConfig()
 
     def decide(self, snap: Snapshot) -> list[Action]:
-        """Start queued jobs in arrival order until the head does not fit."""
+        """Start queued jobs in the configured order until one does not fit (then, with
+        ``backfill``, the jobs EASY backfilling admits)."""
         free = snap.free.copy()
         out: list[Action] = []
-        for job in snap.queue:
+        for job in ordered(snap, self.config.ordering).queue:
             p = free.take(job.num_gpus)
             if p is None:
                 break
             out.append(StartGroup((job.index,), p, self.plan))
+        if self.config.ordering == "backfill":
+            out += backfill_starts(snap, out, self.plan)
         return out
+
+
+@register("independent-backfill", IndependentBackfillConfig,
+          "reference baseline: every job alone, FIFO with EASY backfilling (Slurm's default)")
+class IndependentBackfill(Independent):
+    """``Independent`` with ``IndependentBackfillConfig`` by default (no behaviour of its own)."""
+
+    name = "independent-backfill"
+
+    def __init__(self, config: IndependentBackfillConfig | None = None) -> None:
+        super().__init__(config or IndependentBackfillConfig())

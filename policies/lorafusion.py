@@ -12,7 +12,11 @@ As a cluster policy: strict FIFO admission; when the queue head's GPUs are free,
 with the head and up to ``group_size - 1`` queued jobs of the same base model and GPU count from
 the next ``window``: the candidates are sorted by sequence length and paired head-to-tail
 (longest with shortest); pairs are added, the head's pair first, while the group fits in memory.
-No slowdown check; groups are fixed once started (no elastic joins).
+No slowdown check; groups are fixed once started (no elastic joins), but their micro-batches are
+not: LoRAFusion's scheduler packs each training step's samples from the adapters it is training,
+so when a member finishes the policy re-packs the remaining members' sequences and sets the new
+micro-batch count (``SetExecution``, no pause). Samples are never split across micro-batches; one
+longer than a micro-batch's token capacity fills a micro-batch alone.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tlora_sim.policies.binpack import pack_micro_batches
+from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
 from tlora_sim.policies.registry import register
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
-from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup
+from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot, StartGroup
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class LoRAFusionConfig:
         microbatch_tokens: token capacity of a micro-batch per GPU.
         milp_time_limit_s: HiGHS time limit per packing (s).
         grouping: co-locate at all (False = the ordering-only ablation).
+        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
     """
 
     group_size: int = 4
@@ -43,6 +49,10 @@ class LoRAFusionConfig:
     microbatch_tokens: int = 8192
     milp_time_limit_s: float = 0.5
     grouping: bool = True
+    ordering: str = "fifo"
+
+    def __post_init__(self) -> None:
+        check_ordering(self.ordering)
 
 
 def head_tail_pairs(jobs: list[Job]) -> list[list[Job]]:
@@ -80,12 +90,26 @@ class LoRAFusion:
         self.packings[how] += 1
         return max(1, len(bins))
 
-    def decide(self, snap: Snapshot) -> list[Action]:
-        """Form groups for the queue head while its GPUs are free (strict FIFO)."""
-        free = snap.free.copy()
+    def repack(self, snap: Snapshot) -> list[Action]:
+        """``SetExecution`` for every running group of this plan whose members changed since the
+        last decision and whose packing now needs another micro-batch count."""
         out: list[Action] = []
+        for gid in (snap.changed if snap.changed is not None else snap.groups):
+            g = snap.groups.get(gid)
+            if g is None or g.plan != self.plan:
+                continue
+            mb = self.micro_batches(list(g.members), g.n_gpus)
+            if mb != g.micro_batches:
+                out.append(SetExecution(gid, g.nano_batches, mb))
+        return out
+
+    def decide(self, snap: Snapshot) -> list[Action]:
+        """Re-pack changed groups, then form groups for the queue head while its GPUs are free
+        (strict FIFO)."""
+        free = snap.free.copy()
+        out: list[Action] = self.repack(snap)
         taken: set[int] = set()
-        queue = list(snap.queue)
+        queue = list(ordered(snap, self.config.ordering).queue)
         for pos, head in enumerate(queue):
             if head.index in taken:
                 continue
@@ -111,4 +135,6 @@ class LoRAFusion:
             taken.update(j.index for j in members)
             out.append(StartGroup(tuple(j.index for j in members), placement, self.plan,
                                   micro_batches=self.micro_batches(members, head.num_gpus)))
+        if self.config.ordering == "backfill":
+            out += backfill_starts(snap, out, self.plan)
         return out

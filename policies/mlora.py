@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tlora_sim.policies.planner import Planner
+from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
 from tlora_sim.policies.registry import register
 from tlora_sim.sim.core.snapshot import Action, Snapshot
 
@@ -24,10 +25,15 @@ class MLoRAConfig:
     Attributes:
         concurrency_num: most adapters per shared base model (mLoRA's ``concurrency_num``).
         grouping: co-locate at all (False = the FIFO-only ablation: every job alone).
+        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
     """
 
     concurrency_num: int = 4
     grouping: bool = True
+    ordering: str = "fifo"
+
+    def __post_init__(self) -> None:
+        check_ordering(self.ordering)
 
 
 @register("mlora", MLoRAConfig, "mLoRA: FIFO packing of same-base-model jobs up to concurrency_num, no slowdown check")
@@ -48,11 +54,14 @@ class MLoRA:
     def decide(self, snap: Snapshot) -> list[Action]:
         """Pack or start queued jobs in arrival order until one can do neither."""
         plan = Planner(snap, self.plan)
-        for job in snap.queue:
+        for job in ordered(snap, self.config.ordering).queue:
             group = None if not self.config.grouping else next((g for g in plan.candidates(job)
                           if len(g.members) < self.config.concurrency_num and g.fits(snap, self.plan, job)), None)
             if group is not None:
                 plan.join(group, job)
             elif plan.start(job) is None:
                 break
-        return plan.actions()
+        out = plan.actions()
+        if self.config.ordering == "backfill":
+            out += backfill_starts(snap, out, self.plan)
+        return out

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from tlora_sim.policies.nanobatch import NanoBatchTuner
-from tlora_sim.policies.ordering import order_queue
+from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, group_features, group_memo, job_shape, refused  # noqa: F401
@@ -73,7 +73,7 @@ class TLoRAConfig:
     Attributes:
         max_group_size: most adapters per super-model.
         min_gain: smallest rise of collective throughput (isolated-speed units) worth a regroup.
-        ordering: queue ordering (``tlora_sim.policies.ordering``).
+        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
         window: candidates examined after the head (bounds decision time).
         grouping: co-locate at all (False = the ordering-only ablation).
         nano_batching: tune nano-batch counts.
@@ -250,6 +250,8 @@ class TLoRA(JoinSearch):
         if self.config.nano_batching:
             changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.changed_groups()}
             actions += self._tune(snap, tick, skip=changed)
+        if self.config.ordering == "backfill":
+            actions += backfill_starts(snap, actions, self.plan)
         return actions
 
     def _group_queue(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:

@@ -160,6 +160,7 @@ class Engine:
         self._finished = 0
         self._running = 0  # members of running groups
         self._dirty: set[int] = set()  # groups started, retimed or closed since the last decision
+        self._shrunk = False  # a running group lost a member to a finish since the last decision
         self._kinds: dict[tuple[str, int], dict[int, None]] = {}  # (model, n_gpus) -> running group ids
         self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
         self._timer_s = policy.timer_s
@@ -225,9 +226,10 @@ class Engine:
     def _decide(self, _ev=None) -> None:
         self._pending = False
         self._events += 1
-        if not self.queue and not (self._timer_s and self.groups):
+        if not self.queue and not (self._timer_s and self.groups) and not self._shrunk:
             self._record()
             return
+        self._shrunk = False
         t0 = time.perf_counter()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
@@ -392,6 +394,7 @@ class Engine:
             rec.finish_s = now
             self._finished += 1
         if g.members:
+            self._shrunk = True  # the policy may re-plan the group's execution (LoRAFusion re-packs)
             self._retime(g)
         else:
             self._close(g)
