@@ -64,6 +64,17 @@ class NanoBatchTuner:
             self.n = self.best_n
         return self.n
 
+    def measured(self) -> set[int]:
+        """The counts measured since the last reset."""
+        return set(self._seen)
+
+    def refuse(self, n: int) -> int:
+        """Count ``n`` must not run (it would break a member's slowdown bound): remember it as
+        failed and return to the best count; returns the count to run next."""
+        self._seen[n] = float("inf")
+        self.n = self.best_n
+        return self.n
+
     def reset(self) -> None:
         """Forget measurements (the group's members changed a lot)."""
         self.best_time_s = float("inf")

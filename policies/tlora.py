@@ -56,6 +56,11 @@ from typing import Any
 import numpy as np
 
 from tlora_sim.policies.nanobatch import NanoBatchTuner
+
+PROBE_STEPS = 5
+"""Training steps a nano-batch probe lasts (a controller's measurement window; see ``_settle_nano``)."""
+MAX_PROBES = 8
+"""Most probes per group per tick (AIMD from N=1 reaches N=29 in 8 steps of +4)."""
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
@@ -522,6 +527,31 @@ class TLoRA(JoinSearch):
             hit = self._job_rows[key] = (fb, fb.row([job.member]))
         return hit[1]
 
+    def _settle_nano(self, snap: Snapshot, g, tuner: NanoBatchTuner, nano: int, micro: int, step_s: float) -> int:
+        """Run the AIMD controller's probes for one group on a tick and return the count it settles on.
+
+        Each probe lasts ``PROBE_STEPS`` training steps, as a real controller measures a step time
+        over a few steps after the switch; at the step times of these models (0.1-2 s) all the
+        probes of one tick take seconds, under 1% of ``tick_s``, so the probes are evaluated with
+        the cost model at once and only the settled count runs until the next tick (ours: the
+        paper does not say how long a probe lasts). A probe whose predicted step time would take
+        any member past its tolerated slowdown (and is no faster than the current count) is not
+        run (the paper's promise: no member past its bound); the controller treats it as a failed
+        probe.
+        """
+        bound = min(j.max_slowdown * j.isolated_step_time_s for j in g.members)
+        adapters = g.adapters
+        t = step_s
+        for _ in range(MAX_PROBES):
+            nxt = tuner.observe(t)
+            if nxt == tuner.best_n and tuner.n == tuner.best_n and nxt in tuner.measured():
+                break
+            t = snap.step_time_s(g.model, adapters, g.n_gpus, self.plan, nano_batches=nxt, micro_batches=micro)
+            if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
+                tuner.refuse(nxt)
+                t = tuner.best_time_s
+        return tuner.best_n if tuner.best_time_s < float("inf") else nano
+
     def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in
         ``skip`` change membership in this decision and are measured next tick)."""
@@ -558,7 +588,7 @@ class TLoRA(JoinSearch):
                 tuner.reset()
                 tuner.n = nano
             if tick and paused_until_s <= snap.now_s:
-                nxt = tuner.observe(step_s)
+                nxt = self._settle_nano(snap, snap.groups[gid], tuner, nano, micro, step_s)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
                 last = snap.now_s

@@ -121,7 +121,31 @@ def test_tlora_tunes_nano_batches_of_a_running_group_on_ticks():
     pol = policy("tlora")
     acts = pol.decide(snapshot([], groups=[g], now=1000.0))
     sets = [a for a in acts if isinstance(a, SetExecution)]
-    assert sets and sets[0].group_id == 0 and sets[0].nano_batches == 5
+    # the controller's probes ran (a few steps each) and it settled on the fastest count it found
+    assert sets and sets[0].group_id == 0 and sets[0].nano_batches > 1
+    members = [j.member for j in jobs]
+    t = {n: CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=n) for n in (1, 5, 9, 13)}
+    chosen = CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=sets[0].nano_batches)
+    assert chosen < t[1] and chosen <= min(t.values()) * (1 + 1e-9)
+
+
+def test_tlora_tuner_never_takes_a_member_past_its_bound():
+    """A probe whose predicted step time breaks a member's tolerated slowdown is not run."""
+    from tlora_sim.policies.nanobatch import NanoBatchTuner
+
+    jobs = [make_job(i, batch=8, seq=2048, slowdown=1.01) for i in range(4)]
+    g = group_view(0, jobs, ((0, 1),))
+    pol = policy("tlora")
+    members = [j.member for j in jobs]
+    bound = min(j.max_slowdown * j.isolated_step_time_s for j in jobs)
+    tuner = NanoBatchTuner(n=1)
+    got = pol._settle_nano(snapshot([], groups=[g], now=1000.0), g, tuner, 1, 1, g.step_time_s)
+    pred = CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=got)
+    assert pred <= max(bound, g.step_time_s) * (1 + 1e-9)
+    refused = [n for n, t in tuner._seen.items() if t == float("inf")]
+    for n in refused:  # each refused probe really would have broken the bound and been slower
+        t = CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=n)
+        assert t > max(bound, g.step_time_s)
 
 
 # ---- ALTO ---------------------------------------------------------------------------------------------

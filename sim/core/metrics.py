@@ -1,6 +1,8 @@
 """Metrics, defined once (docs/metrics.md, "Metrics").
 
 * JCT = finish - submit; queueing delay = first start - submit; slowdown = JCT / isolated runtime.
+* run slowdown = (finish - first start) / isolated time of the steps trained: what a co-located
+  job's tolerated slowdown (``max_slowdown``) promises; ``summary.json`` counts the jobs over it.
 * Throughput = trained tokens per second, cluster-wide, over the makespan and as a time series.
 * GPU utilization, two figures named apart: *allocation* = GPU-seconds held / GPU-seconds
   available (all GPUs x makespan); *compute* = model FLOPs done / peak FLOPs of the held GPUs
@@ -19,7 +21,7 @@ from tlora_sim.sim.core.engine import SimResult
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
                "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",
                "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes",
-               "steps_trained", "early_exit"]
+               "steps_trained", "early_exit", "max_slowdown", "run_slowdown"]
 TIMELINE_COLUMNS = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "gpus_total",
                     "tokens_per_s", "model_flops_per_s", "gpu_alloc_util", "gpu_compute_util"]
 PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s"]
@@ -42,10 +44,15 @@ def jobs_table(res: SimResult) -> pd.DataFrame:
         "trace_duration_s": [x.trace_duration_s for x in j],
         "max_group_size": [y.max_group_size for y in r], "group_changes": [y.group_changes for y in r],
         "steps_trained": [y.steps_trained for y in r], "early_exit": [y.early_exit for y in r],
+        "max_slowdown": [x.max_slowdown for x in j],
+        "_iso_step_s": [x.isolated_step_time_s for x in j],
     })
     df["jct_s"] = df["finish_time_s"] - df["submit_time_s"]
     df["queue_s"] = df["start_time_s"] - df["submit_time_s"]
     df["slowdown"] = df["jct_s"] / df["isolated_runtime_s"]
+    # the promise tLoRA makes: running time (first start to finish) over the isolated time of the
+    # steps actually trained (all of them unless the job exited early)
+    df["run_slowdown"] = (df["finish_time_s"] - df["start_time_s"]) / (df["steps_trained"] * df["_iso_step_s"])
     return df[JOB_COLUMNS]
 
 
@@ -58,6 +65,24 @@ def timeline_table(res: SimResult, cluster: ClusterSpec) -> pd.DataFrame:
     held_peak = df["gpus_allocated"] * cluster.gpu.peak_flops
     df["gpu_compute_util"] = np.where(held_peak > 0, df["model_flops_per_s"] / held_peak.where(held_peak > 0, 1), 0.0)
     return df[TIMELINE_COLUMNS]
+
+
+SLOWDOWN_TOLERANCE = 1.01
+"""A co-located job breaks its bound when ``run_slowdown > max_slowdown x SLOWDOWN_TOLERANCE``
+(1% for rounding and the step-time model's granularity; regroup pauses are not taken out)."""
+
+
+def promise_kept(jobs: pd.DataFrame) -> dict:
+    """How many co-located jobs (``max_group_size > 1``) ran slower than their tolerated slowdown.
+
+    Returns:
+        ``colocated_jobs``, ``over_max_slowdown`` (count with ``run_slowdown > max_slowdown x
+        SLOWDOWN_TOLERANCE``) and ``over_max_slowdown_share`` (their share of the co-located jobs).
+    """
+    co = jobs[jobs["max_group_size"] > 1]
+    over = int((co["run_slowdown"] > co["max_slowdown"] * SLOWDOWN_TOLERANCE).sum())
+    return {"colocated_jobs": int(len(co)), "over_max_slowdown": over,
+            "over_max_slowdown_share": over / len(co) if len(co) else 0.0}
 
 
 def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_flops: float) -> dict:
@@ -86,6 +111,7 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
         "gpu_compute_util": model_flops / (cluster.gpu.peak_flops * held) if held > 0 else 0.0,
         "avg_slowdown": float(jobs["slowdown"].mean()) if n else 0.0,
         "p90_slowdown": float(np.percentile(jobs["slowdown"], 90)) if n else 0.0,
+        **promise_kept(jobs),
         "trained_tokens": tokens,
         "model_flops": model_flops,
         "gpu_seconds_held": held,
