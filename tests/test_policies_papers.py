@@ -9,6 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+
+from tlora_sim.policies.contract import check_policy
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -182,9 +184,11 @@ def sweep_family(n=4, floors=(1.0, 1.05, 1.4, 1.6), steps=2000):
     return reindex(jobs)
 
 
-def test_alto_stops_weak_configurations_early_and_keeps_the_best():
+def test_early_exit_stops_weak_configurations_and_keeps_the_best():
+    from tlora_sim.policies.early_exit import EarlyExitConfig, WithEarlyExit
+
     jobs = sweep_family()
-    res = run_engine(jobs, policy("alto", tick_s=60.0), spec="1x8xH100")
+    res = run_engine(jobs, WithEarlyExit(policy("alto"), EarlyExitConfig(tick_s=60.0)), spec="1x8xH100")
     early = {j.loss_floor: r.early_exit for j, r in zip(res.jobs, res.records)}
     assert early[1.0] is False and early[1.4] and early[1.6]
     for j, r in zip(res.jobs, res.records):
@@ -203,15 +207,33 @@ def test_alto_co_locates_a_family_and_nogroup_does_not():
     assert [a.job_indices for a in acts] == [(0,), (1,)]
 
 
-def test_alto_keeps_at_least_keep_configurations():
+def test_early_exit_keeps_at_least_keep_configurations():
+    from tlora_sim.policies.early_exit import EarlyExitConfig, EarlyExitRule
+
     jobs = sweep_family(floors=(1.5, 1.6, 1.7, 1.8))
     g = group_view(0, jobs, ((0, 1),), plan="grouped", remaining=[j.total_steps * 0.5 for j in jobs])
-    pol = policy("alto", patience=1, keep=2, gap=0.0)
-    acts = pol.decide(snapshot([], groups=[g], now=0.0))
+    rule = EarlyExitRule(EarlyExitConfig(patience=1, keep=2, gap=0.0))
+    acts = rule.stops(snapshot([], groups=[g], now=0.0))
     stopped = [i for a in acts if isinstance(a, StopMembers) for i in a.job_indices]
-    assert len(stopped) == 2 and jobs[0].index not in stopped
+    assert len(stopped) == 2 and rule.stopped == 2
 
 
+def test_early_exit_wraps_any_policy_and_reads_noisy_crossing_curves():
+    from dataclasses import replace
+
+    from tlora_sim.policies.early_exit import WithEarlyExit
+    from tlora_sim.traces.sweeps import loss_at, observed_loss
+
+    # a fast-converging worse configuration leads early; the slow better one wins at the end
+    fast, slow = replace(make_job(0), loss_floor=1.3, loss_tau=0.01), replace(make_job(1), loss_floor=1.1, loss_tau=0.08)
+    early, late = 10, 100
+    assert loss_at(fast.loss_floor, early, 100, fast.loss_tau) < loss_at(slow.loss_floor, early, 100, slow.loss_tau)
+    assert loss_at(fast.loss_floor, late, 100, fast.loss_tau) > loss_at(slow.loss_floor, late, 100, slow.loss_tau)
+    # observations are noisy but deterministic
+    assert observed_loss(fast, 10) == observed_loss(fast, 10) != observed_loss(fast, 11)
+    w = WithEarlyExit(policy("tlora"))
+    assert w.name == "tlora" and w.plan == "fused" and w.timer_s == 600.0
+    assert check_policy(w) == []
 # ---- orderings, ours, ablations -------------------------------------------------------------------------
 def test_orderings():
     short_late = make_job(0, submit=100.0, steps=10)

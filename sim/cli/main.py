@@ -47,6 +47,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
                    help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
                         "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")
+    p.add_argument("--early-exit", action="store_true",
+                   help="stop weak configurations of sweep families early (ALTO's rule, given to every policy run; "
+                        "stopped configurations are reported apart, never as completed jobs)")
     p.add_argument("--strict", action="store_true",
                    help="turn documented skips into errors: jobs larger than the cluster or its GPU memory, "
                         "rows a trace reader drops (zero duration, Philly exact duplicates)")
@@ -127,7 +130,8 @@ def _base_config(args, policy: str):
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
                         time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
-                        cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)))
+                        cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)),
+                        early_exit=args.early_exit)
 
 
 def _module_specs(specs: list[str]) -> list[str]:

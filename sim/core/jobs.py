@@ -30,6 +30,8 @@ class Job:
         max_slowdown: tolerated slowdown while co-located (step time in group / isolated step time).
         tenant: trace tenant or virtual cluster ("" when none).
         sweep_id: hyper-parameter sweep family (ALTO), or None.
+        loss_tau: the configuration's loss-curve time constant, a fraction of its steps
+            (``tlora_sim.traces.sweeps``).
         loss_floor: final training loss of this configuration under the synthetic loss model
             (``tlora_sim.traces.sweeps``); 0 when the job is not part of a sweep.
     """
@@ -49,6 +51,7 @@ class Job:
     tenant: str = ""
     sweep_id: str | None = None
     loss_floor: float = 0.0
+    loss_tau: float = 0.05
     member: Member = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

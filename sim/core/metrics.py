@@ -21,7 +21,7 @@ from tlora_sim.sim.core.engine import SimResult
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
                "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",
                "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes",
-               "steps_trained", "early_exit", "max_slowdown", "run_slowdown"]
+               "steps_trained", "early_exit", "max_slowdown", "run_slowdown", "sweep_id", "loss_floor"]
 TIMELINE_COLUMNS = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "gpus_total",
                     "tokens_per_s", "model_flops_per_s", "gpu_alloc_util", "gpu_compute_util"]
 PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s"]
@@ -45,6 +45,7 @@ def jobs_table(res: SimResult) -> pd.DataFrame:
         "max_group_size": [y.max_group_size for y in r], "group_changes": [y.group_changes for y in r],
         "steps_trained": [y.steps_trained for y in r], "early_exit": [y.early_exit for y in r],
         "max_slowdown": [x.max_slowdown for x in j],
+        "sweep_id": [x.sweep_id or "" for x in j], "loss_floor": [x.loss_floor for x in j],
         "_iso_step_s": [x.isolated_step_time_s for x in j],
     })
     df["jct_s"] = df["finish_time_s"] - df["submit_time_s"]
@@ -85,8 +86,35 @@ def promise_kept(jobs: pd.DataFrame) -> dict:
             "over_max_slowdown_share": over / len(co) if len(co) else 0.0}
 
 
+def early_exit_summary(jobs: pd.DataFrame) -> dict:
+    """Stopped sweep configurations, reported apart from completed jobs.
+
+    Returns:
+        ``stopped_jobs``; ``stopped_gpu_hours_saved`` (GPU-hours the stopped configurations did
+        not train: their untrained steps at their isolated step time, times their GPUs);
+        ``avg_time_to_best_s`` (per sweep family, from its submission to the finish of its
+        best configuration, the lowest ``loss_floor``; mean over families; NaN without sweeps);
+        ``best_stopped_families`` (families whose best configuration was stopped early).
+    """
+    stopped = jobs[jobs["early_exit"].astype(bool)]
+    iso_step = jobs["isolated_runtime_s"] / jobs["total_steps"]
+    saved = ((jobs["total_steps"] - jobs["steps_trained"]) * iso_step * jobs["num_gpus"])[jobs["early_exit"].astype(bool)]
+    sw = jobs[jobs["sweep_id"] != ""]
+    ttb, lost = [], 0
+    for _, fam in sw.groupby("sweep_id", sort=True):
+        best = fam.loc[fam["loss_floor"].idxmin()]
+        ttb.append(best["finish_time_s"] - fam["submit_time_s"].min())
+        lost += bool(best["early_exit"])
+    return {"stopped_jobs": int(len(stopped)), "stopped_gpu_hours_saved": float(saved.sum() / 3600.0),
+            "avg_time_to_best_s": float(np.mean(ttb)) if ttb else float("nan"),
+            "best_stopped_families": int(lost)}
+
+
 def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_flops: float) -> dict:
     """Run-level figures (``SUMMARY_KEYS`` plus decision and engine statistics).
+
+    JCT, queueing and slowdown figures are over completed jobs; configurations stopped early are
+    counted apart (``early_exit_summary``).
 
     Args:
         jobs: ``jobs_table`` output.
@@ -94,23 +122,26 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
         cluster: the cluster.
         model_flops: total model FLOPs trained (FLOP).
     """
-    jct = jobs["jct_s"].to_numpy()
-    n = len(jobs)
+    done = jobs[~jobs["early_exit"].astype(bool)]  # a stopped configuration is not a completed job
+    jct = done["jct_s"].to_numpy()
+    n = len(done)
     makespan = float(jobs["finish_time_s"].max() - min(jobs["submit_time_s"].min(), 0.0)) if n else 0.0
     tokens = float((jobs["steps_trained"] * jobs["tokens_per_step"]).sum())
     held = res.gpu_seconds_held
     pct = (lambda q: float(np.percentile(jct, q))) if n else (lambda q: 0.0)
     return {
-        "jobs": n,
+        "jobs": int(len(jobs)),
+        "completed_jobs": n,
         "avg_jct_s": float(jct.mean()) if n else 0.0,
         "p50_jct_s": pct(50), "p90_jct_s": pct(90), "p99_jct_s": pct(99),
-        "avg_queue_s": float(jobs["queue_s"].mean()) if n else 0.0,
+        "avg_queue_s": float(done["queue_s"].mean()) if n else 0.0,
         "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
         "gpu_alloc_util": held / (cluster.total_gpus * makespan) if makespan > 0 else 0.0,
         "gpu_compute_util": model_flops / (cluster.gpu.peak_flops * held) if held > 0 else 0.0,
-        "avg_slowdown": float(jobs["slowdown"].mean()) if n else 0.0,
-        "p90_slowdown": float(np.percentile(jobs["slowdown"], 90)) if n else 0.0,
+        "avg_slowdown": float(done["slowdown"].mean()) if n else 0.0,
+        "p90_slowdown": float(np.percentile(done["slowdown"], 90)) if n else 0.0,
+        **early_exit_summary(jobs),
         **promise_kept(jobs),
         "trained_tokens": tokens,
         "model_flops": model_flops,

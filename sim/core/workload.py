@@ -23,6 +23,7 @@ from tlora_sim.sim.costmodel.interface import CostModel, Member
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.costmodel.models import get_model
+from tlora_sim.traces.sweeps import TAU_FRACTION
 from tlora_sim.traces.frame import source_of
 
 MAX_TIME_S = 1e12
@@ -60,8 +61,9 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     n = len(frame)
     sweep_ids = frame["sweep_id"].to_numpy() if "sweep_id" in frame.columns else [None] * n
     floors = frame["loss_floor"].to_numpy() if "loss_floor" in frame.columns else [0.0] * n
-    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor) in enumerate(
-            zip(*cols, sweep_ids, floors)):
+    taus = frame["loss_tau"].to_numpy() if "loss_tau" in frame.columns else [TAU_FRACTION] * n
+    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor, tau) in enumerate(
+            zip(*cols, sweep_ids, floors, taus)):
         ngpu = int(ngpu)
         if not float(sub) + float(dur) <= MAX_TIME_S:
             raise InputError(f"job {jid!r}: submit {float(sub):g} s + duration {float(dur):g} s exceeds {MAX_TIME_S:g} s, "
@@ -91,7 +93,8 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
         steps = max(1, int(round(float(dur) / iso)))
         jobs.append(Job(len(jobs), str(jid), float(sub), ngpu, str(model), int(rank), int(bs), int(seq), steps,
                         float(dur), iso, float(slow), str(tenant),
-                        None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor)))
+                        None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor),
+                        float(tau)))
     return jobs, {k: v for k, v in skipped.items() if v}
 
 

@@ -52,6 +52,8 @@ class ReplayConfig:
             ``duplicate``).
         sweeps: ``FRACTION:K1,K2`` sweep families (ALTO workloads), or None.
         cost_model: ``auto``, ``profiled`` or ``roofline``.
+        early_exit: run the shared early-exit rule on sweep families with the policy
+            (``policies/early_exit.py``); stopped configurations are reported apart.
         policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
             is built (``tlora_sim.policies.registry.load_policy_module``), in every process that
             runs this configuration.
@@ -70,6 +72,7 @@ class ReplayConfig:
     sweeps: str | None = None
     cost_model: str = "auto"
     policy_modules: tuple[str, ...] = ()
+    early_exit: bool = False
 
 
 def versions() -> dict[str, str]:
@@ -158,6 +161,10 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
         load_policy_module(module)
     if policy is None:
         policy = make_policy(cfg.policy, cfg.policy_options)
+    if cfg.early_exit:
+        from tlora_sim.policies.early_exit import WithEarlyExit
+
+        policy = WithEarlyExit(policy)
     jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
     files = RunDir(out)
     write_json(files.config, {
