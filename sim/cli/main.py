@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate one trace under several policies. Writes DIR/summary.csv "
                                    "(one row per policy), DIR/<policy>/ run directories and DIR/figures/.")
     c.add_argument("--policies", required=True, help="comma-separated policy names, e.g. independent,mlora,tlora")
+    c.add_argument("--seeds", metavar="LIST", help="run every policy under several seeds, e.g. 0-4 or 0,3,7: "
+                                                 "OUT/seed-<s>/ per seed, OUT/summary.csv with each metric's mean "
+                                                 "and 95%% confidence half-width (<metric>_ci95)")
     c.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="policies simulated in parallel processes")
     _add_common(c)
@@ -158,9 +161,18 @@ def _run(args) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise InputError("no policies given", field="--policies")
-        table = compare(_base_config(args, policies[0]), policies, args.out, workers=args.workers,
-                        progress=not args.no_progress, policy_options=_options(args.option, policies),
-                        check_invariants=not args.no_invariants, force=args.force)
+        kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),
+                  check_invariants=not args.no_invariants, force=args.force)
+        if args.seeds:
+            from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
+
+            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, parse_seeds(args.seeds), **kw)
+            cols = ["policy", "seeds", "jobs", "avg_jct_s", "avg_jct_s_ci95", "p90_jct_s", "p90_jct_s_ci95",
+                    "avg_queue_s", "throughput_tokens_per_s"]
+            print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+            print(f"wrote {args.out / 'summary.csv'}")
+            return 0
+        table = compare(_base_config(args, policies[0]), policies, args.out, **kw)
         cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
                 "gpu_alloc_util", "gpu_compute_util"]
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
