@@ -1,53 +1,89 @@
-"""The policy comparison of issue 5: every seed policy, ours and their no-grouping ablations on
-several ITP clusters and a synthetic LLM-cluster workload, relative to ``independent``.
+"""The policy study: every seed system, ours and their no-grouping ablations, under their own queue
+discipline and under EASY backfilling, against the reference baseline ``independent-backfill``,
+over several seeds with 95% confidence intervals.
 
-Writes ``OUT/<workload>/`` comparison directories (``tlora-sim compare`` layout) and
-``bench/results/policy_study.csv`` (one row per workload x policy, with ratios to
-``independent``), and prints a Markdown table.
+For each workload two ``tlora-sim compare --seeds`` runs are made: ``native`` (each policy with
+its published ordering: FIFO for independent, mLoRA, LoRAFusion and ALTO, urgency for tLoRA, SRPT
+for ours) and ``backfill`` (every policy with ``ordering=backfill``). Ratios are per seed against
+``independent-backfill`` of the same seed, then averaged with their CI. The share of a policy's
+log-speed-up that its ordering alone explains is ``log(speed-up of P-nogroup) / log(speed-up of P)``.
 
-    python bench/policy_study.py --out runs/study            # all workloads
-    python bench/policy_study.py --out runs/study --quick    # small smoke version
+    python bench/policy_study.py --out runs/study --seeds 0-2          # the README's table
+    python bench/policy_study.py --out runs/study --quick               # small smoke version
+
+Writes ``bench/results/policy_study.csv`` (one row per workload x discipline x policy).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 ITP = ROOT.parent / "shared" / "traces" / "msr-itp-elasticflow"
-POLICIES = ["independent", "mlora", "mlora-nogroup", "tlora", "tlora-nogroup", "lorafusion", "lorafusion-nogroup",
-            "alto", "alto-nogroup", "lookahead", "lookahead-nogroup"]
+BASELINE = "independent-backfill"
+GROUPING = ["mlora", "lorafusion", "tlora", "lookahead", "alto"]
+POLICIES = ["independent", BASELINE] + [p for g in GROUPING for p in (g, f"{g}-nogroup")]
 # name -> (trace spec, cluster, extra CLI args); cluster sizes hold ~60-80% of the mean GPU demand
-# (GPU-hours over span: cluster02 86 GPUs, cluster05 10, cluster09 31) and the largest job.
 WORKLOADS = {
     "itp02": (f"itp:{ITP}/cluster02.csv.gz", "16x8xH100", []),
     "itp05": (f"itp:{ITP}/cluster05.csv.gz", "2x8xH100", []),
     "itp09": (f"itp:{ITP}/cluster09.csv.gz", "5x8xH100", []),
-    "llm-synthetic": ("synthetic:jobs=3000,seed=11,load=0.8,gpus=64,max_gpus=16", "8x8xH100",
+    "llm-synthetic": ("synthetic:jobs=3000,load=0.8,gpus=64,max_gpus=16", "8x8xH100",
                       ["--lora-dist", "llm-cluster", "--sweeps", "0.25:4,8"]),
 }
-QUICK = {"llm-synthetic-small": ("synthetic:jobs=150,seed=3,load=0.8,gpus=32,max_gpus=8", "4x8xH100",
+QUICK = {"llm-synthetic-small": ("synthetic:jobs=150,load=0.8,gpus=32,max_gpus=8", "4x8xH100",
                                  ["--lora-dist", "llm-cluster", "--sweeps", "0.25:4"])}
-METRICS = {"throughput_tokens_per_s": "throughput", "avg_jct_s": "avg_jct", "p90_jct_s": "p90_jct",
-           "gpu_alloc_util": "alloc_util", "gpu_compute_util": "compute_util"}
 
 
-def relative(summary: pd.DataFrame, workload: str) -> pd.DataFrame:
-    """The summary's metrics and their ratios to ``independent`` (``tlora_sim.sim.report.plots.relative_table``:
-    throughput and utilizations as x, JCTs as speed-up, independent / policy), in summary order."""
-    from tlora_sim.sim.report.plots import relative_table
+def run(name: str, spec: str, cluster: str, extra: list[str], discipline: str, seeds: str, out: Path,
+        workers: int) -> pd.DataFrame:
+    """One ``compare --seeds``; returns its per-seed table."""
+    opts = []
+    if discipline == "backfill":
+        for p in POLICIES:
+            if p != BASELINE:
+                opts += ["--option", f"{p}.ordering=backfill"]
+    cmd = [sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster,
+           "--policies", ",".join(POLICIES), "--seeds", seeds, "--workers", str(workers), "--out", str(out),
+           "--no-progress", "--no-invariants", "--force", *opts, *extra]
+    print("$", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return pd.read_csv(out / "summary_by_seed.csv").assign(workload=name, discipline=discipline)
 
-    out = summary[["policy"] + list(METRICS)].copy()
-    out.insert(0, "workload", workload)
-    rel = relative_table(summary, "independent").set_index("policy")
-    for col in ("throughput_x", "avg_jct_speedup", "p90_jct_speedup", "alloc_util_x", "compute_util_x"):
-        out[col] = rel.loc[out["policy"], col].to_numpy()
-    return out
+
+def ratios(by_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per workload, discipline and policy: mean and CI of the per-seed speed-ups against the
+    baseline (avg and p90 JCT: baseline / policy; throughput: policy / baseline) and the share of
+    the log avg-JCT speed-up that ordering alone explains."""
+    from tlora_sim.sim.experiments.seeds import ci95
+
+    rows = []
+    for (w, d), part in by_seed.groupby(["workload", "discipline"], sort=False):
+        base = part[part.policy == BASELINE].set_index("seed")
+        for pol in dict.fromkeys(part.policy):
+            mine = part[part.policy == pol].set_index("seed")
+            s_avg = base.avg_jct_s / mine.avg_jct_s
+            s_p90 = base.p90_jct_s / mine.p90_jct_s
+            thr = mine.throughput_tokens_per_s / base.throughput_tokens_per_s
+            row = {"workload": w, "discipline": d, "policy": pol, "seeds": len(mine),
+                   "avg_jct_h": mine.avg_jct_s.mean() / 3600, "avg_jct_h_ci95": ci95(mine.avg_jct_s / 3600),
+                   "avg_jct_speedup": s_avg.mean(), "avg_jct_speedup_ci95": ci95(s_avg),
+                   "p90_jct_speedup": s_p90.mean(), "p90_jct_speedup_ci95": ci95(s_p90),
+                   "throughput_x": thr.mean(), "throughput_x_ci95": ci95(thr),
+                   "over_max_slowdown_share": mine.get("over_max_slowdown_share", pd.Series([np.nan])).mean()}
+            ng = part[part.policy == f"{pol}-nogroup"].set_index("seed")
+            if len(ng) and abs(math.log(max(s_avg.mean(), 1e-9))) > 1e-3:
+                row["ordering_share"] = math.log((base.avg_jct_s / ng.avg_jct_s).mean()) / math.log(s_avg.mean())
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,29 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--quick", action="store_true", help="one small synthetic workload (CI smoke)")
     ap.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(WORKLOADS))
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--seeds", default="0-2", help="seeds (default 0-2)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "policy_study.csv")
     args = ap.parse_args(argv)
     table = QUICK if args.quick else WORKLOADS
     names = args.workloads.split(",") if args.workloads else list(table)
-    rows = []
+    parts = []
     for name in names:
         spec, cluster, extra = table[name]
-        out = args.out / name
-        cmd = [sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster, "--seed", "0",
-               "--policies", args.policies, "--workers", str(args.workers), "--out", str(out), "--no-progress",
-               *extra]
-        print("$", " ".join(cmd[2:]), flush=True)
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        rows.append(relative(pd.read_csv(out / "summary.csv"), name))
-    result = pd.concat(rows, ignore_index=True)
+        for d in ("native", "backfill"):
+            parts.append(run(name, spec, cluster, extra, d, args.seeds, args.out / name / d, args.workers))
+    result = ratios(pd.concat(parts, ignore_index=True))
     if not args.quick:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         result.to_csv(args.results, index=False)
-    cols = ["workload", "policy", "throughput_x", "avg_jct_speedup", "p90_jct_speedup", "alloc_util_x",
-            "compute_util_x"]
-    print(result[cols].to_markdown(index=False, floatfmt=".2f"))
+    cols = ["workload", "discipline", "policy", "avg_jct_h", "avg_jct_speedup", "avg_jct_speedup_ci95",
+            "p90_jct_speedup", "throughput_x", "ordering_share"]
+    print(result[[c for c in cols if c in result.columns]].to_markdown(index=False, floatfmt=".2f"))
     return 0
 
 

@@ -91,19 +91,29 @@ def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str) -> lis
     free = snap.free.copy()
     started_end: list[tuple[float, int]] = []  # (finish, GPUs) of the groups the actions start
     jobs = {j.index: j for j in snap.queue}
-    for a in actions:
-        if isinstance(a, StartGroup):
-            free.apply(a.placement, -1)
-            runtime = max(jobs[i].total_steps * jobs[i].isolated_step_time_s for i in a.job_indices)
-            started_end.append((snap.now_s + runtime, sum(k for _, k in a.placement)))
+    left = {gid: {j.index for j in g.members} for gid, g in snap.groups.items()}
+    try:
+        for a in actions:  # in the engine's order: a group emptied by the actions frees its GPUs
+            if isinstance(a, StartGroup):
+                free.apply(a.placement, -1)
+                runtime = max(jobs[i].total_steps * jobs[i].isolated_step_time_s for i in a.job_indices)
+                started_end.append((snap.now_s + runtime, sum(k for _, k in a.placement)))
+            elif isinstance(a, (RemoveMembers, StopMembers)) and a.group_id in left:
+                left[a.group_id] -= set(a.job_indices)
+                if not left[a.group_id]:
+                    free.apply(snap.groups[a.group_id].placement, +1)
+                    del left[a.group_id]
+            elif isinstance(a, AddMembers) and a.group_id in left:
+                left[a.group_id] |= set(a.job_indices)
+    except RuntimeError:  # actions this reading cannot follow: no backfilling in this decision
+        return []
     waiting = [j for j in snap.queue if j.index not in placed]
     if not waiting:
         return []
     head, later = waiting[0], waiting[1:]
     if free.find(head.num_gpus) is not None:
         return []  # the head could start: the policy chose not to, and backfilling must not overtake it
-    closing = {a.group_id for a in actions if isinstance(a, (RemoveMembers, StopMembers))}
-    ends = sorted([(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid not in closing]
+    ends = sorted([(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid in left]
                   + started_end)
     avail, shadow, extra = free.total, float("inf"), 0
     for t, n in ends:
