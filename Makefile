@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/tlora-sim compare --trace synthetic:default --cluster 4x8xH100 \
-	  --policies independent,mlora,tlora --seed 0 --out runs/demo
+	  --policies independent-backfill,mlora,tlora --seed 0 --out runs/demo --force
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 tests
