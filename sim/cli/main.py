@@ -137,6 +137,12 @@ def _base_config(args, policy: str):
                         early_exit=args.early_exit)
 
 
+def _skipped_of(run_dir: Path) -> dict:
+    import json
+
+    return json.loads((run_dir / "summary.json").read_text()).get("skipped", {})
+
+
 def _module_specs(specs: list[str]) -> list[str]:
     """``--policy-module`` values with file paths made absolute (worker processes may run elsewhere)."""
     return [str(Path(m).resolve()) if m.endswith(".py") or Path(m).is_file() else m for m in specs]
@@ -152,6 +158,9 @@ def _run(args) -> int:
 
         s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
                    plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force)
+        from tlora_sim.sim.experiments.replay import coverage_line
+
+        print(coverage_line(args.policy, s))
         print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
               f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
               f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
@@ -173,6 +182,11 @@ def _run(args) -> int:
             print(f"wrote {args.out / 'summary.csv'}")
             return 0
         table = compare(_base_config(args, policies[0]), policies, args.out, **kw)
+        from tlora_sim.sim.experiments.replay import coverage_line
+
+        for row in table.to_dict("records"):
+            row["skipped"] = _skipped_of(args.out / row["policy"])
+            print(coverage_line(row["policy"], row))
         cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
                 "gpu_alloc_util", "gpu_compute_util"]
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))

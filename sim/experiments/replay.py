@@ -185,7 +185,8 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
     jobs_df = metrics.jobs_table(res)
     flops = sum(r.steps_trained * cost_model.step_flops(j.model, (j.member,)) for j, r in zip(jobs, res.records))
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
-               **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped}
+               **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
+               **coverage(len(jobs), skipped, cost_model.describe())}
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
     write_csv(files.jobs, jobs_df)
     write_csv(files.timeline, metrics.timeline_table(res, cluster))
@@ -197,6 +198,31 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
 
         plot_run(out)
     return summary
+
+
+EXTRAPOLATION_WARN = 0.05
+"""Share of extrapolated cost-model predictions above which a run warns (stderr)."""
+
+
+def coverage(kept: int, skipped: dict, cost_model: dict) -> dict:
+    """What a run covers: ``kept_jobs`` of ``input_jobs`` (the trace's rows, or sweep configurations,
+    before skips), and ``extrapolated_share`` of the cost model's distinct predictions that left
+    its measured grid (0 for a model that does not count them)."""
+    preds = int(cost_model.get("predictions", 0) or 0)
+    extra = int(cost_model.get("extrapolated", 0) or 0)
+    return {"input_jobs": kept + sum(int(v) for v in skipped.values()), "kept_jobs": kept,
+            "extrapolated_share": extra / preds if preds else 0.0}
+
+
+def coverage_line(policy: str, summary: dict) -> str:
+    """``kept N of M jobs (skipped: memory a, ...); X% of cost-model predictions extrapolated``,
+    the line every replay and comparison prints per policy."""
+    sk = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("skipped", {}).items()) if v) or "none"
+    line = (f"{policy}: kept {summary['kept_jobs']} of {summary['input_jobs']} jobs (skipped: {sk}); "
+            f"{summary['extrapolated_share']:.1%} of cost-model predictions extrapolated")
+    if summary["extrapolated_share"] > EXTRAPOLATION_WARN:
+        line += f" -- WARNING: above {EXTRAPOLATION_WARN:.0%}, see config.json cost_model.reasons"
+    return line
 
 
 def _progress_bar(jobs, label: str, position: int):
