@@ -81,3 +81,27 @@ def test_lora_json_non_finite(tmp_path, table, field):
     with pytest.raises(InputError) as e:
         load_distribution(str(p))
     assert e.value.file == str(p) and e.value.field == field
+
+
+def test_csv_header_with_a_repeated_name(tmp_path):
+    from tlora_sim.traces.tableio import read_csv_strings as read_table
+
+    f = tmp_path / "t.csv"
+    f.write_text("submit,submit,gpus\n1,2,1\n")
+    with pytest.raises(InputError, match="twice") as e:
+        read_table(str(f))
+    assert e.value.field == "submit" and e.value.file == str(f)
+
+
+def test_artifact_of_the_wrong_shape_names_the_field(tmp_path):
+    from tlora_sim.sim.costmodel.profiled import SCHEMA, load_artifact
+
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps({"schema": SCHEMA, "id": "x", "gpu": "H100", "optimizer": {"coef": {}},
+                             "models": {"m": {"l0": {}, "head": {}, "attn": {}, "plans": {"fused": {"coef": [1]}}}}}))
+    with pytest.raises(InputError) as e:
+        load_artifact(f)
+    assert e.value.field == "models.m.plans.fused.coef" and e.value.file == str(f)
+    f.write_text("[1, 2]")
+    with pytest.raises(InputError, match="schema"):
+        load_artifact(f)

@@ -82,12 +82,25 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
     except OSError as e:
         raise InputError(f"cannot read file ({e})", file=file) from None
     df.columns = [str(c).strip() for c in df.columns]
+    _no_duplicate_names(p, file, len(df.columns))
     filled = ~df.isna().all(axis=1).to_numpy()
     df = df.iloc[: len(filled) - int(np.argmax(filled[::-1]))] if filled.any() else df.iloc[:0]
     if len(df) == 0:
         raise InputError(f"no data rows (header only: {', '.join(df.columns)})", file=file)
     raise_first([first(~filled[: len(df)], str(df.columns[0]), "empty row (no values)")], file=file)
     return df
+
+
+def _no_duplicate_names(p, file: str, n_columns: int) -> None:
+    """pandas renames a repeated header name (``a``, ``a.1``), so a mapping would silently take the
+    first: read the raw header and refuse a name given twice."""
+    raw = pd.read_csv(p, dtype=str, header=None, nrows=1, encoding="utf-8", index_col=False).iloc[0]
+    names = [str(x).strip() for x in raw.tolist()[:n_columns]]
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise InputError("column name appears twice in the header", file=file, field=name)
+        seen.add(name)
 
 
 def _raise_long_row(path: Path, file: str) -> None:

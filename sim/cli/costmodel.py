@@ -98,6 +98,9 @@ def run(args) -> int:
         t = e2e_table(cm, e2e)
         print("full-model step (1 GPU): predicted vs measured")
         print(t.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if args.artifact and not args.against_artifact and not args.e2e:
+        raise InputError("--artifact needs --against-artifact or --e2e (a refit validation does not read an "
+                         "artifact); without them the shipped data would be validated instead", field="--artifact")
     if args.against_artifact:
         art = load_artifact(args.artifact or artifact_path(args.gpu))
         mix = df[(df.kind == "mix") & (df.gpu.astype(str).str.upper() == args.gpu.upper())]

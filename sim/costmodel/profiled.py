@@ -98,10 +98,44 @@ def load_artifact(path: str | Path) -> dict:
         art = json.loads(raw)
     except json.JSONDecodeError as e:
         raise InputError(f"cost-model artifact is not JSON ({e.msg})", file=str(p), row=e.lineno) from None
-    if art.get("schema") != SCHEMA:
-        raise InputError(f"cost-model artifact has schema {art.get('schema')!r}, expected {SCHEMA!r}", file=str(p))
+    if not isinstance(art, dict) or art.get("schema") != SCHEMA:
+        got = art.get("schema") if isinstance(art, dict) else type(art).__name__
+        raise InputError(f"cost-model artifact has schema {got!r}, expected {SCHEMA!r}", file=str(p))
+    check_artifact(art, str(p))
     art["_path"], art["_sha256"] = str(p), hashlib.sha256(raw).hexdigest()
     return art
+
+
+#: (path, type) pairs every artifact must have; ``*`` stands for every model / plan key.
+_SHAPE = ((("id",), str), (("gpu",), str), (("models",), dict), (("optimizer", "coef"), dict),
+          (("models", "*", "l0"), dict), (("models", "*", "head"), dict), (("models", "*", "attn"), dict),
+          (("models", "*", "plans"), dict), (("models", "*", "plans", "*", "coef"), dict),
+          (("models", "*", "plans", "*", "features"), list), (("models", "*", "plans", "*", "memory"), dict))
+
+
+def check_artifact(art: dict, file: str) -> None:
+    """Check that a loaded artifact has the fields the model reads, with the right types.
+
+    Raises:
+        InputError: naming the file and the first missing or mistyped field (a dotted path).
+    """
+    def walk(node, path, done):
+        if not path:
+            return [(done, node)]
+        key, rest = path[0], path[1:]
+        if key == "*":
+            if not isinstance(node, dict) or not node:
+                raise InputError("expected a non-empty object", file=file, field=".".join(done) or "<root>")
+            return [x for k, v in node.items() for x in walk(v, rest, done + [str(k)])]
+        if not isinstance(node, dict) or key not in node:
+            raise InputError("missing", file=file, field=".".join(done + [key]))
+        return walk(node[key], rest, done + [key])
+
+    for path, typ in _SHAPE:
+        for where, value in walk(art, list(path), []):
+            if not isinstance(value, typ):
+                raise InputError(f"expected {typ.__name__}, got {type(value).__name__}", file=file,
+                                 field=".".join(where))
 
 
 
