@@ -75,6 +75,41 @@ class KernelConfig:
         return {f"CM{i}": int(c) for i, c in enumerate(self.cms)}
 
 
+SMEM_LIMIT_BYTES = 232_448
+"""Largest shared memory one block may use on the H100 and H200 (sm_90: 227 KiB opt-in)."""
+_RANKS_OF_BUCKET = (16, 32, 64, 128, 256)
+
+
+def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> int:
+    """Shared memory (bytes) kernel ``kernel`` (f1, f2, b1, b2) needs for rank bucket ``bucket`` at
+    ``stages`` pipeline stages: Triton's software pipelining keeps ``stages`` copies of the tiles a
+    loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B, the fp32
+    partial sums of f2 4 B), taking the largest loop of the kernel (loops in exclusive branches or
+    in sequence do not hold their buffers at once), plus b2's rank-wide A tile loaded once. The
+    rank-256 f1 case measured on an H100 (245,760 B required at 3 stages: ``OutOfResources``) is
+    exactly 3 x (BM x BK + R x BK) x 2.
+    """
+    R, BM, CM = _RANKS_OF_BUCKET[bucket], int(cfg.bms[bucket]), int(cfg.cms[bucket])
+    BK, BN = cfg.bk, cfg.bn
+    per_stage = {"f1": (BM * BK + R * BK) * 2,
+                 "f2": max(R * BN * 2, BM * R * 4),
+                 "b1": max((BM * BN + R * BN) * 2, (BM * R + BM * BN * CM) * 2),
+                 "b2": (BM * R + BM * BK * CM) * 2}[kernel]
+    once = R * BK * CM * 2 if kernel == "b2" else 0
+    return stages * per_stage + once
+
+
+def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
+    """The configured ``num_stages`` of ``kernel``, lowered (down to 1) until every rank bucket in the
+    ``buckets`` bit mask fits ``SMEM_LIMIT_BYTES`` (``smem_bytes``); mixes of low ranks keep the
+    tuned stages."""
+    stages = int(getattr(cfg, f"stages_{kernel}"))
+    included = [b for b in range(len(_RANKS_OF_BUCKET)) if buckets >> b & 1]
+    while stages > 1 and any(smem_bytes(kernel, b, cfg, stages) > SMEM_LIMIT_BYTES for b in included):
+        stages -= 1
+    return stages
+
+
 def mix_seed(seed: int) -> int:
     """Seed as passed to the kernels: a hash of ``seed`` folded into [0, 2**31)."""
     h = (int(seed) * 0x9E3779B1 + 0x632BE5AB) & 0xFFFFFFFF
@@ -272,14 +307,14 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
         x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
         plan.p_size, plan.ksplit, plan.kb_per, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
-        num_warps=cfg.warps_f1, num_stages=cfg.stages_f1)
+        num_warps=cfg.warps_f1, num_stages=stages_for("f1", plan.buckets, cfg))
     has_bias = bias is not None
     K_._f2_kernel[(plan.n_tiles * plan.ngroups,)](
         ppart, psave, lora_B, y, bias if has_bias else y, gbuf, g_numel, plan.tiles,
         plan.meta_i, plan.meta_f if dropout else _nodrop_meta_f(plan), Nf, y.stride(0),
         lora_B.stride(0), plan.p_size, plan.ksplit, plan.ngroups, plan.ng_per,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
-        num_warps=cfg.warps_f2, num_stages=cfg.stages_f2)
+        num_warps=cfg.warps_f2, num_stages=stages_for("f2", plan.buckets, cfg))
     return y, psave, gbuf
 
 
@@ -313,7 +348,7 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
         dy, lora_B, psave, q, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
         dy.stride(0), lora_B.stride(0), plan.nsplit, plan.nb_per, n_q, n_nb,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn,
-        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1, num_stages=cfg.stages_b1)
+        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1, num_stages=stages_for("b1", plan.buckets, cfg))
     n_kb = _cdiv(Kf, cfg.bk)
     K_._b2_kernel[(plan.n_chunks * n_kb,)](
         x, lora_A, q, dxl if write_dx else x, gA, plan.chunks,
@@ -321,7 +356,7 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
         dxl.stride(0) if write_dx else 0, n_kb, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
         DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
-        num_warps=cfg.warps_b2, num_stages=cfg.stages_b2)
+        num_warps=cfg.warps_b2, num_stages=stages_for("b2", plan.buckets, cfg))
     return dxl
 
 
