@@ -85,16 +85,18 @@ def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> in
     ``stages`` pipeline stages: Triton's software pipelining keeps ``stages`` copies of the tiles a
     loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B, the fp32
     partial sums of f2 4 B), taking the largest loop of the kernel (loops in exclusive branches or
-    in sequence do not hold their buffers at once), plus b2's rank-wide A tile loaded once. The
-    rank-256 f1 case measured on an H100 (245,760 B required at 3 stages: ``OutOfResources``) is
-    exactly 3 x (BM x BK + R x BK) x 2.
+    in sequence do not hold their buffers at once), plus b2's rank-wide A tile loaded once. Fitted
+    to the two requirements Triton 3.6 reported on an H100 at rank 256 and 3 stages (BM 64, BK = BN
+    = 128): f1 245,760 B = 3 x (BM x BK + R x BK) x 2, and f2 245,760 B = 3 x (R x BN x 2 + BM x R),
+    the BM x R term being the converted P operand; b1 and b2 carry the same BM x R term as a
+    margin. ``launch`` still falls back to fewer stages if a GPU reports more than this.
     """
     R, BM, CM = _RANKS_OF_BUCKET[bucket], int(cfg.bms[bucket]), int(cfg.cms[bucket])
     BK, BN = cfg.bk, cfg.bn
     per_stage = {"f1": (BM * BK + R * BK) * 2,
-                 "f2": max(R * BN * 2, BM * R * 4),
-                 "b1": max((BM * BN + R * BN) * 2, (BM * R + BM * BN * CM) * 2),
-                 "b2": (BM * R + BM * BK * CM) * 2}[kernel]
+                 "f2": R * BN * 2 + BM * R,
+                 "b1": max((BM * BN + R * BN) * 2, (BM * R + BM * BN * CM) * 2) + BM * R,
+                 "b2": (BM * R + BM * BK * CM) * 2 + BM * R}[kernel]
     once = R * BK * CM * 2 if kernel == "b2" else 0
     return stages * per_stage + once
 
@@ -108,6 +110,26 @@ def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
     while stages > 1 and any(smem_bytes(kernel, b, cfg, stages) > SMEM_LIMIT_BYTES for b in included):
         stages -= 1
     return stages
+
+
+_STAGES_SEEN: dict = {}  # (kernel name, constexpr args) -> stages that launched
+
+
+def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args, **kwargs) -> None:
+    """Launch ``kernel[grid](*args, **kwargs)`` with ``stages_for(name, buckets, cfg)`` pipeline stages;
+    if the GPU still reports too little shared memory (Triton's ``OutOfResources``), retry with one
+    stage fewer (down to 1) and remember what launched for this kernel and configuration."""
+    key = (name, buckets, cfg, kwargs.get("PREC"))  # what decides the tiles' shared memory
+    stages = _STAGES_SEEN.get(key, stages_for(name, buckets, cfg))
+    while True:
+        try:
+            kernel[grid](*args, num_stages=stages, **kwargs)
+            _STAGES_SEEN[key] = stages
+            return
+        except Exception as e:  # noqa: BLE001 - only Triton's resource error is retried
+            if type(e).__name__ != "OutOfResources" or stages <= 1:
+                raise
+            stages -= 1
 
 
 def mix_seed(seed: int) -> int:
@@ -303,18 +325,18 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed: int, dropout_on
     ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=dev)
     dropout = dropout_on and plan.has_dropout
     prec = _prec(x.dtype)
-    K_._f1_kernel[(plan.n_tiles * plan.ksplit,)](
+    launch(K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
         x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
         plan.p_size, plan.ksplit, plan.kb_per, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
-        num_warps=cfg.warps_f1, num_stages=stages_for("f1", plan.buckets, cfg))
+        num_warps=cfg.warps_f1)
     has_bias = bias is not None
-    K_._f2_kernel[(plan.n_tiles * plan.ngroups,)](
+    launch(K_._f2_kernel, (plan.n_tiles * plan.ngroups,), "f2", plan.buckets, cfg,
         ppart, psave, lora_B, y, bias if has_bias else y, gbuf, g_numel, plan.tiles,
         plan.meta_i, plan.meta_f if dropout else _nodrop_meta_f(plan), Nf, y.stride(0),
         lora_B.stride(0), plan.p_size, plan.ksplit, plan.ngroups, plan.ng_per,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
-        num_warps=cfg.warps_f2, num_stages=stages_for("f2", plan.buckets, cfg))
+        num_warps=cfg.warps_f2)
     return y, psave, gbuf
 
 
@@ -344,19 +366,19 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed: int
     prec = _prec(x.dtype)
     n_nb = _cdiv(Nf, cfg.bn)
     n_q = plan.n_tiles * plan.nsplit
-    K_._b1_kernel[(n_q + plan.n_chunks * n_nb,)](
+    launch(K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
         dy, lora_B, psave, q, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
         dy.stride(0), lora_B.stride(0), plan.nsplit, plan.nb_per, n_q, n_nb,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn,
-        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1, num_stages=stages_for("b1", plan.buckets, cfg))
+        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1)
     n_kb = _cdiv(Kf, cfg.bk)
-    K_._b2_kernel[(plan.n_chunks * n_kb,)](
+    launch(K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
         x, lora_A, q, dxl if write_dx else x, gA, plan.chunks,
         plan.meta_i, meta_f, Kf, x.stride(0), lora_A.stride(0),
         dxl.stride(0) if write_dx else 0, n_kb, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
         DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec,
-        num_warps=cfg.warps_b2, num_stages=stages_for("b2", plan.buckets, cfg))
+        num_warps=cfg.warps_b2)
     return dxl
 
 
