@@ -18,6 +18,8 @@ Rows are sorted by (``submit_time_s``, original file order) and the index is a f
 ``df.attrs`` carries ``"source"`` (the spec string, e.g. ``"itp:../shared/traces/.../cluster02.csv.gz"``),
 ``"format"`` (reader name), ``"path"`` (file or directory read; the option string for synthetic traces)
 and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``).
+Readers that change a value by a documented rule also record ``"adjusted"`` (dict: rule -> number of kept
+rows changed, e.g. ``{"gpus_rounded_up": 2}``); these rows are kept, so they are not in ``skipped``.
 Readers of files also record where each row came from, for error messages about a job
 (:func:`source_of`): ``"origin"``, an :class:`Origin` (1-based data row in the file of each table
 row and, for a merge of several files, the file of each).
@@ -58,7 +60,8 @@ def check_unique_ids(job_id: np.ndarray, rows: np.ndarray, file: str | None) -> 
 
 def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, tenant: Any,
                  rows: Any, file: str, fmt: str, skipped: Mapping[str, int] | None = None,
-                 check_ids: bool = True, files: Any = None) -> pd.DataFrame:
+                 check_ids: bool = True, files: Any = None,
+                 adjusted: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Build the common trace table from already-parsed, already-checked columns.
 
     Applies the shared rules: duplicate ids raise (when ``check_ids``), rows with zero duration are
@@ -73,6 +76,8 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         skipped: counts of rows the reader already dropped (e.g. ``{"duplicate": 3}``).
         check_ids: check job-id uniqueness here (readers that merged files check it themselves).
         files: the file of each entry, for a merge of several files (else every entry is ``file``'s).
+        adjusted: rule -> boolean mask (one entry per row) of the rows whose values that rule changed;
+            ``attrs["adjusted"]`` gets the count among the kept rows.
 
     Raises:
         InputError: duplicate job id, or no job left after skipping.
@@ -100,6 +105,8 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         "tenant": pd.Series(tenant[keep][order], dtype=str),
     })
     df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped})
+    if adjusted is not None:
+        df.attrs["adjusted"] = {k: int(np.asarray(m, dtype=bool)[keep].sum()) for k, m in adjusted.items()}
     if rows is not None:
         df.attrs["origin"] = Origin(rows[keep][order],
                                     None if files is None else np.asarray(files, dtype=object)[keep][order])

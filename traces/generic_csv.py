@@ -1,11 +1,24 @@
-"""Reader for any CSV trace, given a column mapping (format name ``csv``).
+"""Reader for any CSV trace, given a column mapping (format name ``csv``): cluster exports, pod tables.
 
-Mapping keys: ``submit``, ``duration``, ``gpus`` (required), ``job_id``, ``tenant`` (optional); values are
-column names of the file. ``time_unit`` (``s``, ``ms``, ``min``, ``h``) applies to submit and duration.
-Submit values are non-negative numbers on any origin (they are shifted so the earliest kept job is at 0 s).
-Without a ``job_id`` column the id is the 1-based data row; without ``tenant`` it is ``""``.
+Mapping keys (values are column names of the file):
 
-Rules: duplicate job ids raise; zero durations are skipped (``skipped["zero_duration"]``).
+* ``submit``, ``gpus`` (required) and exactly one of ``duration`` or ``end``;
+* ``start`` (optional, only with ``end``), ``job_id``, ``tenant`` (optional).
+
+Runtime: ``duration`` as given; with ``end`` and ``start``, ``end - start`` (the log's own queueing,
+``start - submit``, is left out: the simulator queues the job itself); with ``end`` but no ``start``,
+``end - submit``, which includes whatever the job waited in the logged cluster.
+
+Time columns (``submit``, ``start``, ``end``) are numbers (epoch or any other origin, times ``time_unit``:
+``s``, ``ms``, ``min``, ``h``) or ISO 8601 times (naive ones are wall clock in ``time_zone``, default UTC);
+see :mod:`tlora_sim.traces.timestamps`. All time columns of a file must be of one kind. ``duration`` is a
+number in ``time_unit``. Submit times are shifted so the earliest kept job is at 0 s. Without a ``job_id``
+column the id is the 1-based data row; without ``tenant`` it is ``""``.
+
+Rules: a row requesting 0 GPUs (a CPU job or pod) is skipped (``skipped["zero_gpus"]``), before its other
+fields are checked; a fractional request (0.5 GPU) is rounded up to whole GPUs and kept
+(``attrs["adjusted"]["gpus_rounded_up"]``); an end before its start (or before submit) raises naming file,
+row and the end column; duplicate job ids raise; zero durations are skipped (``skipped["zero_duration"]``).
 """
 
 from __future__ import annotations
@@ -17,33 +30,45 @@ import pandas as pd
 
 from tlora_sim.traces.errors import InputError
 from tlora_sim.traces.frame import finish_frame
-from tlora_sim.traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
+from tlora_sim.traces.tableio import (first, gpu_requests, numeric, raise_first, read_csv_strings, require_columns,
+                                     row_numbers, shift_problems, string_column)
+from tlora_sim.traces.timestamps import check_time_zone, time_column
 
-REQUIRED_KEYS = ("submit", "duration", "gpus")
-OPTIONAL_KEYS = ("job_id", "tenant")
+REQUIRED_KEYS = ("submit", "gpus")
+RUNTIME_KEYS = ("duration", "end")
+OPTIONAL_KEYS = ("start", "job_id", "tenant")
+ALL_KEYS = REQUIRED_KEYS + RUNTIME_KEYS + OPTIONAL_KEYS
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "min": 60.0, "h": 3600.0}
-_HELP = ("the csv format needs a column mapping with keys submit, duration, gpus (required) and job_id, "
-         "tenant (optional), e.g. --columns submit=ts,duration=dur,gpus=n")
+_HELP = ("the csv format needs a column mapping with keys submit, duration, gpus (or end instead of "
+         "duration) and optionally start (with end), job_id, tenant, e.g. --columns submit=ts,duration=dur,gpus=n "
+         "or --columns submit=created,start=started,end=finished,gpus=n")
 
 
 def check_column_mapping(mapping: Mapping[str, str] | None, *, field: str = "csv_columns") -> dict[str, str]:
     """Validate a column mapping and return it as a plain dict (values stripped).
 
     Raises:
-        InputError: mapping missing, a required key absent, an unknown key, or an empty column name.
+        InputError: mapping missing, a required key absent, both or neither of ``duration`` and ``end``,
+            ``start`` without ``end``, an unknown key, or an empty column name.
     """
     if not mapping:
         raise InputError(f"no column mapping given: {_HELP}", field=field)
     out: dict[str, str] = {}
     for key, col in mapping.items():
-        if key not in REQUIRED_KEYS + OPTIONAL_KEYS:
+        if key not in ALL_KEYS:
             raise InputError(f"unknown mapping key {key!r}: {_HELP}", field=field)
         if not isinstance(col, str) or not col.strip():
             raise InputError(f"empty column name for key {key!r}: {_HELP}", field=field)
         out[key] = col.strip()
     missing = [k for k in REQUIRED_KEYS if k not in out]
+    if not any(k in out for k in RUNTIME_KEYS):
+        missing.append("duration (or end)")
     if missing:
         raise InputError(f"mapping lacks {', '.join(missing)}: {_HELP}", field=field)
+    if all(k in out for k in RUNTIME_KEYS):
+        raise InputError(f"give either duration or end, not both: {_HELP}", field=field)
+    if "start" in out and "end" not in out:
+        raise InputError(f"start is used only with end (runtime = end - start): {_HELP}", field=field)
     return out
 
 
@@ -68,34 +93,71 @@ def parse_column_mapping(text: str) -> dict[str, str]:
     return check_column_mapping(out, field="--columns")
 
 
-def read_csv_trace(path: str, csv_columns: Mapping[str, str] | None, time_unit: str = "s") -> pd.DataFrame:
+def read_csv_trace(path: str, csv_columns: Mapping[str, str] | None, time_unit: str = "s",
+                   time_zone: str | None = None) -> pd.DataFrame:
     """Read a CSV with the given column mapping into the common trace table.
 
     Args:
         path: CSV file (may be compressed: .gz, .bz2, .zip, .xz).
         csv_columns: see the module docstring.
-        time_unit: unit of the submit and duration columns: ``s``, ``ms``, ``min`` or ``h``.
+        time_unit: unit of numeric time columns and of ``duration``: ``s``, ``ms``, ``min`` or ``h``.
+        time_zone: IANA zone of naive ISO 8601 times (default ``UTC``); numbers and times with an offset
+            ignore it.
+
+    Returns:
+        The common table; ``attrs["skipped"]`` has ``zero_gpus`` and ``zero_duration``,
+        ``attrs["adjusted"]`` has ``gpus_rounded_up``.
 
     Raises:
-        InputError: bad mapping or unit, missing/unreadable file, mapped column absent, bad value
-            (file, row, field = the file's column name), duplicate job id, no jobs.
+        InputError: bad mapping, unit or time zone, missing/unreadable file, mapped column absent, bad
+            value (file, row, field = the file's column name), time columns of different kinds, end before
+            start (or before submit without ``start``), duplicate job id, no jobs.
     """
     mapping = check_column_mapping(csv_columns)
     if time_unit not in TIME_UNITS_S:
         raise InputError(f"unknown time unit {time_unit!r}; use one of {', '.join(TIME_UNITS_S)}",
                          field="time_unit")
+    tz = check_time_zone(time_zone)
     file = str(path)
     df = read_csv_strings(path)
     require_columns(df, mapping.values(), file=file, what="csv (mapped)")
-    submit, p1 = numeric(df, mapping["submit"])
-    duration, p2 = numeric(df, mapping["duration"])
-    gpus, p3 = numeric(df, mapping["gpus"], integer=True, positive=True)
-    id_col = mapping.get("job_id")
-    p4 = [first(df[id_col].isna().to_numpy(), id_col, "missing job id")] if id_col else []
-    raise_first([*p1, *p2, *p3, *p4], file=file)
-    rows = row_numbers(df)
+    rows_all = row_numbers(df)
+    gpus, zero, rounded, problems = gpu_requests(df, mapping["gpus"])
+    raise_first(problems, file=file, rows=rows_all)
+    kept = np.flatnonzero(~zero)
+    skipped = {"zero_gpus": int(zero.sum())}
+    if len(kept) == 0:
+        raise InputError(f"no jobs left: all {len(df)} rows request zero GPUs", file=file, field=mapping["gpus"])
+    sub = df.iloc[kept]
     scale = TIME_UNITS_S[time_unit]
-    job_id = string_column(df, id_col) if id_col else rows.astype(str)
-    return finish_frame(job_id=job_id, submit_s=submit * scale, duration_s=duration * scale,
-                        num_gpus=gpus.astype(np.int64), tenant=string_column(df, mapping.get("tenant")),
-                        rows=rows, file=file, fmt="csv")
+    times, problems, kinds = {}, [], {}
+    for key in ("submit", "start", "end"):
+        if key in mapping:
+            times[key], found, kinds[key] = time_column(sub, mapping[key], scale_s=scale, time_zone=tz)
+            problems += found
+    if "duration" in mapping:
+        duration, found = numeric(sub, mapping["duration"])
+        problems += found
+        duration = duration * scale
+    id_col = mapping.get("job_id")
+    if id_col:
+        problems.append(first(sub[id_col].isna().to_numpy(), id_col, "missing job id"))
+    raise_first(shift_problems(problems, kept), file=file, rows=rows_all)
+    if len(set(kinds.values())) > 1:
+        described = ", ".join(f"{mapping[k]} ({'numbers' if v == 'number' else 'ISO 8601 times'})"
+                              for k, v in kinds.items())
+        raise InputError(f"time columns must all be numbers or all ISO 8601 times, got {described}",
+                         file=file, field=mapping["end"])
+    if "end" in mapping:
+        origin = "start" if "start" in mapping else "submit"
+        early = times["end"] < times[origin]
+        raise_first(shift_problems([first(early, mapping["end"], f"end precedes {origin} "
+                                          f"(column {mapping[origin]!r})", sub[mapping["end"]])], kept),
+                    file=file, rows=rows_all)
+        duration = times["end"] - times[origin]
+    rows = rows_all[kept]
+    job_id = string_column(sub, id_col) if id_col else rows.astype(str)
+    return finish_frame(job_id=job_id, submit_s=times["submit"], duration_s=duration,
+                        num_gpus=gpus[kept], tenant=string_column(sub, mapping.get("tenant")),
+                        rows=rows, file=file, fmt="csv", skipped=skipped,
+                        adjusted={"gpus_rounded_up": rounded[kept]})

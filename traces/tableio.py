@@ -7,6 +7,7 @@ the 1-based data row (the first row after the header is row 1), the field and th
 
 from __future__ import annotations
 
+import csv
 import difflib
 import gzip
 import warnings
@@ -51,8 +52,11 @@ def existing_path(path: str | Path, *, want_dir: bool | None = False) -> Path:
     return p
 
 
-def read_csv_strings(path: str | Path) -> pd.DataFrame:
+def read_csv_strings(path: str | Path, *, sep: str = ",", quoting: bool = True) -> pd.DataFrame:
     """Read a CSV (plain or .gz/.bz2/.zip/.xz by extension) with every cell as a string or NaN.
+
+    ``sep`` is the field separator (``"|"`` for ``sacct --parsable2``); ``quoting=False`` reads ``"``
+    as an ordinary character (sacct does not quote fields).
 
     Header names are stripped of surrounding spaces; trailing empty lines are dropped; an empty line
     (or a row with no values) inside the data raises, with its row number.
@@ -63,13 +67,15 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
     """
     p = existing_path(path)
     file = str(path)
+    quote = csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", pd.errors.ParserWarning)
             # index_col=False: a row longer than the header must not become the index
-            df = pd.read_csv(p, dtype=str, encoding="utf-8", skip_blank_lines=False, index_col=False)
+            df = pd.read_csv(p, dtype=str, encoding="utf-8", skip_blank_lines=False, index_col=False,
+                             sep=sep, quoting=quote)
         if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
-            _raise_long_row(p, file)
+            _raise_long_row(p, file, sep)
     except pd.errors.EmptyDataError:
         raise InputError("file is empty (no header row)", file=file) from None
     except UnicodeDecodeError as e:
@@ -82,7 +88,7 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
     except OSError as e:
         raise InputError(f"cannot read file ({e})", file=file) from None
     df.columns = [str(c).strip() for c in df.columns]
-    _no_duplicate_names(p, file, len(df.columns))
+    _no_duplicate_names(p, file, len(df.columns), sep, quote)
     filled = ~df.isna().all(axis=1).to_numpy()
     df = df.iloc[: len(filled) - int(np.argmax(filled[::-1]))] if filled.any() else df.iloc[:0]
     if len(df) == 0:
@@ -91,10 +97,11 @@ def read_csv_strings(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _no_duplicate_names(p, file: str, n_columns: int) -> None:
+def _no_duplicate_names(p, file: str, n_columns: int, sep: str = ",", quote: int = csv.QUOTE_MINIMAL) -> None:
     """pandas renames a repeated header name (``a``, ``a.1``), so a mapping would silently take the
     first: read the raw header and refuse a name given twice."""
-    raw = pd.read_csv(p, dtype=str, header=None, nrows=1, encoding="utf-8", index_col=False).iloc[0]
+    raw = pd.read_csv(p, dtype=str, header=None, nrows=1, encoding="utf-8", index_col=False, sep=sep,
+                      quoting=quote).iloc[0]
     names = [str(x).strip() for x in raw.tolist()[:n_columns]]
     seen = set()
     for name in names:
@@ -103,15 +110,14 @@ def _no_duplicate_names(p, file: str, n_columns: int) -> None:
         seen.add(name)
 
 
-def _raise_long_row(path: Path, file: str) -> None:
+def _raise_long_row(path: Path, file: str, sep: str = ",") -> None:
     """Find the first data row with more fields than the header and raise naming it."""
-    import csv
     import io
 
     opener = {".gz": gzip.open}.get(path.suffix, None)
     raw = opener(path, "rt", encoding="utf-8") if opener else open(path, encoding="utf-8", newline="")
     with raw as fh:
-        reader = csv.reader(io.StringIO(fh.read()))
+        reader = csv.reader(io.StringIO(fh.read()), delimiter=sep)
         header = next(reader, [])
         for row, fields in enumerate(reader, start=1):
             if len(fields) > len(header):
@@ -176,6 +182,29 @@ def numeric(df: pd.DataFrame, col: str, *, integer: bool = False, min_value: flo
             first(finite & (np.abs(values) > 2.0**53), col, "is too large (above 2^53)", raw) if integer else None,
         ]
     return values, [p for p in problems if p is not None]
+
+
+def gpu_requests(df: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Problem]]:
+    """GPU requests of operators' logs (csv and slurm formats): zero is allowed (a CPU job, to be skipped)
+    and a fractional request is rounded up to whole GPUs.
+
+    Rules: missing, non-numeric, infinite, negative or > 2^53 values are problems.
+
+    Returns:
+        (GPUs as int64 (0 where bad), zero mask, rounded-up mask, first problems).
+    """
+    values, problems = numeric(df, col)
+    finite = np.isfinite(values)
+    problems += [p for p in [first(finite & (values > 2.0**53), col, "is too large (above 2^53)", df[col])] if p]
+    ok = finite & (values >= 0) & (values <= 2.0**53)
+    whole = np.where(ok, np.ceil(np.where(ok, values, 0.0)), 0.0)
+    return whole.astype(np.int64), ok & (values == 0), ok & (whole != values), problems
+
+
+def shift_problems(problems: Sequence[Problem], positions: np.ndarray) -> list[Problem]:
+    """Problems found on a subset of a table (``positions``: the subset's 0-based positions in the full
+    table) re-indexed to the full table, so :func:`raise_first` names the right row."""
+    return [Problem(int(positions[p.index]), p.field, p.message) for p in problems if p is not None]
 
 
 def raise_first(problems: Sequence[Problem | None], *, file: str, rows: np.ndarray | None = None) -> None:
