@@ -7,9 +7,12 @@ absolute); for ``synthetic`` it is ``default`` or ``key=value,...`` options (see
 format   ARG                                              module
 ======== ================================================ ==================================
 acme     Acme/Kalos extract directory or either CSV       :mod:`tlora_sim.traces.acme`
-csv      any CSV; needs ``csv_columns`` (+ ``time_unit``)   :mod:`tlora_sim.traces.generic_csv`
+csv      any CSV; needs ``csv_columns`` (+ ``time_unit``,  :mod:`tlora_sim.traces.generic_csv`
+         ``time_zone``)
 itp      ITP ``clusterNN.csv[.gz]`` or their directory    :mod:`tlora_sim.traces.itp`
 philly   Philly CSV (US/Pacific local timestamps)         :mod:`tlora_sim.traces.philly`
+slurm    ``sacct --parsable2`` export (+ ``time_zone``,   :mod:`tlora_sim.traces.slurm`
+         ``slurm_states``)
 synthetic ``default`` or ``jobs=N,seed=S,load=L,...``     :mod:`tlora_sim.traces.synthetic`
 ======== ================================================ ==================================
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -26,14 +29,21 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.traces.frame import validate_frame
 
 
+OPTION_DEFAULTS: dict[str, Any] = {"csv_columns": None, "time_unit": "s", "time_zone": None, "slurm_states": None}
+"""Reader options of :func:`read_trace` and the value that means "not given"."""
+
+
 @dataclass(frozen=True)
 class Reader:
     """A registered format: ``target`` is ``"module:function"`` (imported on first use) or a callable
-    ``f(arg: str) -> DataFrame``; ``csv_options`` readers also take ``csv_columns`` and ``time_unit``."""
+    ``f(arg: str, **options) -> DataFrame``; ``options`` names the keyword options (keys of
+    :data:`OPTION_DEFAULTS`) it takes. ``csv_options=True`` (older form) means csv_columns and time_unit,
+    passed positionally."""
 
     target: str | Callable[..., pd.DataFrame]
     description: str
     csv_options: bool = False
+    options: tuple[str, ...] = ()
 
     def load(self) -> Callable[..., pd.DataFrame]:
         if callable(self.target):
@@ -44,9 +54,12 @@ class Reader:
 
 _READERS: dict[str, Reader] = {
     "acme": Reader("tlora_sim.traces.acme:read_acme", "Acme/Kalos 319-job extract (directory or CSV)"),
-    "csv": Reader("tlora_sim.traces.generic_csv:read_csv_trace", "any CSV with a column mapping", csv_options=True),
+    "csv": Reader("tlora_sim.traces.generic_csv:read_csv_trace", "any CSV with a column mapping",
+                  options=("csv_columns", "time_unit", "time_zone")),
     "itp": Reader("tlora_sim.traces.itp:read_itp", "Microsoft ITP clusterNN.csv[.gz] (file or directory)"),
     "philly": Reader("tlora_sim.traces.philly:read_philly", "Microsoft Philly CSV (US/Pacific timestamps)"),
+    "slurm": Reader("tlora_sim.traces.slurm:read_slurm", "Slurm sacct --parsable2 export ('|' separated)",
+                    options=("time_zone", "slurm_states")),
     "synthetic": Reader("tlora_sim.traces.synthetic:read_synthetic", "generator fitted to ITP statistics"),
 }
 
@@ -80,33 +93,49 @@ def split_spec(spec: str) -> tuple[str, str]:
     return fmt, arg.strip()
 
 
-def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_unit: str = "s") -> pd.DataFrame:
+def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_unit: str = "s",
+               time_zone: str | None = None, slurm_states: str | Sequence[str] | None = None) -> pd.DataFrame:
     """Read a trace given as ``FORMAT:PATH`` (or ``synthetic:OPTIONS``) into the common table.
 
     Args:
-        spec: e.g. ``"itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz"``, ``"synthetic:default"``.
+        spec: e.g. ``"itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz"``, ``"slurm:sacct.txt"``.
         csv_columns: column mapping, only for the ``csv`` format (see :mod:`tlora_sim.traces.generic_csv`).
         time_unit: ``s``/``ms``/``min``/``h``, only for the ``csv`` format.
+        time_zone: IANA zone of naive timestamps (default UTC), for the ``csv`` and ``slurm`` formats.
+        slurm_states: job states kept, for the ``slurm`` format (``"COMPLETED,FAILED"`` or a list;
+            default :data:`tlora_sim.traces.slurm.DEFAULT_STATES`).
 
     Returns:
         DataFrame with columns ``job_id, submit_time_s, duration_s, num_gpus, tenant`` and attrs
         ``source`` (= spec), ``format``, ``path``, ``skipped`` (see :mod:`tlora_sim.traces.frame`).
 
     Raises:
-        InputError: bad spec, unknown format, csv options given to another format, missing file,
-            or any bad input found by the reader (file, row, field in the error).
+        InputError: bad spec, unknown format, an option given to a format that does not take it (field =
+            the option), missing file, or any bad input found by the reader (file, row, field in the error).
     """
     fmt, arg = split_spec(spec)
     reader = _READERS[fmt]
+    given = {"csv_columns": csv_columns, "time_unit": time_unit, "time_zone": time_zone,
+             "slurm_states": slurm_states}
+    takes = set(reader.options) | ({"csv_columns", "time_unit"} if reader.csv_options else set())
+    for name, value in given.items():
+        if name not in takes and not _is_default(name, value):
+            users = sorted(f for f, r in _READERS.items() if name in r.options or
+                           (r.csv_options and name in ("csv_columns", "time_unit")))
+            what = "a column mapping" if name == "csv_columns" else name
+            raise InputError(f"{what} applies only to the {' and '.join(users)} format(s), not {fmt!r}",
+                             field=name)
     if reader.csv_options:
         df = reader.load()(arg, csv_columns, time_unit)
     else:
-        if csv_columns:
-            raise InputError(f"a column mapping applies only to the csv format, not {fmt!r}", field="csv_columns")
-        if time_unit != "s":
-            raise InputError(f"time_unit applies only to the csv format, not {fmt!r}", field="time_unit")
-        df = reader.load()(arg)
+        df = reader.load()(arg, **{k: given[k] for k in reader.options})
     df.attrs["source"] = spec
     df.attrs["format"] = fmt
     validate_frame(df, df.attrs.get("path", arg))
     return df
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """True when option ``name`` is not given (``None``/empty, or csv's default time unit ``s``)."""
+    default = OPTION_DEFAULTS[name]
+    return value == default or (default is None and not value)
