@@ -10,11 +10,7 @@ per policy and ``figures/``.
 from __future__ import annotations
 
 import importlib.metadata as md
-import os
 import platform
-import signal
-import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,11 +22,12 @@ from tlora_sim.sim.core import metrics
 from tlora_sim.sim.core.cluster import parse_cluster
 from tlora_sim.sim.core.engine import Engine
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundir import (check_out_dir, interrupt_handler, redeliver_interrupts, staged_dir,
+from tlora_sim.sim.report.rundir import (check_out_dir, staged_dir,
                                          write_csv, write_json)
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
+from tlora_sim.sim.experiments.pool import run_tasks
 
 
 @dataclass(frozen=True)
@@ -234,55 +231,10 @@ def _progress_bar(jobs, label: str, position: int):
                                             "[{elapsed}<{remaining}]")
 
 
-_IN_TASK = False  # a compare worker is inside a replay (signals then unwind it instead of exiting)
-
-
-def _worker_signal(signum: int, frame) -> None:
-    if _IN_TASK:
-        interrupt_handler(signum, frame)  # unwinds the replay (held while a file is committed)
-        return
-    os._exit(128 + signum)  # idle worker: nothing to clean up, no traceback noise
-
-
-def _worker_init() -> None:
-    """Compare worker: the parent handles Ctrl-C and stops workers with SIGTERM, which unwinds a
-    running replay (temp files removed) or ends an idle worker quietly."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _worker_signal)
-    redeliver_interrupts()  # a SIGTERM that lands in a finalizer unwinds the replay, not prints
-
-
-def _replay_row(args) -> dict:
-    global _IN_TASK
-    cfg, out, progress, position, check = args
-    _IN_TASK = True
-    try:
-        return _replay_into(cfg, out, progress=progress, plots=True, position=position, check_invariants=check,
-                            policy=None, listeners=())
-    finally:
-        _IN_TASK = False
-
-
-STOP_GRACE_S = 30.0
-"""How long ``stop_pool`` lets SIGTERM'd workers clean up, all of them together (s): a worker
-inside a long native call (a HiGHS solve) handles the signal when the call returns."""
-
-
-def stop_pool(ex: ProcessPoolExecutor) -> None:
-    """Cancel queued tasks, stop running ones with SIGTERM (they remove their temp files), wait for the
-    workers (replay comparisons and sweeps): ``STOP_GRACE_S`` in all, then SIGKILL the survivors."""
-    procs = list((getattr(ex, "_processes", None) or {}).values())
-    ex.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + STOP_GRACE_S
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+def _replay_row(cfg: ReplayConfig, out: Path, progress: bool, position: int, check: bool) -> dict:
+    """One policy of a comparison (a pool task)."""
+    return _replay_into(cfg, out, progress=progress, plots=True, position=position, check_invariants=check,
+                        policy=None, listeners=())
 
 
 def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, workers: int = 1,
@@ -317,16 +269,10 @@ def _compare_into(cfgs: list[ReplayConfig], out: Path, workers: int, progress: b
                   check_invariants: bool) -> pd.DataFrame:
     """``compare`` writing straight into ``out`` (the caller stages it)."""
     tasks = [(c, out / c.policy, progress, i, check_invariants) for i, c in enumerate(cfgs)]
-    if workers > 1 and len(tasks) > 1:
-        ex = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_init)
-        try:
-            rows = list(ex.map(_replay_row, tasks))
-        except BaseException:
-            stop_pool(ex)
-            raise
-        ex.shutdown()
-    else:
-        rows = [_replay_row(t) for t in tasks]
+    rows = run_tasks(_replay_row, tasks, workers)
+    broken = [c.policy for c, r in zip(cfgs, rows) if r.get("error") == "BrokenProcessPool"]
+    if broken:
+        raise RuntimeError(f"the worker running {', '.join(broken)} died (killed, or out of memory)")
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "skipped"} | {"skipped": sum(r["skipped"].values())}
                           for r in rows])
     first = ["policy"] + metrics.SUMMARY_KEYS

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -82,20 +81,15 @@ def _replay_config(cell: Cell):
     return ReplayConfig(**kw)
 
 
-_IN_CELL = False  # a worker is inside a cell (SIGTERM then unwinds it so temp files are removed)
-
-
 def _run_cell(cell: Cell, out_dir: str) -> dict:
     """Replay ``cell`` into ``out_dir``; returns ``{"ok": bool, "error": type name, "message": str}``.
 
     Input and invariant errors (and any other exception) are returned, not raised, so one bad cell
     does not stop the sweep; KeyboardInterrupt propagates.
     """
-    global _IN_CELL
     from tlora_sim.sim.experiments.replay import replay
 
     out = Path(out_dir)
-    _IN_CELL = True
     try:
         for tmp in out.glob(".*.tmp") if out.is_dir() else ():  # leftovers of a SIGKILLed run
             tmp.unlink(missing_ok=True)
@@ -113,8 +107,6 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
             except OSError:
                 pass
         return {"ok": False, "error": type(e).__name__, "message": msg}
-    finally:
-        _IN_CELL = False
 
 
 def _run_cell_files(cell: Cell) -> dict:
@@ -135,20 +127,6 @@ def _write_cell_files(out: Path, files: dict[str, bytes]) -> None:
     for name in sorted(files, key=lambda n: (n == "summary.json", n)):
         data = files[name]
         atomic_write(out / name, lambda p, d=data: p.write_bytes(d))
-
-
-def _worker_signal(signum: int, _frame) -> None:
-    if _IN_CELL:
-        from tlora_sim.sim.report.rundir import Interrupted
-
-        raise Interrupted(signum)
-    os._exit(128 + signum)
-
-
-def _worker_init() -> None:
-    """Local worker: the parent handles Ctrl-C; SIGTERM unwinds a running cell (temp files removed)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _worker_signal)
 
 
 # ---- the sweep ---------------------------------------------------------------------------------------
@@ -325,32 +303,10 @@ class _lock:
 
 
 def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], workers: int) -> None:
-    if workers == 1 or len(todo) == 1:
-        for cell in todo:
-            finished(cell, _run_cell(cell, str(cell_dir(out, cell))))
-        return
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
+    from tlora_sim.sim.experiments.pool import run_tasks
 
-    from tlora_sim.sim.experiments.replay import stop_pool
-
-    ex = ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_worker_init)
-    try:
-        pending = {ex.submit(_run_cell, c, str(cell_dir(out, c))): c for c in todo}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: pending[f].cell_id):
-                cell = pending.pop(fut)
-                try:
-                    res = fut.result()
-                except BrokenProcessPool:
-                    res = {"ok": False, "error": "BrokenProcessPool",
-                           "message": "a worker process died (killed, or out of memory)"}
-                finished(cell, res)
-    except BaseException:
-        stop_pool(ex)
-        raise
-    ex.shutdown()
+    run_tasks(_run_cell, [(c, str(cell_dir(out, c))) for c in todo], workers,
+              lambda i, res: finished(todo[i], res), order=lambda i: todo[i].cell_id)
 
 
 def _run_ray(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], address: str | None,

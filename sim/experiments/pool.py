@@ -1,0 +1,104 @@
+"""The one worker pool of ``compare`` and ``sweep``: processes that can be stopped cleanly.
+
+Workers ignore Ctrl-C (the parent handles it) and turn SIGTERM into an interrupt that unwinds the
+task they are running (its temp files and staging directories are removed; a signal that lands
+while a file is being committed is held until the commit is done: ``report/rundir.py``); an idle
+worker just exits. On any error or interrupt in the parent, ``stop_pool`` cancels queued tasks,
+SIGTERMs the running ones and waits ``STOP_GRACE_S`` for them in all before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Sequence
+
+from tlora_sim.sim.report.rundir import interrupt_handler, redeliver_interrupts
+
+STOP_GRACE_S = 30.0
+"""How long ``stop_pool`` lets SIGTERM'd workers clean up, all of them together (s): a worker
+inside a long native call (a HiGHS solve) handles the signal when the call returns."""
+
+BROKEN = {"ok": False, "error": "BrokenProcessPool", "message": "a worker process died (killed, or out of memory)"}
+
+_IN_TASK = False  # this worker is inside a task (signals then unwind it instead of exiting)
+
+
+def _worker_signal(signum: int, frame) -> None:
+    if _IN_TASK:
+        interrupt_handler(signum, frame)  # unwinds the task (held while a file is committed)
+        return
+    os._exit(128 + signum)  # idle worker: nothing to clean up, no traceback noise
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_signal)
+    redeliver_interrupts()  # a SIGTERM that lands in a finalizer unwinds the task, not prints
+
+
+def _call(fn: Callable, args: tuple) -> Any:
+    global _IN_TASK
+    _IN_TASK = True
+    try:
+        return fn(*args)
+    finally:
+        _IN_TASK = False
+
+
+def stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel queued tasks, stop running ones with SIGTERM (they remove their temp files), wait for
+    the workers: ``STOP_GRACE_S`` in all, then SIGKILL the survivors."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def run_tasks(fn: Callable, tasks: Sequence[tuple], workers: int,
+              on_done: Callable[[int, Any], None] | None = None, *,
+              order: Callable[[int], Any] = lambda i: i) -> list:
+    """Run ``fn(*task)`` for every task, in ``workers`` processes (in this process when
+    ``workers <= 1`` or there is one task). ``on_done(i, result)`` is called as tasks finish (in
+    ``order`` among those finishing together); a task whose worker died yields ``BROKEN``. An
+    exception raised by a task, or an interrupt, stops the pool (``stop_pool``) and is raised.
+
+    Returns:
+        The results, in task order.
+    """
+    results: list = [None] * len(tasks)
+    if workers <= 1 or len(tasks) <= 1:
+        for i, t in enumerate(tasks):
+            results[i] = _call(fn, t)
+            if on_done:
+                on_done(i, results[i])
+        return results
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_init)
+    try:
+        pending = {ex.submit(_call, fn, t): i for i, t in enumerate(tasks)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: order(pending[f])):
+                i = pending.pop(fut)
+                try:
+                    results[i] = fut.result()
+                except BrokenProcessPool:
+                    results[i] = dict(BROKEN)
+                if on_done:
+                    on_done(i, results[i])
+    except BaseException:
+        stop_pool(ex)
+        raise
+    ex.shutdown()
+    return results
