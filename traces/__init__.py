@@ -2,7 +2,7 @@
 
 Entry points (all import without torch):
 
-- :func:`read_trace` (``FORMAT:PATH``; formats acme, csv, itp, philly, synthetic) -> common trace table
+- :func:`read_trace` (``FORMAT:PATH``; formats acme, csv, itp, philly, slurm, synthetic) -> common trace table
   (:mod:`tlora_sim.traces.frame`: ``job_id, submit_time_s, duration_s, num_gpus, tenant``), :func:`validate_frame`,
   :func:`parse_column_mapping` (``--columns`` for the csv format).
 - :func:`assign_lora`, :class:`LoraDistribution`, :func:`load_distribution` (:mod:`tlora_sim.traces.lora`).
