@@ -354,3 +354,24 @@ def test_replay_of_a_sacct_export_reports_its_skips(tmp_path, capsys):
     for reason, n in {"job_steps": 4, "never_started": 2, "state_running": 1, "zero_gpus": 1}.items():
         assert summary["skipped"][reason] == n
     assert "job_steps 4" in capsys.readouterr().out
+
+
+def test_cli_takes_time_zone_and_slurm_states(tmp_path):
+    """--time-zone and --slurm-states reach the slurm reader from the command line."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+    from pathlib import Path as _P
+
+    example = _P(__file__).resolve().parents[1] / "docs" / "examples" / "slurm_sacct.txt"
+    outs = {}
+    for states in ("COMPLETED", "COMPLETED,FAILED,TIMEOUT,CANCELLED,OUT_OF_MEMORY,NODE_FAIL"):
+        out = tmp_path / states.count(",").__str__()
+        r = _sp.run([_sys.executable, "-m", "tlora_sim.sim.cli.main", "replay", "--trace", f"slurm:{example}",
+                     "--cluster", "2x8xH100", "--policy", "independent", "--out", str(out), "--no-progress",
+                     "--no-plots", "--slurm-states", states, "--time-zone", "Europe/Berlin"],
+                    capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[states] = _json.loads((out / "summary.json").read_text())
+        assert _json.loads((out / "config.json").read_text())["inputs"]["time_zone"] == "Europe/Berlin"
+    assert outs["COMPLETED"]["kept_jobs"] < outs[max(outs, key=len)]["kept_jobs"]

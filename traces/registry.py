@@ -69,6 +69,11 @@ def register_reader(name: str, reader: Reader) -> None:
     _READERS[name.lower()] = reader
 
 
+def format_descriptions() -> dict[str, str]:
+    """Registered format name -> one-line description (what ``--trace`` help lists)."""
+    return {k: _READERS[k].description for k in sorted(_READERS)}
+
+
 def known_formats() -> list[str]:
     """Registered format names, sorted."""
     return sorted(_READERS)

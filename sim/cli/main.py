@@ -16,9 +16,13 @@ from pathlib import Path
 from tlora_sim.sim.costmodel.factory import COST_MODELS
 from tlora_sim.traces.errors import InputError
 
-TRACE_HELP = ("trace spec FORMAT:PATH; formats: itp (Microsoft ITP clusterNN.csv.gz), philly (public Philly CSV), "
-              "acme (Acme/Kalos extract dir or CSV), csv (any CSV; needs --columns), "
-              "synthetic (synthetic:default or synthetic:jobs=N,seed=S,load=L,max_gpus=G)")
+def _trace_help() -> str:
+    from tlora_sim.traces.registry import format_descriptions
+
+    return "trace spec FORMAT:PATH; formats: " + "; ".join(f"{k} ({d})" for k, d in format_descriptions().items())
+
+
+TRACE_HELP = _trace_help()
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -32,6 +36,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL"
                                                    "[,job_id=COL][,tenant=COL]")
+    p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
+                                                    "(default: UTC), e.g. America/Los_Angeles")
+    p.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated "
+                                                          "(default: COMPLETED,FAILED,TIMEOUT,CANCELLED,"
+                                                          "OUT_OF_MEMORY,NODE_FAIL)")
     p.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"],
                    help="csv format only: unit of the submit and duration columns (default: %(default)s)")
     p.add_argument("--regroup-pause", type=float, default=30.0, metavar="S",
@@ -134,7 +143,7 @@ def _base_config(args, policy: str):
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
                         time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
                         cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)),
-                        early_exit=args.early_exit)
+                        early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states)
 
 
 def _skipped_of(run_dir: Path) -> dict:

@@ -49,6 +49,8 @@ class ReplayConfig:
             ``duplicate``).
         sweeps: ``FRACTION:K1,K2`` sweep families (ALTO workloads), or None.
         cost_model: ``auto``, ``profiled`` or ``roofline``.
+        time_zone: IANA zone of naive timestamps (``csv`` and ``slurm`` formats; None: UTC).
+        slurm_states: job states kept from a ``slurm`` export (None: ``traces.slurm.DEFAULT_STATES``).
         early_exit: run the shared early-exit rule on sweep families with the policy
             (``policies/early_exit.py``); stopped configurations are reported apart.
         policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
@@ -70,6 +72,8 @@ class ReplayConfig:
     cost_model: str = "auto"
     policy_modules: tuple[str, ...] = ()
     early_exit: bool = False
+    time_zone: str | None = None
+    slurm_states: str | None = None
 
 
 def versions() -> dict[str, str]:
@@ -96,7 +100,8 @@ def load_workload(cfg: ReplayConfig):
     from tlora_sim.traces.lora import assign_lora, load_distribution
 
     cluster = parse_cluster(cfg.cluster)
-    frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit)
+    frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit, time_zone=cfg.time_zone,
+                       slurm_states=cfg.slurm_states)
     if cfg.strict:
         dropped = {k: int(v) for k, v in frame.attrs.get("skipped", {}).items() if v}
         if dropped:

@@ -72,7 +72,8 @@ def _replay_config(cell: Cell):
                               regroup_pause_s=cell.regroup_pause_s,
                               csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
                               time_unit=cell.time_unit, strict=cell.strict,
-                              policy_modules=cell.policy_modules)
+                              policy_modules=cell.policy_modules, time_zone=cell.time_zone,
+                              slurm_states=cell.slurm_states)
     if "cost_model" in names:
         kw["cost_model"] = cell.cost_model
     elif cell.cost_model != "roofline":

@@ -17,7 +17,7 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402 - the one list of names
 
 LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models")
-SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules")
+SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
                              "regroup_pause_s": [30.0], "cost_models": ["auto"]}
@@ -59,6 +59,8 @@ class Cell:
     time_unit: str = "s"
     strict: bool = False
     policy_modules: tuple[str, ...] = ()
+    time_zone: str | None = None
+    slurm_states: str | None = None
 
     def identity(self) -> dict:
         """The canonical inputs the id hashes (paths as written, not as resolved)."""
@@ -66,7 +68,10 @@ class Cell:
                 "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
                 "cost_model": self.cost_model, "policy_options": dict(self.policy_options),
                 "csv_columns": dict(self.csv_columns) if self.csv_columns is not None else None,
-                "time_unit": self.time_unit, "strict": self.strict}
+                "time_unit": self.time_unit, "strict": self.strict,
+                # reader options enter the id only when set, so older sweeps keep their cell ids
+                **({"time_zone": self.time_zone} if self.time_zone else {}),
+                **({"slurm_states": self.slurm_states} if self.slurm_states else {})}
 
     @property
     def cell_id(self) -> str:
@@ -152,6 +157,12 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         csv_columns = {str(k): v for k, v in csv_columns.items()}
 
     lists = {key: _list(data, key, err) for key in LIST_KEYS}
+    reader_opts = {}
+    for key in ("time_zone", "slurm_states"):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, str) and v.strip()):
+            raise err(key, f"expected a non-empty string, got {v!r}")
+        reader_opts[key] = v
     modules = data.get("policy_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise err("policy_modules", 'expected a list of .py paths or module names, e.g. ["my_policy.py"]')
@@ -270,7 +281,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
 
     csv_items = tuple(sorted(csv_columns.items())) if csv_columns is not None else None
     cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(options.get(p, {}).items())), trace_run[t], dist_run[d],
-                  csv_items, time_unit, strict, tuple(modules))
+                  csv_items, time_unit, strict, tuple(modules), reader_opts["time_zone"], reader_opts["slurm_states"])
              for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for s in lists["seeds"]
              for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
     return Sweep(file, lists, {k: dict(v) for k, v in options.items()}, cells)
