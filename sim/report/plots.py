@@ -101,6 +101,12 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     def save(fig, name: str) -> None:
         written.extend(fs.save_figure(fig, out_dir, name, formats))
 
+    # read and check everything first: a bad file stops the command before any figure is rewritten
+    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None}
+    for p in ordered:
+        runs[p].jct_s()
+        runs[p].slowdown()
+
     with fs.style_context():
         # Per-job distributions.
         jct = {p: runs[p].jct_s() for p in ordered}
@@ -130,7 +136,7 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
             if run.timeline_path is None:
                 _warn(f"{run.run_dir}: no {TIMELINE_CSV}; time-series figures leave policy {p!r} out")
                 continue
-            for col, binned in _read_timeline(run).items():
+            for col, binned in timelines[p].items():
                 series[col][p] = binned
         if series["tokens_per_s"]:
             save(throughput_time_figure(series["tokens_per_s"], styles), "throughput_time")
