@@ -16,6 +16,15 @@ from pathlib import Path
 from tlora_sim.sim.costmodel.factory import COST_MODELS
 from tlora_sim.traces.errors import InputError
 
+def _version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("tlora-sim")
+    except md.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _trace_help() -> str:
     from tlora_sim.traces.registry import format_descriptions
 
@@ -75,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (sub-commands replay, compare, traces, policies, plot)."""
     ap = argparse.ArgumentParser(prog="tlora-sim", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    ap.add_argument("-q", "--quiet", action="store_true", help="only errors and the final tables (no progress bars, "
+                                                               "no per-policy coverage lines)")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-v info, -vv debug)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from tlora_sim.sim.cli.costmodel import add_parsers as add_costmodel_parsers
 
@@ -146,6 +159,16 @@ def _base_config(args, policy: str):
                         early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states)
 
 
+def _coverage(args, line: str) -> None:
+    """The per-policy coverage line: stdout, unless --quiet; its warning also goes to the log."""
+    import logging
+
+    if "WARNING" in line:
+        logging.getLogger("tlora_sim").warning(line.split(" -- WARNING: ")[0] + " (extrapolation above 5%)")
+    if not args.quiet:
+        print(line)
+
+
 def _skipped_of(run_dir: Path) -> dict:
     import json
 
@@ -169,7 +192,7 @@ def _run(args) -> int:
                    plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force)
         from tlora_sim.sim.experiments.replay import coverage_line
 
-        print(coverage_line(args.policy, s))
+        _coverage(args, coverage_line(args.policy, s))
         print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
               f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
               f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
@@ -195,7 +218,7 @@ def _run(args) -> int:
 
         for row in table.to_dict("records"):
             row["skipped"] = _skipped_of(args.out / row["policy"])
-            print(coverage_line(row["policy"], row))
+            _coverage(args, coverage_line(row["policy"], row))
         cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
                 "gpu_alloc_util", "gpu_compute_util"]
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -235,7 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tlora-sim`` console script; returns the exit status."""
     from tlora_sim.sim.report.rundir import signals_raise_interrupt
 
+    import logging
+
     args = build_parser().parse_args(argv)
+    level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="tlora-sim: %(levelname)s: %(message)s", stream=sys.stderr)
+    if hasattr(args, "no_progress") and (args.quiet or not sys.stderr.isatty()):
+        args.no_progress = True  # progress bars only on a terminal: no escape codes in logs
     try:
         with signals_raise_interrupt():
             return _run(args)
