@@ -121,11 +121,21 @@ def _src_sha() -> str:
     return h.hexdigest()[:12]
 
 
+#: summary.json keys left out of ``out_sha``: they count the questions the policy asked the cost
+#: model, not the simulated schedule (a scripted replay of the same decisions asks fewer).
+NOT_HASHED = ("extrapolated_share",)
+
+
 def output_sha(run_dir: Path) -> str:
     """The ``out_sha`` column: SHA-256 prefix (12 hex digits) of a run directory's
-    ``summary.json`` + ``jobs.csv`` + ``timeline.csv`` (equal values: identical results)."""
-    return hashlib.sha256(b"".join((run_dir / f).read_bytes()
-                                   for f in ("summary.json", "jobs.csv", "timeline.csv"))).hexdigest()[:12]
+    ``summary.json`` (without ``NOT_HASHED``) + ``jobs.csv`` + ``timeline.csv`` (equal values:
+    identical results)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for k in NOT_HASHED:
+        summary.pop(k, None)
+    head = json.dumps(summary, indent=2, sort_keys=True).encode() + b"\n"
+    return hashlib.sha256(head + b"".join((run_dir / f).read_bytes()
+                                          for f in ("jobs.csv", "timeline.csv"))).hexdigest()[:12]
 
 
 def _child(spec: dict) -> dict:
