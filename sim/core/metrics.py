@@ -93,7 +93,7 @@ def early_exit_summary(jobs: pd.DataFrame) -> dict:
         ``stopped_jobs``; ``stopped_gpu_hours_saved`` (GPU-hours the stopped configurations did
         not train: their untrained steps at their isolated step time, times their GPUs);
         ``avg_time_to_best_s`` (per sweep family, from its submission to the finish of its
-        best configuration, the lowest ``loss_floor``; mean over families; NaN without sweeps);
+        best configuration, the lowest ``loss_floor``; mean over families; None without sweeps);
         ``best_stopped_families`` (families whose best configuration was stopped early).
     """
     stopped = jobs[jobs["early_exit"].astype(bool)]
@@ -106,7 +106,7 @@ def early_exit_summary(jobs: pd.DataFrame) -> dict:
         ttb.append(best["finish_time_s"] - fam["submit_time_s"].min())
         lost += bool(best["early_exit"])
     return {"stopped_jobs": int(len(stopped)), "stopped_gpu_hours_saved": float(saved.sum() / 3600.0),
-            "avg_time_to_best_s": float(np.mean(ttb)) if ttb else float("nan"),
+            "avg_time_to_best_s": float(np.mean(ttb)) if ttb else None,
             "best_stopped_families": int(lost)}
 
 
