@@ -67,7 +67,9 @@ def _replay_config(cell: Cell):
     from tlora_sim.sim.experiments.replay import ReplayConfig
 
     names = {f.name for f in fields(ReplayConfig)}
-    kw: dict[str, Any] = dict(trace=cell.trace_run, policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
+    from tlora_sim.sim.experiments.seeds import seed_spec
+
+    kw: dict[str, Any] = dict(trace=seed_spec(cell.trace_run, cell.seed), policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
                               lora_dist=cell.lora_dist_run, policy_options=dict(cell.policy_options),
                               regroup_pause_s=cell.regroup_pause_s,
                               csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
@@ -360,8 +362,11 @@ def add_sweep_parser(subparsers) -> None:
                     "DIR/sweep.json. Finished cells (summary.json present) are skipped, so an interrupted "
                     "sweep resumes. Exit status 1 when any cell failed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("sweep_file", type=Path, metavar="SWEEP.toml", help="the sweep definition (see sim/experiments/sweep.py)")
-    s.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
+    s.add_argument("sweep_file", type=Path, metavar="SWEEP.toml",
+                   help="the sweep definition (docs/examples/sweep.toml); or the word 'report' followed by a sweep "
+                        "DIR: aggregate its cells over seeds into DIR/report.csv and a figure")
+    s.add_argument("report_dir", type=Path, nargs="?", metavar="DIR", help=argparse.SUPPRESS)
+    s.add_argument("--out", type=Path, metavar="DIR", help="output directory (required to run a sweep)")
     s.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local worker processes, or Ray tasks")
     s.add_argument("--address", metavar="ADDR", default=None,
@@ -378,6 +383,16 @@ def run_sweep_command(args) -> int:
     Raises:
         InputError: bad sweep file or options (the CLI prints one line and exits 2).
     """
+    if str(args.sweep_file) == "report" and not args.sweep_file.is_file():
+        from tlora_sim.sim.report.sweep_report import plot_sweep
+
+        if args.report_dir is None:
+            raise InputError("usage: tlora-sim sweep report DIR", field="DIR")
+        files = plot_sweep(args.report_dir)
+        print(f"wrote {Path(args.report_dir) / 'report.csv'}" + "".join(f"\n{p}" for p in files))
+        return 0
+    if args.out is None:
+        raise InputError("--out is required to run a sweep", field="--out")
     sweep = load_sweep(args.sweep_file)
     if args.dry_run:
         for c in sweep.cells:

@@ -270,7 +270,10 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
 
 
 def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
-    """Draw the figures of ``path``, a comparison directory or a run directory, and return the files.
+    """Draw the figures of ``path``, a sweep, comparison or run directory, and return the files.
+
+    A directory with ``sweep.csv`` is a sweep (``sweep_report.plot_sweep``: the report table and
+    average JCT with 95% intervals over seeds).
 
     A directory with ``summary.csv`` is a comparison (:func:`plot_compare`); otherwise one with
     ``jobs.csv`` is a run (:func:`plot_run`); otherwise one holding two or more comparison
@@ -287,6 +290,10 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
         raise InputError("not a directory; expected a run directory (with jobs.csv) or a comparison "
                          "directory (with summary.csv and one run directory per policy)",
                          file=str(path))
+    if (path / "sweep.csv").is_file():
+        from tlora_sim.sim.report.sweep_report import plot_sweep
+
+        return plot_sweep(path, formats)
     if (path / SUMMARY_CSV).is_file():
         return plot_compare(path, formats)
     if (path / JOBS_CSV).is_file():

@@ -1,0 +1,89 @@
+"""``tlora-sim sweep report DIR``: a sweep's cells aggregated over seeds, as a table and a figure.
+
+Reads ``DIR/sweep.csv`` (one row per finished cell) and groups the cells that differ only in
+``seed``: each group gets ``seeds`` and, for every numeric metric, its mean and 95% confidence
+half-width ``<metric>_ci95`` (Student's t, ``sim/experiments/seeds.py``). Writes
+``DIR/report.csv`` and ``DIR/figures/report_avg_jct.png|pdf``: average JCT per policy with its
+interval, one bar group per (trace, cluster, other inputs) configuration, a footer naming the
+seeds and the kept-job counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report.rundir import write_csv
+from tlora_sim.traces.errors import InputError
+
+GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options")
+_S_PER_H = 3600.0
+
+
+def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
+    """The aggregated table (see the module docstring); also written to ``DIR/report.csv``.
+
+    Raises:
+        InputError: no ``sweep.csv`` in ``sweep_dir``, or it lacks ``seed`` or ``avg_jct_s``.
+    """
+    from tlora_sim.sim.experiments.seeds import ci95
+
+    d = Path(sweep_dir)
+    f = d / "sweep.csv"
+    if not f.is_file():
+        raise InputError("not a sweep directory (no sweep.csv)", file=str(d))
+    cells = pd.read_csv(f, keep_default_na=False, na_values=[""])
+    for col in ("seed", "avg_jct_s", "policy"):
+        if col not in cells.columns:
+            raise InputError("missing column", file=str(f), field=col)
+    keys = [k for k in GROUP_KEYS if k in cells.columns]
+    numeric = [c for c in cells.columns if c not in (*keys, "seed", "cell_id")
+               and pd.api.types.is_numeric_dtype(cells[c])]
+    rows = []
+    for vals, part in cells.groupby(keys, sort=False, dropna=False):
+        row = dict(zip(keys, vals if isinstance(vals, tuple) else (vals,)))
+        row["seeds"] = int(part["seed"].nunique())
+        for c in numeric:
+            row[c] = float(part[c].mean())
+            row[f"{c}_ci95"] = ci95(part[c].to_numpy())
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    write_csv(d / "report.csv", table)
+    return table
+
+
+def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+    """Write ``report.csv`` and the average-JCT figure with 95% intervals; returns the figure files."""
+    d = Path(sweep_dir)
+    table = sweep_report(d)
+    config_keys = [k for k in GROUP_KEYS if k in table.columns and k != "policy"]
+    label = table[config_keys].astype(str).agg(" | ".join, axis=1) if config_keys else pd.Series([""] * len(table))
+    configs = list(dict.fromkeys(label))
+    policies = list(dict.fromkeys(table["policy"]))
+    styles = fs.policy_styles(policies)
+    with fs.style_context():
+        fig = fs.new_figure(width_in=max(fs.COLUMN_WIDTH_IN, 1.2 * len(configs) + 1.5), height_in=2.6)
+        ax = fig.add_subplot()
+        width = 0.8 / max(len(policies), 1)
+        for i, p in enumerate(policies):
+            sel = table["policy"] == p
+            y = [float(table.loc[sel & (label == c), "avg_jct_s"].iloc[0]) / _S_PER_H
+                 if (sel & (label == c)).any() else np.nan for c in configs]
+            e = [float(table.loc[sel & (label == c), "avg_jct_s_ci95"].iloc[0]) / _S_PER_H
+                 if (sel & (label == c)).any() else 0.0 for c in configs]
+            ax.bar(np.arange(len(configs)) + i * width, y, width, yerr=e, capsize=2, label=p,
+                   color=styles[p].color)
+        ax.set_xticks(np.arange(len(configs)) + width * (len(policies) - 1) / 2)
+        ax.set_xticklabels([c.split(" | ")[0].split("/")[-1][:28] for c in configs], fontsize=6)
+        ax.set_ylabel("average JCT (h)")
+        ax.legend(fontsize=6, ncol=min(3, len(policies)))
+        seeds = int(table["seeds"].max()) if len(table) else 0
+        kept = ""
+        if "kept_jobs" in table.columns:
+            kept = f"; kept jobs {int(table['kept_jobs'].min())}-{int(table['kept_jobs'].max())}"
+        fig.text(0.01, 0.0, f"mean ± 95% CI over {seeds} seed(s){kept}", fontsize=5, va="bottom")
+        return fs.save_figure(fig, d / "figures", "report_avg_jct", formats)
