@@ -60,3 +60,7 @@ def test_compare_seeds_end_to_end(tmp_path):
     assert mine.nunique() == 3  # each seed drew its own trace
     for s in range(3):
         assert (out / f"seed-{s}" / "independent" / "summary.json").is_file()
+    assert (out / "figures" / "seeds_avg_jct.png").is_file()  # bars with 95% intervals
+    r = subprocess.run([sys.executable, "-m", "tlora_sim.sim.cli.main", "plot", str(out), "--format", "pdf"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "seeds_avg_jct.pdf" in r.stdout

@@ -102,4 +102,7 @@ def compare_seeds(base, policies: list[str], out_dir: str | Path, seeds: list[in
         write_csv(out / "summary_by_seed.csv", by_seed)
         agg = aggregate(by_seed)
         write_csv(out / "summary.csv", agg)
+        from tlora_sim.sim.report.sweep_report import plot_seeds
+
+        plot_seeds(out)
     return agg

@@ -90,6 +90,23 @@ __all__ = [
 # Entry points
 # --------------------------------------------------------------------------------------------
 
+def _footer(runs: list[RunData]) -> str:
+    """What a reader of the figure needs to know it: trace, cluster, seed(s) and jobs kept."""
+    if not runs:
+        return ""
+    cfg = runs[0].config or {}
+    trace = str(cfg.get("trace", ""))
+    trace = trace if len(trace) <= 60 else "..." + trace[-57:]
+    seeds = sorted({r.config.get("seed") for r in runs if r.config and r.config.get("seed") is not None})
+    kept = sorted({(r.summary or {}).get("kept_jobs") for r in runs} - {None})
+    parts = [trace, str(cfg.get("cluster", ""))]
+    if seeds:
+        parts.append("seed " + ",".join(map(str, seeds)))
+    if kept:
+        parts.append(f"{kept[0]} jobs kept" if len(kept) == 1 else f"{kept[0]}-{kept[-1]} jobs kept")
+    return " | ".join(p for p in parts if p)
+
+
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,
               formats: tuple[str, ...]) -> list[Path]:
     out_dir = where / FIGURES_DIR
@@ -98,7 +115,11 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     ordered = [p for p in styles if p in runs]
     written: list[Path] = []
 
+    footer = _footer([runs[p] for p in ordered])
+
     def save(fig, name: str) -> None:
+        if footer:  # a figure-level label: constrained layout keeps room for it under the axes
+            fig.supxlabel(footer, fontsize=4.5, color="0.35", x=0.01, ha="left")
         written.extend(fs.save_figure(fig, out_dir, name, formats))
 
     # read and check everything first: a bad file stops the command before any figure is rewritten
@@ -294,6 +315,10 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
         from tlora_sim.sim.report.sweep_report import plot_sweep
 
         return plot_sweep(path, formats)
+    if (path / "summary_by_seed.csv").is_file():
+        from tlora_sim.sim.report.sweep_report import plot_seeds
+
+        return plot_seeds(path, formats)
     if (path / SUMMARY_CSV).is_file():
         return plot_compare(path, formats)
     if (path / JOBS_CSV).is_file():

@@ -62,6 +62,34 @@ def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -
     table = sweep_report(d)
     config_keys = [k for k in GROUP_KEYS if k in table.columns and k != "policy"]
     label = table[config_keys].astype(str).agg(" | ".join, axis=1) if config_keys else pd.Series([""] * len(table))
+    seeds = int(table["seeds"].max()) if len(table) else 0
+    kept = ""
+    if "kept_jobs" in table.columns and len(table):
+        kept = f"; kept jobs {int(table['kept_jobs'].min())}-{int(table['kept_jobs'].max())}"
+    return ci_bars(table, label, d / "figures", "report_avg_jct", formats,
+                   f"mean ± 95% CI over {seeds} seed(s){kept}")
+
+
+def plot_seeds(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+    """The figure of a ``compare --seeds`` directory: average JCT per policy with its 95% interval
+    (from ``summary.csv``), into ``DIR/figures/seeds_avg_jct``."""
+    d = Path(compare_dir)
+    table = pd.read_csv(d / "summary.csv")
+    for col in ("policy", "avg_jct_s", "avg_jct_s_ci95", "seeds"):
+        if col not in table.columns:
+            raise InputError("missing column", file=str(d / "summary.csv"), field=col)
+    by_seed = pd.read_csv(d / "summary_by_seed.csv")
+    kept = ""
+    if "kept_jobs" in by_seed.columns:
+        kept = f"; kept jobs {int(by_seed['kept_jobs'].min())}-{int(by_seed['kept_jobs'].max())}"
+    footer = f"mean ± 95% CI over {int(table['seeds'].max())} seeds ({', '.join(map(str, sorted(set(by_seed['seed']))))}){kept}"
+    return ci_bars(table, pd.Series(["all"] * len(table)), d / "figures", "seeds_avg_jct", formats, footer)
+
+
+def ci_bars(table: pd.DataFrame, label: pd.Series, out_dir: Path, name: str, formats: Iterable[str],
+            footer: str) -> list[Path]:
+    """Bars of ``avg_jct_s`` (h) per policy with ``avg_jct_s_ci95`` error bars, one group per
+    distinct ``label``; ``footer`` under the axes. Returns the written files."""
     configs = list(dict.fromkeys(label))
     policies = list(dict.fromkeys(table["policy"]))
     styles = fs.policy_styles(policies)
@@ -80,10 +108,8 @@ def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -
         ax.set_xticks(np.arange(len(configs)) + width * (len(policies) - 1) / 2)
         ax.set_xticklabels([c.split(" | ")[0].split("/")[-1][:28] for c in configs], fontsize=6)
         ax.set_ylabel("average JCT (h)")
-        ax.legend(fontsize=6, ncol=min(3, len(policies)))
-        seeds = int(table["seeds"].max()) if len(table) else 0
-        kept = ""
-        if "kept_jobs" in table.columns:
-            kept = f"; kept jobs {int(table['kept_jobs'].min())}-{int(table['kept_jobs'].max())}"
-        fig.text(0.01, 0.0, f"mean ± 95% CI over {seeds} seed(s){kept}", fontsize=5, va="bottom")
-        return fs.save_figure(fig, d / "figures", "report_avg_jct", formats)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=6, ncol=min(3, len(policies)), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  frameon=False)
+        fig.supxlabel(footer, fontsize=5, color="0.35", x=0.01, ha="left")
+        return fs.save_figure(fig, out_dir, name, formats)
