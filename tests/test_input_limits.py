@@ -105,3 +105,14 @@ def test_artifact_of_the_wrong_shape_names_the_field(tmp_path):
     f.write_text("[1, 2]")
     with pytest.raises(InputError, match="schema"):
         load_artifact(f)
+
+
+def test_unknown_model_in_a_lora_json_names_the_file(tmp_path):
+    from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+
+    f = tmp_path / "d.json"
+    f.write_text('{"models": {"llama9-1t": 1.0}}')
+    with pytest.raises(InputError) as e:
+        load_workload(ReplayConfig(trace="synthetic:jobs=5", policy="independent", cluster="1x8xH100",
+                                   lora_dist=str(f)))
+    assert e.value.file == str(f) and e.value.field == "models.llama9-1t"

@@ -112,6 +112,14 @@ def load_workload(cfg: ReplayConfig):
     from tlora_sim.traces.sweeps import expand_sweeps, parse_sweeps
 
     dist = load_distribution(cfg.lora_dist)
+    from tlora_sim.sim.costmodel.models import get_model
+
+    for model in dist.models:  # an unknown model is the distribution file's error, named with it
+        try:
+            get_model(model)
+        except InputError as e:
+            raise InputError(e.message, file=cfg.lora_dist if Path(cfg.lora_dist).is_file() else None,
+                             field=f"models.{model}") from None
     rng = np.random.default_rng(cfg.seed)
     frame = assign_lora(frame, dist, rng)
     sweeps = parse_sweeps(cfg.sweeps)
