@@ -25,6 +25,12 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _lora_names() -> list[str]:
+    from tlora_sim.traces.lora import DISTRIBUTIONS
+
+    return sorted(DISTRIBUTIONS)
+
+
 def _trace_help() -> str:
     from tlora_sim.traces.registry import format_descriptions
 
@@ -41,8 +47,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the LoRA attribute assignment (default: %(default)s)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument("--lora-dist", default="tlora", metavar="NAME|JSON",
-                   help="LoRA attribute distribution: a registered name (tlora, mixed-ranks) or a JSON file "
-                        "(default: %(default)s)")
+                   help="LoRA attribute distribution: a registered name (" + ", ".join(_lora_names()) +
+                        ") or a JSON file like docs/examples/lora_70b.json (default: %(default)s)")
     p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL"
                                                    "[,job_id=COL][,tenant=COL]")
     p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
