@@ -49,8 +49,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dist", default="tlora", metavar="NAME|JSON",
                    help="LoRA attribute distribution: a registered name (" + ", ".join(_lora_names()) +
                         ") or a JSON file like docs/examples/lora_70b.json (default: %(default)s)")
-    p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL"
-                                                   "[,job_id=COL][,tenant=COL]")
+    p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
     p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
                                                     "(default: UTC), e.g. America/Los_Angeles")
     p.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated "
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
     d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")
     d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
-    d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,duration=COL,gpus=COL")
+    d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
     d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
     po = sub.add_parser("policies", help="list registered policies: name, then a one-line description")
     po.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
