@@ -179,7 +179,9 @@ def _coverage(args, line: str) -> None:
 def _skipped_of(run_dir: Path) -> dict:
     import json
 
-    return json.loads((run_dir / "summary.json").read_text()).get("skipped", {})
+    from tlora_sim.sim.report.rundir_layout import RunDir
+
+    return json.loads(RunDir(run_dir).summary.read_text()).get("skipped", {})
 
 
 def _module_specs(specs: list[str]) -> list[str]:

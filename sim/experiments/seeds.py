@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv
+from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 MAX_SEEDS = 1000
@@ -99,9 +100,9 @@ def compare_seeds(base, policies: list[str], out_dir: str | Path, seeds: list[in
                         policy_options=policy_options, check_invariants=check_invariants)
             tables.append(t.assign(seed=s))
         by_seed = pd.concat(tables, ignore_index=True)
-        write_csv(out / "summary_by_seed.csv", by_seed)
+        write_csv(out / RunDir.SEEDS_TABLE, by_seed)
         agg = aggregate(by_seed)
-        write_csv(out / "summary.csv", agg)
+        write_csv(out / RunDir.COMPARE_SUMMARY, agg)
         from tlora_sim.sim.report.sweep_report import plot_seeds
 
         plot_seeds(out)

@@ -171,13 +171,14 @@ def write_table(out_dir: str | Path, rows: Iterable[dict]) -> Path:
 
     from tlora_sim.sim.core import metrics
     from tlora_sim.sim.report.rundir import write_csv
+    from tlora_sim.sim.report.rundir_layout import RunDir
 
     rows = sorted(rows, key=lambda r: r["cell_id"])
     first = ["cell_id", *INPUT_COLUMNS]
     keys = {k for r in rows for k in r}
     lead = first + [k for k in metrics.SUMMARY_KEYS if k in keys]
     cols = lead + sorted(keys - set(lead))
-    return write_csv(Path(out_dir) / "sweep.csv", pd.DataFrame(rows, columns=cols))
+    return write_csv(Path(out_dir) / RunDir.SWEEP_TABLE, pd.DataFrame(rows, columns=cols))
 
 
 def _write_failed(out_dir: Path, failed: dict[str, dict]) -> None:

@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundata import BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
 from tlora_sim.sim.report.figures import _available_bar_metrics, _cdf_figure, _ecdf_points, _legend, _plain_log_ticks, _si_scale, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
@@ -311,11 +312,11 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
         raise InputError("not a directory; expected a run directory (with jobs.csv) or a comparison "
                          "directory (with summary.csv and one run directory per policy)",
                          file=str(path))
-    if (path / "sweep.csv").is_file():
+    if (path / RunDir.SWEEP_TABLE).is_file():
         from tlora_sim.sim.report.sweep_report import plot_sweep
 
         return plot_sweep(path, formats)
-    if (path / "summary_by_seed.csv").is_file():
+    if (path / RunDir.SEEDS_TABLE).is_file():
         from tlora_sim.sim.report.sweep_report import plot_seeds
 
         return plot_seeds(path, formats)

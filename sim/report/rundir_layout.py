@@ -11,7 +11,9 @@ Layout of a run directory (docs/outputs.md describes the columns):
 - ``perf.json``: wall time, events/s, decision time (not deterministic).
 - ``figures/``: ``*.png`` and ``*.pdf`` drawn from the files above.
 
-A comparison directory holds one run directory per policy and ``summary.csv``.
+A comparison directory holds one run directory per policy and ``summary.csv``; with several seeds,
+one comparison per seed, ``summary.csv`` (means and CIs) and ``summary_by_seed.csv``. A sweep
+directory holds ``sweep.csv`` and, once reported, ``report.csv``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class RunDir:
     PERF = "perf.json"
     FIGURES = "figures"
     COMPARE_SUMMARY = "summary.csv"
+    SEEDS_TABLE = "summary_by_seed.csv"  # compare --seeds: every seed's row
+    SWEEP_TABLE = "sweep.csv"  # a sweep: one row per finished cell
+    SWEEP_REPORT = "report.csv"  # sweep report: cells aggregated over seeds
 
     #: the files every complete run directory has (``perf.json`` aside: it is timing, not results).
     RESULT_FILES = (CONFIG, JOBS, TIMELINE, SUMMARY)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from tlora_sim.sim.report import style as fs
 from tlora_sim.sim.report.rundir import write_csv
+from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options")
@@ -33,7 +34,7 @@ def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
     from tlora_sim.sim.experiments.seeds import ci95
 
     d = Path(sweep_dir)
-    f = d / "sweep.csv"
+    f = d / RunDir.SWEEP_TABLE
     if not f.is_file():
         raise InputError("not a sweep directory (no sweep.csv)", file=str(d))
     cells = pd.read_csv(f, keep_default_na=False, na_values=[""])
@@ -52,7 +53,7 @@ def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
             row[f"{c}_ci95"] = ci95(part[c].to_numpy())
         rows.append(row)
     table = pd.DataFrame(rows)
-    write_csv(d / "report.csv", table)
+    write_csv(d / RunDir.SWEEP_REPORT, table)
     return table
 
 
@@ -74,11 +75,11 @@ def plot_seeds(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"))
     """The figure of a ``compare --seeds`` directory: average JCT per policy with its 95% interval
     (from ``summary.csv``), into ``DIR/figures/seeds_avg_jct``."""
     d = Path(compare_dir)
-    table = pd.read_csv(d / "summary.csv")
+    table = pd.read_csv(d / RunDir.COMPARE_SUMMARY)
     for col in ("policy", "avg_jct_s", "avg_jct_s_ci95", "seeds"):
         if col not in table.columns:
-            raise InputError("missing column", file=str(d / "summary.csv"), field=col)
-    by_seed = pd.read_csv(d / "summary_by_seed.csv")
+            raise InputError("missing column", file=str(d / RunDir.COMPARE_SUMMARY), field=col)
+    by_seed = pd.read_csv(d / RunDir.SEEDS_TABLE)
     kept = ""
     if "kept_jobs" in by_seed.columns:
         kept = f"; kept jobs {int(by_seed['kept_jobs'].min())}-{int(by_seed['kept_jobs'].max())}"
