@@ -182,12 +182,13 @@ def load_policy_module(spec: str) -> list[str]:
             module that registers no policy.
     """
     _load_builtin()
-    key = str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
+    as_file = _is_file_spec(spec)
+    key = policy_module_spec(spec)
     if key in _MODULE_NAMES:
         return list(_MODULE_NAMES[key])
     before = set(_REGISTRY)
     try:
-        if key != spec or spec.endswith(".py"):
+        if as_file:
             path = Path(key)
             if not path.is_file():
                 raise InputError(f"no such policy module file", file=spec, field="--policy-module")
@@ -216,3 +217,14 @@ def load_policy_module(spec: str) -> list[str]:
 
 
 _MODULE_NAMES: dict[str, list[str]] = {}
+
+
+def _is_file_spec(spec: str) -> bool:
+    return spec.endswith(".py") or Path(spec).is_file()
+
+
+def policy_module_spec(spec: str) -> str:
+    """``spec`` as ``load_policy_module`` keys it: a file (a ``.py`` name, or any existing file) as
+    its absolute resolved path, so worker processes that start elsewhere find it; a dotted module
+    name as given."""
+    return str(Path(spec).resolve()) if _is_file_spec(spec) else spec

@@ -186,7 +186,9 @@ def _skipped_of(run_dir: Path) -> dict:
 
 def _module_specs(specs: list[str]) -> list[str]:
     """``--policy-module`` values with file paths made absolute (worker processes may run elsewhere)."""
-    return [str(Path(m).resolve()) if m.endswith(".py") or Path(m).is_file() else m for m in specs]
+    from tlora_sim.policies.registry import policy_module_spec
+
+    return [policy_module_spec(m) for m in specs]
 
 
 def _run(args) -> int:
