@@ -41,10 +41,8 @@ def order_queue(queue: Sequence[Job], how: str, now_s: float) -> list[Job]:
     Raises:
         InputError: unknown ordering.
     """
-    if how in ("fifo", "backfill"):
+    if check_ordering(how) in ("fifo", "backfill"):
         return list(queue)
-    if how not in ORDERINGS:
-        raise InputError(f"unknown queue ordering {how!r}; known: {', '.join(ORDERINGS)}", field="ordering")
     return sorted(queue, key=lambda j: ORDERINGS[how](j, now_s))
 
 

@@ -544,7 +544,7 @@ class TLoRA(JoinSearch):
         t = step_s
         for _ in range(MAX_PROBES):
             nxt = tuner.observe(t)
-            if nxt == tuner.best_n and tuner.n == tuner.best_n and nxt in tuner.measured():
+            if nxt == tuner.best_n and nxt in tuner.measured():  # settled on a count it has measured
                 break
             t = snap.step_time_s(g.model, adapters, g.n_gpus, self.plan, nano_batches=nxt, micro_batches=micro)
             if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
