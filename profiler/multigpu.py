@@ -106,7 +106,7 @@ def _collectives(dev, world: int, sizes: list[int], reps: int) -> list[dict]:
                "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}
         for op, fn in ops.items():
             times = _time_fn(fn, dev, reps)
-            t = _max_over_ranks(times)
+            t = _max_over_ranks(times, dev)
             factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
             rows.append(dict(kind="collective", op=op, bytes=n * 2, n_gpus=world, time_ms=t, reps=reps,
                              busbw_gbs=n * 2 * factor / (t * 1e-3) / 1e9))
@@ -138,16 +138,15 @@ def _time_fn(fn, dev, reps: int) -> float:
     return statistics.median(out)
 
 
-def _max_over_ranks(x: float) -> float:
+def _max_over_ranks(x: float, dev) -> float:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([x], dtype=torch.float64, device=_DEV[0])
+    t = torch.tensor([x], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
 
-_DEV: list = []
 
 
 # ------------------------------------------------------------------------------------ steps
@@ -283,9 +282,6 @@ def _step_rows(sh, dev, world: int, rank: int, parallelism: str, mixes: dict, pl
     import gc
 
     import torch
-    import torch.nn.functional as F
-
-    from tlora_sim.profiler.layer import LoRASet, Marks, layer_forward, rmsnorm
 
     cuda = dev.type == "cuda"
     layers = _build_bases(sh, dev, world, rank, parallelism)
@@ -314,7 +310,7 @@ def _step_rows(sh, dev, world: int, rank: int, parallelism: str, mixes: dict, pl
                             seq_lens=";".join(str(m[2]) for m in mix), reps=reps)
                 try:
                     row = _measure(layers, mine, impl, nano, parallelism, emb, head, nf, f, gop, side, dev, g,
-                                   reps, LoRASet, Marks, layer_forward, rmsnorm, F)
+                                   reps)
                     rows.append({**info, **row})
                 except Exception as e:  # noqa: BLE001 - one failed configuration must not end the profile
                     rows.append({**info, "error": f"{type(e).__name__}: {str(e)[:200]}"})
@@ -324,11 +320,13 @@ def _step_rows(sh, dev, world: int, rank: int, parallelism: str, mixes: dict, pl
     return rows
 
 
-def _measure(layers, mine, impl, nano, parallelism, emb, head, nf, f, gop, side, dev, g, reps,
-             LoRASet, Marks, layer_forward, rmsnorm, F) -> dict:
+def _measure(layers, mine, impl, nano, parallelism, emb, head, nf, f, gop, side, dev, g, reps) -> dict:
     import statistics
 
     import torch
+    import torch.nn.functional as F
+
+    from tlora_sim.profiler.layer import LoRASet, Marks, layer_forward, rmsnorm
 
     cuda = dev.type == "cuda"
     seed = 7 if parallelism != "local" else 7 + torch.distributed.get_rank()
@@ -466,7 +464,6 @@ def _worker(rank: int, world: int, args, port: int) -> None:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     dev = torch.device(f"cuda:{rank}" if cuda else "cpu")
-    _DEV.append(dev)
     torch.manual_seed(0)
     from tlora_sim.profiler.layer import TINY, shape_of
 
