@@ -259,6 +259,9 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
     models = {}
     # the harness's per-call overhead does not depend on the model: measured on any of them
     call_ms = {fam: call_overhead(d, fam) for fam in ("loop", "fused")}
+    # a job alone (one adapter, eager LoRA) has its own harness overhead: on the H100 profile the
+    # loop family's pooled value (0.64 ms) left `alone` full-model steps 14% slow (issue 17)
+    alone_ms = call_overhead(d[d.plan == "alone"], "loop")
     for model, dm in d[d.model.astype(str).str.len() > 0].groupby("model"):
         from tlora_sim.sim.costmodel.models import MODELS
 
@@ -274,6 +277,8 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
                 continue
             pe = fit_plan(tab, rows, fam)
             pe["call_ms"], pe["call_ms_mixes"] = call_ms[fam]
+            if fam == "loop" and alone_ms[1]:
+                pe["call_ms_alone"], pe["call_ms_alone_mixes"] = alone_ms
             if correction:
                 pe = add_correction(tab, pe, rows)
             entry["plans"][fam] = pe

@@ -30,7 +30,8 @@ def test_batch_step_times_equal_the_scalar_model_for_groups_and_merges(gpu):
     rng = np.random.default_rng(7)
     worst = 0.0
     for model in cm.artifact["models"]:
-        for n in (1, 4, 8, 16):
+        assert FusedBatch.of(cm, model, gpu, 4) is None  # several GPUs: the planner answers
+        for n in (1,):
             fb = FusedBatch.of(cm, model, gpu, n)
             assert fb is not None
             groups = _groups(rng, 24)
@@ -50,7 +51,7 @@ def test_batch_step_times_equal_the_scalar_model_for_groups_and_merges(gpu):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(RANKS), st.integers(1, 128), st.sampled_from(SEQS)), min_size=1, max_size=16),
-       st.sampled_from([1, 2, 8, 32]), st.integers(1, 16))
+       st.just(1), st.integers(1, 16))
 def test_batch_matches_the_scalar_model_on_any_mix(mix, n, nano):
     cm = default_cost_model("H100")
     members = [Member(*x) for x in mix]
@@ -62,7 +63,7 @@ def test_batch_matches_the_scalar_model_on_any_mix(mix, n, nano):
 
 def test_merged_rows_are_the_rows_of_the_union():
     cm = default_cost_model("H100")
-    fb = FusedBatch.of(cm, "qwen3-8b", "H100", 2)
+    fb = FusedBatch.of(cm, "qwen3-8b", "H100", 1)
     a = [Member(8, 4, 512), Member(64, 2, 2048)]
     b = [Member(128, 1, 512)]
     assert np.array_equal(FusedBatch.merge(fb.row(a), fb.row(b)), fb.row(a + b))
@@ -71,7 +72,8 @@ def test_merged_rows_are_the_rows_of_the_union():
 def test_the_batch_declines_what_it_cannot_describe():
     assert FusedBatch.of(RooflineCostModel(), "llama3-8b", "H100", 8) is None
     cm = default_cost_model("H100")
-    assert FusedBatch.of(cm, "llama3-8b", "A100", 8) is None  # no measured tables for that GPU
-    fb = FusedBatch.of(cm, "llama3-8b", "H100", 8)
+    assert FusedBatch.of(cm, "llama3-8b", "A100", 1) is None  # no measured tables for that GPU
+    assert FusedBatch.of(cm, "llama3-8b", "H100", 8) is None  # several GPUs: the planner weighs plans
+    fb = FusedBatch.of(cm, "llama3-8b", "H100", 1)
     assert fb.row([Member(8, 1, 100 + s) for s in range(MAX_SEQ_LENS)]) is not None
     assert fb.row([Member(8, 1, 5000)]) is None  # one sequence length too many for its columns

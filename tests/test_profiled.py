@@ -129,9 +129,12 @@ def test_group_accounting(cm):
                                   + cm.step_time_s("llama3-8b", "H100", [b], 1, "alone"))
     fused = cm.step_time_s("llama3-8b", "H100", [a] * 8, 1, "fused")
     assert fused < 8 * cm.step_time_s("llama3-8b", "H100", [a], 1, "alone")  # co-location pays
-    two = cm.step_time_s("llama3-8b", "H100", [Member(8, 2, 1024)] * 4, 2, "fused")
+    two = cm.predict("llama3-8b", "H100", [Member(8, 2, 1024)] * 4, 2, "fused", parallelism="dp")
     one = cm.step_time_s("llama3-8b", "H100", [Member(8, 1, 1024)] * 4, 1, "fused")
-    assert two > one  # same tokens per GPU plus communication
+    assert two.parallelism == "dp2" and two.step_time_s > one  # same tokens per GPU plus communication
+    # the planner weighs the other plans too and never picks a slower one than data parallel
+    best = cm.predict("llama3-8b", "H100", [Member(8, 2, 1024)] * 4, 2, "fused")
+    assert best.step_time_s <= two.step_time_s and best.parallelism in ("dp2", "fsdp2", "tp2", "local2")
     m1 = cm.memory_bytes("llama3-8b", "H100", [a] * 4, 1, "fused", micro_batches=1)
     m4 = cm.memory_bytes("llama3-8b", "H100", [a] * 4, 1, "fused", micro_batches=4)
     assert m4 < m1
@@ -145,7 +148,8 @@ def test_validate_last_line(capsys):
     add_parsers(ap.add_subparsers(dest="command"))
     assert run(ap.parse_args(["costmodel", "validate", "--gpu", "H100"])) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"heldout_mape=0\.\d{4}", lines[-1]), lines[-1]
+    assert re.fullmatch(r"heldout_mape=0\.\d{4}", lines[-2]), lines[-2]
+    assert lines[-1] == "(no two-GPU profile for H100: no multi-GPU held-out error)"
     assert run(ap.parse_args(["costmodel", "show", "--gpu", "H100"])) == 0
     out = capsys.readouterr().out
     assert "held-out" in out and "llama3-70b" in out
@@ -176,8 +180,12 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     e2e = ART.parent / "costmodel_h200_e2e.csv"
     assert run(ap.parse_args(["costmodel", "validate", "--gpu", "H200", "--e2e", str(e2e)])) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    mape = float(out[-1].split("=")[1])
+    mape = float(next(ln for ln in out if ln.startswith("heldout_mape=")).split("=")[1])
     assert mape <= 0.05
+    # the two-GPU profile's leave-one-out error ends the output (measured 0.0877: above issue 17's
+    # 5% target; profiler/MULTIGPU.md says why); this guards against regressions of the fit
+    assert re.fullmatch(r"multigpu_heldout_median_ape=0\.\d{4}", out[-1]), out[-1]
+    assert float(out[-1].split("=")[1]) <= 0.10
     rows = [ln.split() for ln in out if ln.strip().startswith("llama3-8b") and len(ln.split()) >= 8]
     errors = [abs(float(r[6])) for r in rows]
     assert len(errors) == 12 and max(errors) <= 0.10

@@ -46,6 +46,37 @@ def add_parsers(sub) -> None:
     v.add_argument("--artifact", type=Path, help="artifact for --against-artifact / --e2e (default: shipped)")
     v.add_argument("--e2e", type=Path, metavar="CSV", help="also compare full-model steps of an e2e CSV")
     v.add_argument("--out", type=Path, metavar="CSV", help="write the per-row predictions here")
+    v.add_argument("--multigpu", action="append", type=Path, metavar="CSV_OR_DIR",
+                   help="two-GPU profile CSV(s) for the multi-GPU held-out error (default: "
+                        "profiler/data/multigpu/multigpu_<gpu>.csv where it exists); the last line is then "
+                        "multigpu_heldout_median_ape=<fraction>")
+    pr = cs.add_parser("predict", help="ask the cost model for one step: time, memory and parallelism plan",
+                       description="Predict one training step of a job or super-model group. MEMBERS is a comma-"
+                                   "separated list of rank:sequences:seq_len, one per adapter, where sequences are the "
+                                   "whole job's per step (split over the data-parallel ranks, whole sequences). The "
+                                   "last line is step_time_s=X memory_bytes=Y parallelism=Z measured=yes|no "
+                                   "(measured=no: some term was extrapolated beyond the profiles; the reasons are "
+                                   "printed above it).")
+    pr.add_argument("--gpu", default="H100", help="GPU type (default: %(default)s)")
+    pr.add_argument("--model", required=True, help="base model, e.g. llama3-8b")
+    pr.add_argument("--members", required=True, metavar="R:B:S[,R:B:S...]",
+                    help="adapters as rank:sequences per step:tokens per sequence, e.g. 16:8:1024,8:4:512")
+    pr.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs of the job or group (default: 1)")
+    pr.add_argument("--plan", default=None, help="execution plan: alone, loop, fused, lorafusion, grouped "
+                                                 "(default: alone for one member, fused for several)")
+    pr.add_argument("--parallelism", default=None, metavar="KIND",
+                    help="force a parallelism plan (dp, fsdp, tp, pp, local, or a full name like tp2-dp4); "
+                         "default: the planner's fastest plan that fits memory")
+    pr.add_argument("--nano-batches", type=int, default=1, metavar="N")
+    pr.add_argument("--micro-batches", type=int, default=1, metavar="B")
+    pr.add_argument("--cost-model", default="auto", help="auto, profiled or roofline (default: %(default)s)")
+    fm = cs.add_parser("fit-multigpu", help="fit the multi-GPU terms to a two-GPU profile",
+                       description="Fit host_scale, per_tensor_ms and sync_ms and take the collective curves from "
+                                   "the CSV(s) of `python -m tlora_sim.profiler.multigpu`; write "
+                                   "OUT/multigpu_<gpu>.json with the leave-one-row-out held-out error.")
+    fm.add_argument("--gpu", default="H200")
+    fm.add_argument("--data", action="append", type=Path, required=True, metavar="CSV_OR_DIR")
+    fm.add_argument("--out", type=Path, default=None, help="directory (default: profiler/data)")
     f = cs.add_parser("fit", help="fit an artifact from profile CSVs (validates first)")
     f.add_argument("--gpu", default="H100")
     f.add_argument("--data", action="append", type=Path, required=True, metavar="CSV_OR_DIR")
@@ -82,6 +113,19 @@ def run(args) -> int:
               f"({s['rows']} rows, {s['mixes']} mixes)")
         print(f"heldout_mape={s['mape']:.4f}")
         return 0
+    if cmd == "fit-multigpu":
+        from tlora_sim.profiler.fit_multigpu import build as build_multigpu
+
+        path, s = build_multigpu([str(p) for p in args.data], args.gpu, args.out or data_dir())
+        print(f"wrote {path}: host_scale {s['host_scale']}, per_tensor_ms {s['per_tensor_ms']:.4f}, "
+              f"sync_ms {s['sync_ms']:.2f}; held-out median APE {s['median_ape']:.2%}, p90 {s['p90_ape']:.2%} "
+              f"({s['rows']} rows)")
+        print(f"multigpu_heldout_median_ape={s['median_ape']:.4f}")
+        return 0
+    if cmd == "predict":
+        from tlora_sim.sim.cli.predict import predict_command
+
+        return predict_command(args)
     # validate
     import pandas as pd
 
@@ -118,6 +162,18 @@ def run(args) -> int:
     print(f"median_ape={s['median_ape']:.4f} p90_ape={s['p90_ape']:.4f} max_ape={s['max_ape']:.4f} "
           f"extrapolated_rows={int(pred.extrapolated.sum())}")
     print(f"heldout_mape={s['mape']:.4f}")
+    mg = args.multigpu or [p for p in [data_dir() / "multigpu" / f"multigpu_{args.gpu.lower()}.csv"] if p.is_file()]
+    if mg:
+        from tlora_sim.profiler.fit_multigpu import validate as validate_multigpu
+
+        t, ms = validate_multigpu([str(p) for p in mg], args.gpu)
+        print(f"multi-GPU steps ({ms['split']}; {ms['rows']} rows of {', '.join(map(str, mg))}):")
+        g = t.groupby(["parallelism", "plan"]).ape.agg(["count", "median", "max"]).reset_index()
+        print(g.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        print(f"multigpu_heldout_p90_ape={ms['p90_ape']:.4f}")
+        print(f"multigpu_heldout_median_ape={ms['median_ape']:.4f}")
+    else:
+        print(f"(no two-GPU profile for {args.gpu}: no multi-GPU held-out error)")
     return 0
 
 

@@ -97,8 +97,8 @@ class FusedBatch:
         if gpu_name != art["gpu"] or gpu_name not in GPUS or model not in art["models"]:
             return None
         pe = art["models"][model]["plans"].get("fused")
-        if pe is None or pe.get("correction"):
-            return None
+        if pe is None or pe.get("correction") or n_gpus != 1:
+            return None  # several GPUs: the planner weighs parallelism plans (profiled_multigpu.py)
         return cls(cost_model, model, gpu_name, n_gpus)
 
     # ---- features ------------------------------------------------------------------------------
@@ -173,19 +173,7 @@ class FusedBatch:
         host = np.maximum(host - call_ms, 0.5 * host)
         lay = _smoothmax(gpu_ms + term, N * host, self._p)
         opt_const, per_mparam = self._opt
-        step = (m.layers * lay + self._head_ms(T)) / 1e3 + (opt_const + per_mparam * P / 1e6) / 1e3
-        if self.n > 1:
-            step = step + self.comm_s(P) / N
-        return step
-
-    def comm_s(self, P: np.ndarray) -> np.ndarray:
-        """``tlora_sim.sim.costmodel.profiled.comm_s`` (n > 1, one micro-batch), vectorised over adapter parameters."""
-        m, gpu, n = self.m, self.gpu, self.n
-        link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
-        comm = 2.0 * (n - 1) / n * 2 * P / link + rf.ALLREDUCE_LATENCY_S * m.layers
-        if rf.base_sharded(m, gpu, n):
-            comm = comm + 2.0 * (n - 1) / n * 2 * (m.layers * m.block_linear_params + m.vocab * m.hidden) / link
-        return comm
+        return (m.layers * lay + self._head_ms(T)) / 1e3 + (opt_const + per_mparam * P / 1e6) / 1e3
 
     def _gemm_rate(self, t: np.ndarray) -> np.ndarray:
         scale = self.gpu.matmul_flops / rf.H100_MATMUL_FLOPS

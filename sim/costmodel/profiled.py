@@ -142,11 +142,15 @@ def check_artifact(art: dict, file: str) -> None:
 # ------------------------------------------------------------------------------------ the model
 @dataclass(frozen=True)
 class Prediction:
-    """One prediction: step time (s), memory (bytes), and whether any term left the grid."""
+    """One prediction: step time (s), whether any term left the measured grid (and why), the
+    parallelism plan (``sim/costmodel/parallelism.py`` name, e.g. ``dp1``, ``fsdp8``) and the
+    peak memory per GPU under that plan (bytes; NaN where not computed with the step)."""
 
     step_time_s: float
     extrapolated: bool
     reasons: tuple[str, ...]
+    parallelism: str = "dp1"
+    memory_bytes: float = float("nan")
 
 
 _ARTS: dict[str, dict] = {}
@@ -230,21 +234,39 @@ class ProfiledCostModel:
         return t
 
     def predict(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
-                nano_batches: int = 1, micro_batches: int = 1) -> Prediction:
-        """Step time with its extrapolation flag and reasons."""
+                nano_batches: int = 1, micro_batches: int = 1, parallelism: str | None = None) -> Prediction:
+        """Step time with its extrapolation flag and reasons, the parallelism plan and its memory.
+
+        ``parallelism``: a plan name or kind (``parallelism.parse_parallelism``) to evaluate
+        instead of the planner's choice.
+
+        Raises:
+            InputError: unknown model, GPU, plan or parallelism.
+            ValueError: nano_batches or micro_batches below 1, or no members.
+        """
         if nano_batches < 1 or micro_batches < 1 or not members or n_gpus < 1:
             raise ValueError(f"need members, n_gpus >= 1, nano_batches >= 1, micro_batches >= 1; got {len(members)}, "
                              f"{n_gpus}, {nano_batches}, {micro_batches}")
         get_model(model)
         if gpu not in GPUS:
             raise InputError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}", field="gpu")
+        forced = None
+        if parallelism is not None:
+            from tlora_sim.sim.costmodel.parallelism import parse_parallelism
+
+            forced = parse_parallelism(parallelism, int(n_gpus))
         args = (model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan), int(nano_batches),
                 int(micro_batches))
-        pred = predict_cached(self.key, *args)
+        pred = predict_cached(self.key, *args, self.checkpointing, forced)
         if args not in self._counted:
             self._counted.add(args)
             self._count(pred)
         return pred
+
+    def parallelism(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> str:
+        """The planner's parallelism plan for this group (``sim/costmodel/parallelism.py``), e.g. ``dp8``."""
+        return self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).parallelism
 
     def _count(self, pred: "Prediction") -> None:
         st = self.stats
@@ -313,40 +335,35 @@ def _opt_ms(art: dict, params: float, tensors: float) -> float:
     return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
 
 
-def comm_s(m, gpu, members, n: int, micro: int) -> float:
-    """Communication per step (s): sim/costmodel/roofline.py's all-reduce and all-gather terms."""
-    if n <= 1:
-        return 0.0
-    link = gpu.link_bw_bytes_s if n <= 8 else gpu.net_bw_bytes_s
-    adapter_params = sum(m.lora_params(x.rank) for x in members)
-    comm = 2.0 * (n - 1) / n * 2 * adapter_params / link + rf.ALLREDUCE_LATENCY_S * m.layers
-    if rf.base_sharded(m, gpu, n):
-        lin_params = m.layers * m.block_linear_params + m.vocab * m.hidden
-        comm += micro * 2.0 * (n - 1) / n * 2 * lin_params / link
-    return comm
-
-
 def _per_gpu(members: tuple[Member, ...], div: float) -> list[tuple[int, float, int]]:
     return [(x.rank, x.batch_size / div, x.seq_len) for x in members]
 
 
 @lru_cache(maxsize=1 << 18)
 def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
-             nano: int, micro: int) -> Prediction:
+                   nano: int, micro: int, ckpt: bool = True, forced=None) -> Prediction:
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
         why = "gpu" if gpu_name != art["gpu"] else "model"
-        return Prediction(rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",))
+        name = rf.parallelism_of(model, gpu_name, n)
+        return Prediction(rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",),
+                          name)
     if plan == "alone" and len(members) > 1:
-        parts = [predict_cached(key, model, gpu_name, (x,), n, plan, nano, micro) for x in members]
+        parts = [predict_cached(key, model, gpu_name, (x,), n, plan, nano, micro, ckpt, forced) for x in members]
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
-        return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons)
+        return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons, parts[0].parallelism,
+                          max(p.memory_bytes for p in parts))
     if plan not in MEASURED_PLANS:  # lorafusion, grouped: fused x roofline ratio
-        base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro)
+        base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro, ckpt, forced)
         ratio = (rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro)
                  / rf.step_time_s_of(model, gpu_name, members, n, "fused", nano, micro))
         reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
-        return Prediction(base.step_time_s * ratio, True, reasons)
+        return Prediction(base.step_time_s * ratio, True, reasons, base.parallelism, base.memory_bytes)
+    if n > 1 or forced is not None:  # several GPUs: the planner (sim/costmodel/profiled_multigpu.py)
+        from tlora_sim.sim.costmodel.profiled_multigpu import best_plan
+
+        par, step, reasons, mem = best_plan(key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced)
+        return Prediction(step, bool(reasons), reasons, par.name, mem)
     m, gpu = get_model(model), GPUS[gpu_name]
     entry = art["models"][model]
     tab = tables_of(key, model)
@@ -355,17 +372,14 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
         nano = 1
     mix = _per_gpu(members, n * micro)
     t_gpu = sum(b * s for _, b, s in mix)
-    lay, e_layer = layer_ms(tab, pe, mix, nano)
+    lay, e_layer = layer_ms(tab, pe, mix, nano, plan=plan)
     head, e_head = tab.head(t_gpu)
     n_tensors = 2 * LINEARS_PER_LAYER * m.layers * (1 if plan == "fused" else len(members))
     params = sum(m.lora_params(x.rank) for x in members)
     opt = _opt_ms(art, params, n_tensors)
-    comm = comm_s(m, gpu, members, n, micro)
-    if nano > 1:
-        comm /= nano
-    step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3 + comm
+    step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
-    return Prediction(step, bool(reasons), tuple(reasons))
+    return Prediction(step, bool(reasons), tuple(reasons), "dp1")
 
 
 def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Member], n: int, plan: str,
@@ -399,5 +413,10 @@ def memory_bytes_of(key: str, model: str, gpu_name: str, members: tuple[Member, 
     art = _ARTS[key]
     if gpu_name != art["gpu"] or model not in art["models"]:
         return rf.memory_bytes_of(model, gpu_name, members, n, micro)
+    if n > 1:  # the memory of the planner's plan (chosen for one nano-batch)
+        p = predict_cached(key, model, gpu_name, members, n, plan if plan in MEASURED_PLANS else "fused", 1, micro,
+                           ckpt)
+        if plan == "alone" or p.memory_bytes == p.memory_bytes:
+            return float(p.memory_bytes)
     return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt,
                                       tables_of(key, model)).values()))

@@ -217,12 +217,19 @@ def smoothmax(a: float, b: float, p: float) -> float:
     return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
 
 
-def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = True) -> tuple[float, bool]:
+def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = True, plan: str = "",
+             gpu_scale: float = 1.0, host_scale: float = 1.0) -> tuple[float, bool]:
     """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms):
     ``smoothmax(gpu, host)`` with gpu = base curve + attention + adapter term (GPU parts) and host
     the launch time of the eager step. ``in_model``: the layer inside a model, whose host time
     lacks the profiling harness's per-call overhead (``call_ms``, measured with stacked layers);
-    ``in_model=False`` predicts what the profiler measures for one layer alone.
+    ``in_model=False`` predicts what the profiler measures for one layer alone. ``plan="alone"``
+    removes the overhead measured for jobs alone (``call_ms_alone``, where the artifact has it:
+    a one-adapter layer's harness overhead differs from the loop's; issue 17's ``alone`` bias).
+
+    ``gpu_scale`` multiplies the GPU part (tensor parallelism: 1 / tp of every GEMM and of the
+    attention heads) and ``host_scale`` the host part (several training processes sharing one
+    host's CPU, fitted to the two-GPU profile: ``sim/costmodel/parallelism.py``).
 
     ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano, the adapter term (all but
     its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline) and the host time is
@@ -240,8 +247,9 @@ def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = Tru
         term = c * nano + (term - c) / nano
     host = host_ms(pe, members)
     if in_model:
-        host = max(host - pe.get("call_ms", 0.0), 0.5 * host)
-    val = smoothmax(l0 + at + term, nano * host, pe.get("p", 64.0))
+        call = pe.get("call_ms_alone", pe.get("call_ms", 0.0)) if plan == "alone" else pe.get("call_ms", 0.0)
+        host = max(host - call, 0.5 * host)
+    val = smoothmax(gpu_scale * (l0 + at + term), host_scale * nano * host, pe.get("p", 64.0))
     cov = pe.get("coverage", {})
     e2 = bool(cov) and (len(members) > cov["adapters_max"] or T < cov["tokens_min"] or T > cov["tokens_max"]
                         or min(r for r, _, _ in members) < cov["rank_min"]

@@ -121,6 +121,11 @@ class RooflineCostModel:
         """Peak memory per GPU (bytes); see the module docstring."""
         return memory_bytes_of(model, gpu, tuple(sorted(members)), int(n_gpus), int(micro_batches))
 
+    def parallelism(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
+                    nano_batches: int = 1, micro_batches: int = 1) -> str:
+        """``dp<n>`` or ``fsdp<n>`` (``parallelism_of``): the roofline weighs no other plan."""
+        return parallelism_of(model, gpu, n_gpus)
+
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (FLOP)."""
         return _flops(model, tuple(sorted(members)))
@@ -132,6 +137,12 @@ class RooflineCostModel:
 
 def base_sharded(m: ModelSpec, gpu: GpuSpec, n: int) -> bool:
     return n > 1 and 2 * m.params > 0.5 * gpu.memory_bytes
+
+
+def parallelism_of(model: str, gpu_name: str, n: int) -> str:
+    """The roofline's parallelism plan on ``n`` GPUs (``sim/costmodel/parallelism.py`` names):
+    ``fsdp<n>`` where the base is sharded (``base_sharded``), else ``dp<n>``."""
+    return f"{'fsdp' if base_sharded(get_model(model), GPUS[gpu_name], n) else 'dp'}{n}"
 
 
 @lru_cache(maxsize=1 << 16)
