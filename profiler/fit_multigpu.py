@@ -13,8 +13,11 @@ What is fitted (``sim/costmodel/profiled_multigpu.py`` uses it):
 the relative residuals of every measured step row (``kind=step`` without an error), for each
 ``host_scale`` on the grid; the grid point with the smallest squared relative error wins.
 
-Held-out error: leave one row out, refit (all three terms) on the rest, predict it; the median and
-90th percentile of |predicted - measured| / measured over all rows (``heldout``).
+Held-out error: leave one row out, refit (all four terms) on the rest, predict it; the median and
+90th percentile of |predicted - measured| / measured over all rows (``heldout``). Repeatability:
+configurations measured in more than one CSV (runs on different machine leases), the median and
+90th percentile of max/min - 1 of their step times (``repeatability``): a floor under any model's
+error on these rows.
 
 ``build(csv_paths, gpu, out_dir)`` writes ``OUT/multigpu_<gpu>.json``; ``validate(csv_paths, gpu)``
 returns the held-out table. Both need pandas and scipy, not torch.
@@ -48,6 +51,7 @@ def read_rows(paths: list) -> pd.DataFrame:
     files = []
     for p in map(Path, paths):
         files += sorted(p.glob("multigpu_*.csv")) if p.is_dir() else [p]
+    files = [f for f in files if f.is_file() or not f.exists()]
     if not files:
         raise InputError("no multigpu_*.csv found", file=", ".join(map(str, paths)))
     frames = []
@@ -178,9 +182,16 @@ def validate(paths: list, gpu: str) -> tuple[pd.DataFrame, dict]:
     table = rows[["model", "parallelism", "plan", "n_adapters", "nano_batches", "step_ms"]].copy()
     table["heldout_pred_ms"], table["ape"] = pred, ape
     full = _fit(design, y, np.ones(len(rows), bool))
+    # repeatability: configurations measured in more than one file (runs on different leases)
+    key = rows[["model", "parallelism", "plan", "ranks", "batch_sizes", "seq_lens", "nano_batches"]].astype(str) \
+        .agg("|".join, axis=1)
+    diffs = [float(np.exp(np.abs(np.log(g.step_ms.max() / g.step_ms.min()))) - 1)
+             for _, g in rows.groupby(key) if g._file.nunique() > 1]
     summary = {"rows": int(len(rows)), "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9)),
                "max_ape": float(ape.max()), "split": "leave one row out, all four terms refitted",
-               "host_scale": {"loop": full[0][0], "fused": full[0][1]}, "per_tensor_ms": full[1], "sync_ms": full[2]}
+               "host_scale": {"loop": full[0][0], "fused": full[0][1]}, "per_tensor_ms": full[1], "sync_ms": full[2],
+               "repeat_configs": len(diffs), "repeat_median_diff": float(np.median(diffs)) if diffs else float("nan"),
+               "repeat_p90_diff": float(np.quantile(diffs, 0.9)) if diffs else float("nan")}
     return table, summary
 
 
@@ -206,6 +217,7 @@ def build(paths: list, gpu: str, out_dir: str | Path) -> tuple[Path, dict]:
            "source": src, "curves": curves_of(d), "host_scale": s["host_scale"], "per_tensor_ms": s["per_tensor_ms"],
            "sync_ms": s["sync_ms"],
            "heldout": {k: s[k] for k in ("rows", "median_ape", "p90_ape", "max_ape", "split")},
+           "repeatability": {k: s[k] for k in ("repeat_configs", "repeat_median_diff", "repeat_p90_diff")},
            "heldout_by_parallelism": {k: float(v) for k, v in table.groupby("parallelism").ape.median().items()}}
     out = Path(out_dir) / f"multigpu_{gpu.lower()}.json"
     out.write_text(json.dumps(art, indent=1) + "\n")

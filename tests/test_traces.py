@@ -309,14 +309,16 @@ def test_assign_lora_deterministic_and_keeps_trace():
     b = assign_lora(trace, dist, np.random.default_rng(42))
     c = assign_lora(trace, dist, np.random.default_rng(43))
     pd.testing.assert_frame_equal(a, b)
-    assert not a[["model", "rank", "batch_size", "seq_len"]].equals(c[["model", "rank", "batch_size", "seq_len"]])
+    cols = ["model", "rank", "micro_batch_per_gpu", "seq_len"]
+    assert not a[cols].equals(c[cols])
     for df in (a, c):
         pd.testing.assert_frame_equal(df[list(COLUMNS)], trace)
     assert "model" not in trace.columns
-    assert a["rank"].dtype == np.int64 and a["seq_len"].dtype == np.int64 and a["batch_size"].dtype == np.int64
+    assert a["rank"].dtype == np.int64 and a["seq_len"].dtype == np.int64 and a["micro_batch_per_gpu"].dtype == np.int64
+    assert (a["grad_accum"] == 1).all()  # no public trace records accumulation: the default keeps 1
     assert a["max_slowdown"].dtype == np.float64 and pd.api.types.is_string_dtype(a["model"])
     assert set(a["model"]) == {"llama3-8b", "qwen3-8b"} and set(a["rank"]) == {2, 4, 8, 16}
-    assert set(a["batch_size"]) == {1, 2, 4, 8} and set(a["seq_len"]) == {512, 1024, 2048}
+    assert set(a["micro_batch_per_gpu"]) == {1, 2, 4, 8} and set(a["seq_len"]) == {512, 1024, 2048}
     assert a["max_slowdown"].value_counts(normalize=True)[1.5] == pytest.approx(0.5, abs=0.05)
     assert a.attrs["lora_distribution"]["name"] == "tlora" and a.attrs["source"] == trace.attrs["source"]
 
@@ -330,7 +332,10 @@ def test_distributions_registry_json_and_validation(tmp_path):
     custom = {"name": "big", "ranks": {"64": 0.5, "128": 0.5}, "models": {"llama3-70b": 1.0}}
     p = write(tmp_path, "big.json", json.dumps(custom))
     big = load_distribution(str(p))
-    assert big.ranks == {64: 0.5, 128: 0.5} and big.batch_sizes == d.batch_sizes
+    assert big.ranks == {64: 0.5, 128: 0.5} and big.micro_batch_per_gpu == d.micro_batch_per_gpu
+    # earlier versions' name for the per-GPU micro-batch table is still read
+    old = load_distribution(str(write(tmp_path, "old.json", json.dumps({"batch_sizes": {"2": 1.0}}))))
+    assert old.micro_batch_per_gpu == {2: 1.0}
     with pytest.raises(InputError, match="known: llm-cluster, mixed-ranks, tlora"):
         load_distribution("nope")
     for bad in ({"ranks": {"8": 0.5, "16": 0.4}}, {"ranks": {"8": 1.0, "16": 0.0}}, {"ranks": {"0": 1.0}},
@@ -434,3 +439,22 @@ def test_describe_trace_and_format(tmp_path):
 def test_traces_import_without_torch():
     code = "import sys, traces, traces.fit_synthetic; assert 'torch' not in sys.modules and 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_min_gpus_keeps_a_model_off_jobs_too_small_for_it():
+    """llm-cluster: Llama-3-70B only on jobs of >= 4 GPUs; smaller jobs draw the other models,
+    renormalised; same seed, same draws; the other attributes are the unconditioned draws."""
+    trace = generate_synthetic(3000, np.random.default_rng(5))
+    dist = load_distribution("llm-cluster")
+    assert dist.min_gpus == {"llama3-70b": 4}
+    a = assign_lora(trace, dist, np.random.default_rng(9))
+    pd.testing.assert_frame_equal(a, assign_lora(trace, dist, np.random.default_rng(9)))
+    small, big = a[a.num_gpus < 4], a[a.num_gpus >= 4]
+    assert len(small) > 100 and "llama3-70b" not in set(small.model)
+    assert set(small.model) == {"llama3-8b", "qwen3-8b", "qwen2.5-32b"}
+    if len(big) > 50:
+        assert "llama3-70b" in set(big.model)
+    with pytest.raises(InputError, match="min_gpus"):
+        LoraDistribution(min_gpus={"gpt-5": 2})
+    with pytest.raises(InputError, match="min_gpus"):
+        LoraDistribution(min_gpus={"llama3-8b": 0})

@@ -3,7 +3,9 @@
 No public trace records LoRA attributes, so a replay keeps each job's arrival, GPU count and duration
 from the trace and draws base model, rank, batch size, sequence length and tolerated slowdown from a
 named, documented distribution. The default ``tlora`` follows the tLoRA reproduction described in
-``docs/model.md`` ("Traces"): ranks {2, 4, 8, 16}, batch sizes {1, 2, 4, 8} sequences/step, base models
+``docs/model.md`` ("Traces"): ranks {2, 4, 8, 16}, {1, 2, 4, 8} sequences per GPU per micro-batch
+(``micro_batch_per_gpu``; the global batch follows from the job's data-parallel degree), no gradient
+accumulation (``grad_accum`` 1: no public trace records it), base models
 Llama-3-8B and Qwen3-8B, all uniform; sequence lengths {512, 1024, 2048} tokens uniform and tolerated
 slowdown {1.25: 25 %, 1.5: 50 %, 2.0: 25 %} are this project's choices (tLoRA's scheduler keeps every
 member within its tolerated slowdown).
@@ -11,7 +13,9 @@ member within its tolerated slowdown).
 Named distributions: ``tlora`` (default) and ``mixed-ranks`` (as ``tlora`` but ranks
 {4, 8, 16, 32, 64, 128} uniform: the heterogeneous-rank case where padding to the largest rank hurts),
 and ``llm-cluster`` (an LLM cluster's fine-tuning mix: Llama-3-8B 40 %, Qwen3-8B 30 %, Qwen2.5-32B 20 %,
-Llama-3-70B 10 %; ranks {8, ..., 128} and sequences {1024, 2048, 4096} uniform; this project's choice).
+Llama-3-70B 10 %; ranks {8, ..., 128} and sequences {1024, 2048, 4096} uniform; this project's choice;
+70B only for jobs of >= 4 GPUs: its bf16 weights (141 GB) fill two H100s before any activation, so a
+smaller job draws one of the other models instead).
 A JSON file with the fields of :class:`LoraDistribution` (``to_dict`` form) also works.
 """
 
@@ -29,7 +33,9 @@ import pandas as pd
 
 from tlora_sim.traces.errors import InputError
 
-LORA_COLUMNS: tuple[str, ...] = ("model", "rank", "batch_size", "seq_len", "max_slowdown")
+LORA_COLUMNS: tuple[str, ...] = ("model", "rank", "micro_batch_per_gpu", "grad_accum", "seq_len", "max_slowdown")
+#: the fields of a distribution that are value -> probability tables
+TABLES: tuple[str, ...] = ("models", "ranks", "micro_batch_per_gpu", "grad_accum", "seq_lens", "max_slowdown")
 
 
 def _uniform(values: list) -> dict:
@@ -40,8 +46,14 @@ def _uniform(values: list) -> dict:
 class LoraDistribution:
     """Independent categorical distributions (value -> probability) of the LoRA attributes of a job.
 
-    Fields: ``models`` (base model name), ``ranks`` (LoRA rank r), ``batch_sizes`` (sequences/step),
-    ``seq_lens`` (tokens/sequence), ``max_slowdown`` (tolerated slowdown factor >= 1 vs running alone).
+    Fields: ``models`` (base model name), ``ranks`` (LoRA rank r), ``micro_batch_per_gpu`` (sequences
+    per model replica per micro-batch; a job's global batch is this x its data-parallel degree x
+    ``grad_accum``, fixed when its parallelism plan is chosen: ``sim/core/workload.py``),
+    ``grad_accum`` (micro-batches per optimizer step), ``seq_lens`` (tokens/sequence),
+    ``max_slowdown`` (tolerated slowdown factor >= 1 vs running alone), and ``min_gpus`` (model ->
+    fewest GPUs a job of that model asks for: a job asking fewer draws its model from the others,
+    renormalised; not a probability table). JSON files may say ``batch_sizes`` for
+    ``micro_batch_per_gpu`` (earlier versions' name).
 
     Raises:
         InputError: empty table, a probability <= 0, probabilities not summing to 1 (within 1e-6),
@@ -51,12 +63,20 @@ class LoraDistribution:
     name: str = "tlora"
     models: dict[str, float] = field(default_factory=lambda: {"llama3-8b": 0.5, "qwen3-8b": 0.5})
     ranks: dict[int, float] = field(default_factory=lambda: _uniform([2, 4, 8, 16]))
-    batch_sizes: dict[int, float] = field(default_factory=lambda: _uniform([1, 2, 4, 8]))
+    micro_batch_per_gpu: dict[int, float] = field(default_factory=lambda: _uniform([1, 2, 4, 8]))
     seq_lens: dict[int, float] = field(default_factory=lambda: _uniform([512, 1024, 2048]))
     max_slowdown: dict[float, float] = field(default_factory=lambda: {1.25: 0.25, 1.5: 0.5, 2.0: 0.25})
+    grad_accum: dict[int, float] = field(default_factory=lambda: {1: 1.0})
+    min_gpus: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for fname in ("models", "ranks", "batch_sizes", "seq_lens", "max_slowdown"):
+        for model, k in self.min_gpus.items():
+            if model not in self.models or not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+                raise InputError(f"min_gpus: {model!r} -> {k!r} must name one of the models and an integer >= 1",
+                                 field="min_gpus")
+        if self.min_gpus and all(k > 1 for m, k in self.min_gpus.items()) and set(self.min_gpus) >= set(self.models):
+            raise InputError("min_gpus leaves no model for one-GPU jobs", field="min_gpus")
+        for fname in TABLES:
             table = getattr(self, fname)
             if not isinstance(table, Mapping) or not table:
                 raise InputError("must be a non-empty value -> probability table", field=fname)
@@ -87,15 +107,24 @@ class LoraDistribution:
         Raises:
             InputError: unknown field, key not convertible to its type, or the checks of the class.
         """
-        known = {"name", "models", "ranks", "batch_sizes", "seq_lens", "max_slowdown"}
+        d = dict(d)
+        if "batch_sizes" in d and "micro_batch_per_gpu" not in d:
+            d["micro_batch_per_gpu"] = d.pop("batch_sizes")
+        known = {"name", "min_gpus", *TABLES}
         unknown = set(d) - known
         if unknown:
             raise InputError(f"unknown fields {sorted(unknown)}; expected {sorted(known)}", field=sorted(unknown)[0])
-        kinds = {"models": str, "ranks": int, "batch_sizes": int, "seq_lens": int, "max_slowdown": float}
+        kinds = {"models": str, "ranks": int, "micro_batch_per_gpu": int, "grad_accum": int, "seq_lens": int,
+                 "max_slowdown": float}
         kw: dict[str, Any] = {}
         for fname, value in d.items():
             if fname == "name":
                 kw["name"] = str(value)
+                continue
+            if fname == "min_gpus":
+                if not isinstance(value, Mapping) or not all(isinstance(v, int) for v in value.values()):
+                    raise InputError("must be an object model -> integer", field=fname)
+                kw[fname] = {str(k): int(v) for k, v in value.items()}
                 continue
             if not isinstance(value, Mapping):
                 raise InputError("must be an object value -> probability", field=fname)
@@ -112,7 +141,8 @@ DISTRIBUTIONS: dict[str, LoraDistribution] = {
     "llm-cluster": LoraDistribution(
         name="llm-cluster",
         models={"llama3-8b": 0.4, "qwen3-8b": 0.3, "qwen2.5-32b": 0.2, "llama3-70b": 0.1},
-        ranks=_uniform([8, 16, 32, 64, 128]), seq_lens=_uniform([1024, 2048, 4096])),
+        ranks=_uniform([8, 16, 32, 64, 128]), seq_lens=_uniform([1024, 2048, 4096]),
+        min_gpus={"llama3-70b": 4}),
 }
 
 
@@ -179,9 +209,12 @@ def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Gene
     """Return a copy of ``trace`` with LoRA attributes drawn independently per job.
 
     Draws (vectorised ``rng.choice``, one call per attribute over all rows, in this fixed order, table
-    entries in their dict order): ``model`` (str), ``rank`` (int64), ``batch_size`` (int64, sequences/step),
-    ``seq_len`` (int64, tokens), ``max_slowdown`` (float64). Arrival, GPU count and duration are unchanged;
-    ``attrs["lora_distribution"]`` records ``dist.to_dict()``. Same rng state -> identical output.
+    entries in their dict order): ``model`` (str), ``rank`` (int64), ``micro_batch_per_gpu`` (int64,
+    sequences per model replica per micro-batch), ``seq_len`` (int64, tokens), ``max_slowdown``
+    (float64), ``grad_accum`` (int64); then, where ``dist.min_gpus`` rules a drawn model out for a
+    job's ``num_gpus``, that job's model again from the allowed ones (one draw per GPU count, in
+    ascending order). Arrival, GPU count and duration are unchanged; ``attrs["lora_distribution"]``
+    records ``dist.to_dict()``. Same rng state -> identical output.
 
     Raises:
         InputError: ``trace`` already has one of the LoRA columns.
@@ -191,11 +224,20 @@ def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Gene
         raise InputError(f"trace already has LoRA columns {clash}", field=clash[0])
     n = len(trace)
     out = trace.copy()
-    out["model"] = pd.Series(_draw(rng, dist.models, n, object), index=out.index, dtype=str)
+    models = _draw(rng, dist.models, n, object)
     out["rank"] = _draw(rng, dist.ranks, n, np.int64)
-    out["batch_size"] = _draw(rng, dist.batch_sizes, n, np.int64)
+    out["micro_batch_per_gpu"] = _draw(rng, dist.micro_batch_per_gpu, n, np.int64)
     out["seq_len"] = _draw(rng, dist.seq_lens, n, np.int64)
     out["max_slowdown"] = _draw(rng, dist.max_slowdown, n, np.float64)
+    out["grad_accum"] = _draw(rng, dist.grad_accum, n, np.int64)
+    if dist.min_gpus and n:
+        gpus = out["num_gpus"].to_numpy(np.int64)
+        need = np.array([dist.min_gpus.get(m, 1) for m in models])
+        for g in np.unique(gpus[need > gpus]):
+            rows = np.flatnonzero((gpus == g) & (need > gpus))
+            allowed = {m: p for m, p in dist.models.items() if dist.min_gpus.get(m, 1) <= g}
+            models[rows] = _draw(rng, allowed, len(rows), object)
+    out["model"] = pd.Series(models, index=out.index, dtype=str)
     out.attrs = copy.deepcopy(trace.attrs)
     out.attrs["lora_distribution"] = dist.to_dict()
     return out

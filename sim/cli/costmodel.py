@@ -47,8 +47,8 @@ def add_parsers(sub) -> None:
     v.add_argument("--e2e", type=Path, metavar="CSV", help="also compare full-model steps of an e2e CSV")
     v.add_argument("--out", type=Path, metavar="CSV", help="write the per-row predictions here")
     v.add_argument("--multigpu", action="append", type=Path, metavar="CSV_OR_DIR",
-                   help="two-GPU profile CSV(s) for the multi-GPU held-out error (default: "
-                        "profiler/data/multigpu/multigpu_<gpu>.csv where it exists); the last line is then "
+                   help="two-GPU profile CSV(s) or directories for the multi-GPU held-out error (default: "
+                        "profiler/data/multigpu/ where it has multigpu_<gpu>*.csv); the last line is then "
                         "multigpu_heldout_median_ape=<fraction>")
     pr = cs.add_parser("predict", help="ask the cost model for one step: time, memory and parallelism plan",
                        description="Predict one training step of a job or super-model group. MEMBERS is a comma-"
@@ -162,14 +162,19 @@ def run(args) -> int:
     print(f"median_ape={s['median_ape']:.4f} p90_ape={s['p90_ape']:.4f} max_ape={s['max_ape']:.4f} "
           f"extrapolated_rows={int(pred.extrapolated.sum())}")
     print(f"heldout_mape={s['mape']:.4f}")
-    mg = args.multigpu or [p for p in [data_dir() / "multigpu" / f"multigpu_{args.gpu.lower()}.csv"] if p.is_file()]
+    mg = args.multigpu or ([data_dir() / "multigpu"] if sorted((data_dir() / "multigpu").glob(
+        f"multigpu_{args.gpu.lower()}*.csv")) else [])
     if mg:
         from tlora_sim.profiler.fit_multigpu import validate as validate_multigpu
 
         t, ms = validate_multigpu([str(p) for p in mg], args.gpu)
         print(f"multi-GPU steps ({ms['split']}; {ms['rows']} rows of {', '.join(map(str, mg))}):")
+        t.to_csv(args.out.with_name(args.out.stem + "_multigpu.csv"), index=False) if args.out else None
         g = t.groupby(["parallelism", "plan"]).ape.agg(["count", "median", "max"]).reset_index()
         print(g.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        if ms["repeat_configs"]:
+            print(f"repeatability: {ms['repeat_configs']} configurations measured in two runs differ by median "
+                  f"{ms['repeat_median_diff']:.1%}, p90 {ms['repeat_p90_diff']:.1%} (max/min - 1)")
         print(f"multigpu_heldout_p90_ape={ms['p90_ape']:.4f}")
         print(f"multigpu_heldout_median_ape={ms['median_ape']:.4f}")
     else:

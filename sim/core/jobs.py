@@ -22,7 +22,8 @@ class Job:
         num_gpus: GPUs requested.
         model: base model catalog name (``tlora_sim.sim.costmodel.models``).
         rank: LoRA rank r.
-        batch_size: sequences per step (micro-batch).
+        batch_size: sequences of the whole job per optimizer step (global batch):
+            ``micro_batch_per_gpu`` x data-parallel degree of ``parallelism`` x ``grad_accum``.
         seq_len: tokens per sequence.
         total_steps: training steps to run (>= 1).
         trace_duration_s: the trace's duration (s).
@@ -34,6 +35,12 @@ class Job:
             (``tlora_sim.traces.sweeps``).
         loss_floor: final training loss of this configuration under the synthetic loss model
             (``tlora_sim.traces.sweeps``); 0 when the job is not part of a sweep.
+        micro_batch_per_gpu: sequences per model replica per micro-batch (>= 1: a sequence is never
+            split across data-parallel ranks).
+        grad_accum: micro-batches per optimizer step (the simulator runs a step's micro-batches
+            together unless a policy sets a group's ``micro_batches``).
+        parallelism: the plan the job runs alone under (``sim/costmodel/parallelism.py`` names:
+            ``dp8``, ``fsdp16``, ``tp2-dp4``); "" when built without a planner.
     """
 
     index: int
@@ -52,6 +59,9 @@ class Job:
     sweep_id: str | None = None
     loss_floor: float = 0.0
     loss_tau: float = 0.05
+    micro_batch_per_gpu: int = 1
+    grad_accum: int = 1
+    parallelism: str = ""
     member: Member = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

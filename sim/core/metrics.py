@@ -18,7 +18,8 @@ import pandas as pd
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.core.engine import SimResult
 
-JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "seq_len", "num_gpus", "total_steps",
+JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "micro_batch_per_gpu", "grad_accum",
+               "seq_len", "num_gpus", "parallelism", "total_steps",
                "tokens_per_step", "submit_time_s", "start_time_s", "finish_time_s", "jct_s", "queue_s",
                "isolated_runtime_s", "slowdown", "trace_duration_s", "max_group_size", "group_changes",
                "steps_trained", "early_exit", "max_slowdown", "run_slowdown", "sweep_id", "loss_floor"]
@@ -35,7 +36,9 @@ def jobs_table(res: SimResult) -> pd.DataFrame:
     df = pd.DataFrame({
         "job_id": [x.job_id for x in j], "index": [x.index for x in j], "tenant": [x.tenant for x in j],
         "model": [x.model for x in j], "rank": [x.rank for x in j], "batch_size": [x.batch_size for x in j],
+        "micro_batch_per_gpu": [x.micro_batch_per_gpu for x in j], "grad_accum": [x.grad_accum for x in j],
         "seq_len": [x.seq_len for x in j], "num_gpus": [x.num_gpus for x in j],
+        "parallelism": [x.parallelism for x in j],
         "total_steps": [x.total_steps for x in j], "tokens_per_step": [x.tokens_per_step for x in j],
         "submit_time_s": [x.submit_time_s for x in j],
         "start_time_s": [np.nan if y.start_s is None else y.start_s for y in r],

@@ -5,6 +5,12 @@ chosen so that the job alone on its requested GPUs (plan ``alone``) runs for its
 under the cost model: ``total_steps = max(1, round(duration_s / isolated_step_time_s))`` (so the
 isolated runtime is within half a step of the traced duration).
 
+The job's parallelism plan (``plan_job``): on one GPU ``dp1``; on several, the plan of
+``sim/costmodel/parallelism.py`` with the highest training throughput (tokens/s) that fits memory,
+each plan giving the job its own global batch ``micro_batch_per_gpu x dp x grad_accum`` (a
+sequence is never split across data-parallel ranks). A table with ``batch_size`` instead of
+``micro_batch_per_gpu`` (earlier versions) is read as sequences per GPU, ``grad_accum`` 1.
+
 Documented skips (counted in ``summary.json`` under ``skipped``):
 ``oversized``: the job asks for more GPUs than the cluster has;
 ``memory``: the job alone does not fit in its GPUs' memory under the cost model.
@@ -29,8 +35,45 @@ from tlora_sim.traces.frame import source_of
 MAX_TIME_S = 1e12
 """Largest submit + duration (s): float64 resolves ~0.1 ms there, far below any step time."""
 
-REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "model", "rank", "batch_size", "seq_len",
-            "max_slowdown", "tenant")
+REQUIRED = ("job_id", "submit_time_s", "duration_s", "num_gpus", "model", "rank", "micro_batch_per_gpu",
+            "grad_accum", "seq_len", "max_slowdown", "tenant")
+
+
+def plan_job(cost_model: CostModel, model: str, gpu: str, rank: int, micro_batch_per_gpu: int, grad_accum: int,
+             seq_len: int, n_gpus: int, memory_bytes: float) -> tuple[str, int, float, bool]:
+    """(parallelism, global batch, isolated step time s, fits memory) of a job alone on ``n_gpus``.
+
+    One GPU: ``dp1``. Several: every plan of ``parallelism.candidates`` (pipelines only where
+    nothing else fits) with batch ``micro_batch_per_gpu x dp x grad_accum``; the fitting plan with
+    the most tokens per second sets the job's batch (ties: candidate order), and the job then runs
+    the plan the cost model's planner picks for that batch, as the engine asks it (the fastest
+    step that fits; never slower than the plan that set the batch). Cost models without a planner (the
+    roofline) run their one plan (``parallelism()``) with ``dp = n_gpus``.
+    """
+    from tlora_sim.sim.costmodel.parallelism import candidates
+
+    if n_gpus == 1 or not hasattr(cost_model, "predict"):
+        b = micro_batch_per_gpu * n_gpus * grad_accum
+        mem = (Member(rank, b, seq_len),)
+        iso = cost_model.step_time_s(model, gpu, mem, n_gpus, "alone")
+        fits = cost_model.memory_bytes(model, gpu, mem, n_gpus, "alone") <= memory_bytes
+        name = cost_model.parallelism(model, gpu, mem, n_gpus, "alone") if hasattr(cost_model, "parallelism") \
+            else f"dp{n_gpus}"
+        return name, b, iso, fits
+    best = None
+    for pipeline in (False, True):
+        for par in candidates(get_model(model), n_gpus, 1, pipeline):
+            if pipeline != (par.kind == "pp"):
+                continue
+            b = micro_batch_per_gpu * par.dp * grad_accum
+            p = cost_model.predict(model, gpu, (Member(rank, b, seq_len),), n_gpus, "alone", parallelism=par.name)
+            if p.memory_bytes <= memory_bytes and (best is None or b * seq_len / p.step_time_s > best[0]):
+                best = (b * seq_len / p.step_time_s, par.name, b, p.step_time_s)
+        if best is not None:  # the batch is set; alone, the job then runs the planner's plan for it
+            mem = (Member(rank, best[2], seq_len),)
+            p = cost_model.predict(model, gpu, mem, n_gpus, "alone")
+            return p.parallelism, best[2], p.step_time_s, p.memory_bytes <= memory_bytes
+    return f"dp{n_gpus}", micro_batch_per_gpu * n_gpus * grad_accum, float("nan"), False
 
 
 def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
@@ -50,6 +93,10 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
         InputError: a missing column; an unknown base model; a time beyond ``MAX_TIME_S``; with
             ``strict``, a job that would be skipped.
     """
+    if "micro_batch_per_gpu" not in frame.columns and "batch_size" in frame.columns:
+        frame = frame.rename(columns={"batch_size": "micro_batch_per_gpu"})
+    if "grad_accum" not in frame.columns:
+        frame = frame.assign(grad_accum=1)
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
         raise InputError(f"trace table lacks column(s) {missing}", file=frame.attrs.get("path"))
@@ -62,7 +109,7 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     sweep_ids = frame["sweep_id"].to_numpy() if "sweep_id" in frame.columns else [None] * n
     floors = frame["loss_floor"].to_numpy() if "loss_floor" in frame.columns else [0.0] * n
     taus = frame["loss_tau"].to_numpy() if "loss_tau" in frame.columns else [TAU_FRACTION] * n
-    for row, (jid, sub, dur, ngpu, model, rank, bs, seq, slow, tenant, sweep, floor, tau) in enumerate(
+    for row, (jid, sub, dur, ngpu, model, rank, mb, ga, seq, slow, tenant, sweep, floor, tau) in enumerate(
             zip(*cols, sweep_ids, floors, taus)):
         ngpu = int(ngpu)
         if not float(sub) + float(dur) <= MAX_TIME_S:
@@ -76,25 +123,26 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
                                  **_where(frame, row), field="num_gpus")
             skipped["oversized"] += 1
             continue
-        key = (model, int(rank), int(bs), int(seq), ngpu)
+        key = (model, int(rank), int(mb), int(ga), int(seq), ngpu)
         if key not in iso_cache:
             get_model(model)
-            member = Member(int(rank), int(bs), int(seq))
-            iso = cost_model.step_time_s(model, gpu, (member,), ngpu, "alone")
-            fits = cost_model.memory_bytes(model, gpu, (member,), ngpu, "alone") <= cluster.gpu.memory_bytes
-            iso_cache[key] = (iso, fits)
-        iso, fits = iso_cache[key]
+            if int(mb) < 1 or int(ga) < 1:
+                raise InputError(f"job {jid!r}: micro_batch_per_gpu {mb} and grad_accum {ga} must be >= 1",
+                                 **_where(frame, row), field="micro_batch_per_gpu" if int(mb) < 1 else "grad_accum")
+            iso_cache[key] = plan_job(cost_model, model, gpu, int(rank), int(mb), int(ga), int(seq), ngpu,
+                                      cluster.gpu.memory_bytes)
+        par, bs, iso, fits = iso_cache[key]
         if not fits:
             if strict:
-                raise InputError(f"job {jid!r} ({model}, rank {rank}, {bs}x{seq} tokens) does not fit on {ngpu} {gpu}",
-                                 **_where(frame, row), field="num_gpus")
+                raise InputError(f"job {jid!r} ({model}, rank {rank}, {mb} x {seq}-token sequences per GPU) does not fit "
+                                 f"any parallelism plan on {ngpu} {gpu}", **_where(frame, row), field="num_gpus")
             skipped["memory"] += 1
             continue
         steps = max(1, int(round(float(dur) / iso)))
         jobs.append(Job(len(jobs), str(jid), float(sub), ngpu, str(model), int(rank), int(bs), int(seq), steps,
                         float(dur), iso, float(slow), str(tenant),
                         None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor),
-                        float(tau)))
+                        float(tau), int(mb), int(ga), par))
     return jobs, {k: v for k, v in skipped.items() if v}
 
 
