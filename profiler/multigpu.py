@@ -338,7 +338,7 @@ def _measure(layers, mine, impl, nano, parallelism, emb, head, nf, f, gop, side,
     vocab = emb.shape[0]
     idx = torch.randint(0, vocab, (max(T, 1),), device=dev, generator=g)
     lab = torch.randint(0, vocab, (max(T, 1),), device=dev, generator=g)
-    slices = _nano_slices(mine, nano, loras[0] if loras else None, impl, dev)
+    slices = nano_slices(mine, nano, loras[0] if loras else None, impl, dev)
 
     def fwd_bwd(sl):
         members, segs, plans, tok0, tok1 = sl
@@ -407,7 +407,7 @@ def _measure(layers, mine, impl, nano, parallelism, emb, head, nf, f, gop, side,
     return res
 
 
-def _nano_slices(members, nano: int, lora, impl: str, dev) -> list[tuple]:
+def nano_slices(members, nano: int, lora, impl: str, dev) -> list[tuple]:
     """Cut the micro-batch into ``nano`` nano-batches of whole sequences, in segment order.
 
     Returns per nano-batch ``(members, segs, plans, tok0, tok1)``: the members with sequences in it

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tlora_sim.sim.cli.costmodel import add_parsers as add_costmodel_parsers
 
     add_costmodel_parsers(sub)
+    from tlora_sim.sim.cli.execute import add_parsers as add_execute_parsers
+
+    add_execute_parsers(sub)
     from tlora_sim.sim.experiments.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
@@ -256,6 +259,10 @@ def _run(args) -> int:
         from tlora_sim.sim.cli.costmodel import run as run_costmodel
 
         return run_costmodel(args)
+    elif args.command in ("execute", "validate-run"):
+        from tlora_sim.sim.cli.execute import run as run_execute
+
+        return run_execute(args)
     elif args.command == "plot":
         from tlora_sim.sim.report.plots import plot_any
 

@@ -110,7 +110,11 @@ class Engine:
         cluster: the cluster.
         cost_model: step time / memory predictor.
         policy: object with ``decide(Snapshot) -> list[Action]``.
-        regroup_pause_s: pause of a group when members join (s).
+        regroup_pause_s: pause of a group when members join or are preempted (s).
+        start_pause_s: pause of a new group before its first step (s; default 0: building a group
+            is free). ``validate-run`` sets it to what an executed run measured.
+        pause_on_finish: a member finishing also pauses the group's survivors for
+            ``regroup_pause_s`` (default False; the real-time executor rebuilds the super-model).
         progress: optional callback ``progress(now_s)`` called after each decision.
         check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
             for benchmarks). The checker is a listener, called after ``listeners``.
@@ -127,7 +131,8 @@ class Engine:
 
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
-                 check_invariants: bool = True, listeners: Sequence[EngineListener] = ()) -> None:
+                 check_invariants: bool = True, listeners: Sequence[EngineListener] = (),
+                 start_pause_s: float = 0.0, pause_on_finish: bool = False) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -137,8 +142,11 @@ class Engine:
         self.cost_model = cost_model
         self.policy = policy
         self.regroup_pause_s = float(regroup_pause_s)
-        if not 0.0 <= self.regroup_pause_s < float("inf"):
-            raise ValueError(f"regroup_pause_s must be finite and >= 0, got {regroup_pause_s!r}")
+        self.start_pause_s = float(start_pause_s)
+        self.pause_on_finish = bool(pause_on_finish)
+        if not (0.0 <= self.regroup_pause_s < float("inf") and 0.0 <= self.start_pause_s < float("inf")):
+            raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
+                             f"{start_pause_s!r}")
         self.progress = progress
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
@@ -290,7 +298,7 @@ class Engine:
             self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
         g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
                    {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
-                   started_s=now, last_update_s=now, paused_until_s=now,
+                   started_s=now, last_update_s=now, paused_until_s=now + self.start_pause_s,
                    nano_batches=a.nano_batches, micro_batches=a.micro_batches)
         self._next_gid += 1
         self._groups_started += 1
@@ -395,6 +403,8 @@ class Engine:
             self._finished += 1
         if g.members:
             self._shrunk = True  # the policy may re-plan the group's execution (LoRAFusion re-packs)
+            if self.pause_on_finish:  # the survivors' super-model is rebuilt (an executed run does)
+                g.paused_until_s = max(g.paused_until_s, now + self.regroup_pause_s)
             self._retime(g)
         else:
             self._close(g)

@@ -42,6 +42,9 @@ class RunDir:
     SEEDS_TABLE = "summary_by_seed.csv"  # compare --seeds: every seed's row
     SWEEP_TABLE = "sweep.csv"  # a sweep: one row per finished cell
     SWEEP_REPORT = "report.csv"  # sweep report: cells aggregated over seeds
+    STEPS = "steps.csv"  # tlora-sim execute: every measured step and regroup pause
+    WORKLOAD = "workload.csv"  # tlora-sim execute: the exact jobs run (validate-run replays them)
+    VALIDATION = "validation.csv"  # tlora-sim validate-run: real against simulated, one row per run
 
     #: the files every complete run directory has (``perf.json`` aside: it is timing, not results).
     RESULT_FILES = (CONFIG, JOBS, TIMELINE, SUMMARY)
@@ -83,6 +86,21 @@ class RunDir:
     def compare_summary(self) -> Path:
         """``summary.csv`` of a comparison directory."""
         return self.root / self.COMPARE_SUMMARY
+
+    @property
+    def steps(self) -> Path:
+        """``steps.csv`` of an executed run."""
+        return self.root / self.STEPS
+
+    @property
+    def workload(self) -> Path:
+        """``workload.csv`` of an executed run."""
+        return self.root / self.WORKLOAD
+
+    @property
+    def validation(self) -> Path:
+        """``validation.csv`` of a validation directory."""
+        return self.root / self.VALIDATION
 
     def is_run(self) -> bool:
         """True where ``root`` holds a run directory's ``summary.json`` and ``config.json``."""
