@@ -12,7 +12,7 @@ SimPy engine with the matching cost model:
 
 What a step-time table does not see is measured from the run's ``steps.csv`` and given to the
 simulator, so that the comparison tests the step model and the schedule, not guessed constants:
-the regroup pause (median save/rebuild/restore time plus the median excess of a rebuilt group's
+the regroup pause (mean save/rebuild/restore time plus the mean excess of a rebuilt group's
 first step over its predicted step), the same for a new group's start (``start_pause_s``), and a
 pause whenever a member finishes and the others go on (the executor rebuilds the super-model
 then; ``Engine(pause_on_finish=True)``).
@@ -66,7 +66,7 @@ class ScaledCostModel:
 
 
 def first_step_excess_s(steps: pd.DataFrame, jobs: list, cm, gpu: str) -> float:
-    """Median over the run's group compositions of (first step - predicted step) (s, >= 0): what
+    """Mean over the run's group compositions of (first step - predicted step) (s, >= 0): what
     a freshly built super-model's first step costs beyond a steady one (allocations, autotuning)."""
     st = steps.reset_index(drop=True)
     seg = ((st.group_id != st.group_id.shift()) | (st.jobs.astype(str) != st.jobs.astype(str).shift())).cumsum()
@@ -76,7 +76,7 @@ def first_step_excess_s(steps: pd.DataFrame, jobs: list, cm, gpu: str) -> float:
     pred = [cm.step_time_s(jobs[int(str(j).split(";")[0])].model, gpu,
                            tuple(jobs[int(i)].member for i in str(j).split(";")), 1, p, int(n))
             for j, p, n in zip(first.jobs, first.plan, first.nano_batches)]
-    return float(max(0.0, np.median(first.ms.to_numpy() / 1e3 - np.array(pred))))
+    return float(max(0.0, np.mean(first.ms.to_numpy() / 1e3 - np.array(pred))))
 
 
 def _load(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
@@ -118,8 +118,8 @@ def simulate(real: str | Path, out: Path | None = None) -> tuple[dict, pd.DataFr
         jobs = [replace(j, isolated_step_time_s=j.isolated_step_time_s * scale) for j in jobs]
     first_s = first_step_excess_s(st, jobs, cm, cluster.gpu.name)
     pauses, starts = steps[steps.event == "regroup"].ms, steps[steps.event == "start"].ms
-    pause_s = (float(pauses.median() / 1e3) if len(pauses) else 0.0) + first_s
-    start_s = (float(starts.median() / 1e3) if len(starts) else 0.0) + first_s
+    pause_s = (float(pauses.mean() / 1e3) if len(pauses) else 0.0) + first_s
+    start_s = (float(starts.mean() / 1e3) if len(starts) else 0.0) + first_s
     policy = make_policy(cfg["policy"], cfg["inputs"].get("policy_options") or {})
     res = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s, pause_on_finish=True,
                  check_invariants=True).run()
