@@ -1,10 +1,12 @@
-"""Sensitivity of the policy gains to load, cluster size and rank distribution (issue 5).
+"""Sensitivity of the policy gains to load, cluster size and rank distribution (issues 5, 16, 17).
 
-Each point is one ``tlora-sim compare`` on a synthetic ITP-fitted workload; the figure shows each
-policy's average-JCT speed-up and throughput relative to ``independent`` at each point.
+Each point is one ``tlora-sim compare --seeds`` on a synthetic ITP-fitted workload with EASY
+backfilling for every policy (``--option NAME.ordering=backfill``: one queue discipline for all);
+the figure shows each policy's average-JCT speed-up over ``independent-backfill`` at each point,
+the mean over seeds with its 95% confidence interval (each seed redraws the LoRA attributes).
 Writes ``bench/results/sensitivity.csv`` and ``docs/figures/sensitivity.{png,pdf}``.
 
-    python bench/sensitivity.py --out runs/sensitivity
+    python bench/sensitivity.py --out runs/sensitivity --seeds 0-4
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ["independent", "mlora", "lorafusion", "tlora", "tlora-nogroup", "lookahead"]
+BASELINE = "independent-backfill"
+POLICIES = [BASELINE, "mlora", "lorafusion", "tlora", "tlora-nogroup", "lookahead"]
 JOBS = 800
 
 
@@ -46,42 +49,49 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[Path]:
             xs = list(dict.fromkeys(sub["x"]))
             for name, st in styles.items():
                 p = sub[sub["policy"] == name].set_index("x").reindex(xs)
-                ax.plot(range(len(xs)), p["avg_jct_speedup"], marker=st.marker, **st.line_kwargs())
+                ax.errorbar(range(len(xs)), p["avg_jct_speedup"], yerr=p["avg_jct_speedup_ci95"], marker=st.marker,
+                            capsize=2, **st.line_kwargs())
             ax.set_xticks(range(len(xs)), xs)
             ax.set_xlabel(fs.axis_label(panel, "offered load" if panel == "load" else
                                         "GPUs" if panel == "cluster GPUs" else "named"))
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v in (2, 3, 5) else ""))
-        axes[0].set_ylabel(fs.axis_label("Avg JCT speed-up", "x independent"))
+        axes[0].set_ylabel(fs.axis_label("Avg JCT speed-up", "x independent-backfill"))
         axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         return fs.save_figure(fig, out_dir, "sensitivity")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every point and draw the figure; returns the exit status."""
-    from tlora_sim.sim.report.plots import relative_table
+    from tlora_sim.sim.experiments.seeds import ci95
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sensitivity")
     ap.add_argument("--jobs", type=int, default=JOBS, help="jobs per synthetic trace")
+    ap.add_argument("--seeds", default="0-4", help="seeds of every point (default 0-4)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "sensitivity.csv")
     ap.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = ap.parse_args(argv)
+    opts = [x for p in POLICIES if p != BASELINE for x in ("--option", f"{p}.ordering=backfill")]
     rows = []
     for i, (panel, x, spec, cluster, dist) in enumerate(points(args.jobs)):
         out = args.out / f"p{i}"
         subprocess.run([sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster,
-                        "--lora-dist", dist, "--seed", "0", "--policies", ",".join(POLICIES), "--workers",
-                        str(args.workers), "--out", str(out), "--no-progress"], check=True, cwd=ROOT,
+                        "--lora-dist", dist, "--seeds", args.seeds, "--policies", ",".join(POLICIES), "--workers",
+                        str(args.workers), "--out", str(out), "--no-progress", "--force", *opts], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
-        summary = pd.read_csv(out / "summary.csv")
-        rel = relative_table(summary, "independent").set_index("policy")  # ratios to independent
-        for pol, r in summary.set_index("policy").iterrows():
+        by_seed = pd.read_csv(out / "summary_by_seed.csv")
+        base = by_seed[by_seed.policy == BASELINE].set_index("seed")
+        for pol in dict.fromkeys(by_seed.policy):
+            mine = by_seed[by_seed.policy == pol].set_index("seed")
+            sp = base.avg_jct_s / mine.avg_jct_s
+            thr = mine.throughput_tokens_per_s / base.throughput_tokens_per_s
             rows.append({"panel": panel, "x": x, "trace": spec, "cluster": cluster, "lora_dist": dist,
-                         "policy": pol, "avg_jct_s": r["avg_jct_s"], "avg_jct_speedup": rel.at[pol, "avg_jct_speedup"],
-                         "throughput_x": rel.at[pol, "throughput_x"]})
+                         "policy": pol, "seeds": len(mine), "avg_jct_s": mine.avg_jct_s.mean(),
+                         "avg_jct_speedup": sp.mean(), "avg_jct_speedup_ci95": ci95(sp),
+                         "throughput_x": thr.mean(), "throughput_x_ci95": ci95(thr)})
         print(f"{panel}={x}: done", flush=True)
     df = pd.DataFrame(rows)
     args.results.parent.mkdir(parents=True, exist_ok=True)
