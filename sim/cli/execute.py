@@ -13,26 +13,33 @@ COMMANDS = ("execute", "validate-run")
 
 def add_parsers(sub) -> None:
     """Add ``execute`` and ``validate-run`` to an ``add_subparsers()`` object."""
-    e = sub.add_parser("execute", help="run a scaled-down trace for real on one GPU under a policy (needs torch)",
+    e = sub.add_parser("execute", help="run a scaled-down trace for real under a policy (needs torch)",
                        description="Run the first --jobs jobs of a trace that ask for at most --gpus GPUs as real "
                                    "LoRA training (random weights and tokens, the jobs' model shapes, rank, batch "
-                                   "and sequence length) on the wall clock, driven by the policy through the same "
-                                   "snapshot/actions interface as the simulator. Submit times and durations are "
+                                   "and sequence length), driven by the policy through the same "
+                                   "snapshot/actions interface as the simulator: one GPU or the CPU on the wall "
+                                   "clock, or N devices simulated on the CPU. Submit times and durations are "
                                    "divided by --time-scale; each job's total steps are its replay's steps for the "
                                    "scaled duration, clipped to [--min-steps, --max-steps]. Writes a run directory "
-                                   "(the replay's files, wall-clock times) plus steps.csv and workload.csv.",
+                                   "(the replay's files, clock times) plus steps.csv (every measured step and "
+                                   "rebuild) and workload.csv (the exact jobs, for validate-run). docs/executor.md "
+                                   "says what is real and what is not.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--trace", required=True, metavar="SPEC", help="trace spec, as for replay (e.g. itp:PATH)")
     e.add_argument("--policy", required=True, help="policy name (see `tlora-sim policies`)")
-    e.add_argument("--gpus", type=int, default=1, help="devices (the executor runs one)")
+    e.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="devices; also keeps only jobs asking for at most N GPUs. cuda: 1 (wall clock). cpu: 1 on "
+                        "the wall clock, or N devices simulated on the CPU (virtual clock, steps interleaved)")
     e.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory to write")
     e.add_argument("--time-scale", type=float, default=1000.0, metavar="X",
-                   help="divide submit times and durations by X")
-    e.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    e.add_argument("--tiny", action="store_true", help="train the tiny model shape (CPU smoke run in seconds)")
-    e.add_argument("--jobs", type=int, default=24, help="jobs kept from the trace")
-    e.add_argument("--min-steps", type=int, default=3)
-    e.add_argument("--max-steps", type=int, default=200)
+                   help="divide submit times (from the first kept job), traced durations and total steps by X")
+    e.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the training runs")
+    e.add_argument("--tiny", action="store_true",
+                   help="train the tiny model shape on 64x shorter sequences (policies still see the jobs' own); "
+                        "with --device cpu a run takes seconds")
+    e.add_argument("--jobs", type=int, default=24, metavar="K", help="jobs kept from the trace (the first K)")
+    e.add_argument("--min-steps", type=int, default=3, help="lower bound of a job's total steps")
+    e.add_argument("--max-steps", type=int, default=200, help="upper bound of a job's total steps")
     e.add_argument("--seed", type=int, default=0, help="seed of the LoRA attributes")
     e.add_argument("--lora-dist", default="tlora", metavar="NAME|JSON", help="LoRA attribute distribution")
     e.add_argument("--gpu-type", default=None, help="GPU type of the cost model (default: the device's; H100 on cpu)")
@@ -41,16 +48,24 @@ def add_parsers(sub) -> None:
                    help="share of the GPU's memory the policies may plan with")
     e.add_argument("--no-warmup", action="store_true", help="do not compile the kernels before the clock starts")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--no-plots", action="store_true", help="skip the run's figures/")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("validate-run", help="replay executed runs in the simulator and compare JCTs job by job",
                        description="For each REAL_DIR written by `tlora-sim execute`, simulate the identical "
                                    "workload (same jobs, steps, arrivals, cluster, policy) with the matching cost "
                                    "model and write DIR/validation.csv (policy, jobs, real_avg_jct_s, sim_avg_jct_s, "
                                    "real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90), "
-                                   "validation_jobs.csv and validation.png.")
+                                   "validation_jobs.csv and validation.png (simulated against real JCT per job, "
+                                   "one panel per policy). A cpu run is compared with a table of its own measured "
+                                   "step times: that checks the machinery, not a GPU model.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     v.add_argument("real_dirs", nargs="+", type=Path, metavar="REAL_DIR")
     v.add_argument("--out", required=True, type=Path, metavar="DIR")
+    v.add_argument("--step-times", choices=("auto", "profiled", "measured"), default="auto",
+                   help="the engine's step times: the profiled model of the run's GPU type, or a table of the "
+                        "run's own measured steps (auto: profiled for a cuda run, measured for a cpu run)")
     v.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
@@ -58,9 +73,10 @@ def run(args) -> int:
     if args.command == "validate-run":
         from tlora_sim.sim.executor.validate import validate_runs
 
-        table = validate_runs(args.real_dirs, args.out, force=args.force)
+        table = validate_runs(args.real_dirs, args.out, force=args.force, step_times=args.step_times,
+                              progress=not args.no_progress)
         print(table[["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "jct_abs_error_p50",
-                     "jct_abs_error_p90"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+                     "jct_abs_error_p90", "step_times"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         print(f"wrote {args.out / 'validation.csv'}")
         return 0
     try:
@@ -75,14 +91,12 @@ def run(args) -> int:
             raise InputError(f"expected KEY=VALUE, got {item!r}", field="--option")
         k, val = item.split("=", 1)
         opts[k.split(".", 1)[-1]] = val
-    if args.tiny and args.device == "cuda":
-        pass  # allowed: the tiny shape on a GPU
     cfg = ExecuteConfig(trace=args.trace, policy=args.policy, gpus=args.gpus, time_scale=args.time_scale,
                         device=args.device, tiny=args.tiny, jobs=args.jobs, min_steps=args.min_steps,
                         max_steps=args.max_steps, seed=args.seed, lora_dist=args.lora_dist, gpu_type=args.gpu_type,
                         policy_options=opts, warmup=not args.no_warmup,
                         memory_fraction=args.memory_fraction)
-    s = execute(cfg, args.out, force=args.force, progress=not args.no_progress)
+    s = execute(cfg, args.out, force=args.force, progress=not args.no_progress, plots=not args.no_plots)
     print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s']:.1f} s, makespan {s['makespan_s']:.1f} s, "
           f"{s['steps_measured']} steps, {s['regroups']} regroups (median pause {s['regroup_pause_median_s']:.3f} s) "
           f"-> {args.out}")

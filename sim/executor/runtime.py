@@ -1,40 +1,57 @@
-"""The real-time executor: the simulator's policies driving real LoRA training on the wall clock.
+"""The real-time executor: the simulator's policies driving real LoRA training.
 
 A second backend beside the SimPy engine (``sim/core/engine.py``), with the same inputs (jobs, a
 cluster, a cost model, a policy object) and the same interface to the policy: a read-only
 ``Snapshot`` in, ``StartGroup`` / ``AddMembers`` / ``RemoveMembers`` / ``StopMembers`` /
 ``SetExecution`` out, asked at the same moments (arrivals, finishes, a group shrinking, a member
-preempted, the policy's ``timer_s``). What differs is time: a job arrives when the wall clock
-passes its submit time, a group's steps are real training steps (``sim/executor/trainer.py``)
-and a job finishes after its ``total_steps`` of them. Regroups (members joining, leaving or
-preempted) save every member's adapter and AdamW state to the host and rebuild the group from
-them; the group makes no progress meanwhile, so the pause is whatever that costs.
+preempted, the policy's ``timer_s``), under the same rules: the engine's invariant checker
+(``sim/core/invariants.py``) keeps independent books on every start, join, leave, finish and
+close (GPUs never double-booked, memory under the GPU's, every job finished once after exactly its
+steps), and an action the executor cannot apply raises the engine's ``InvariantViolation``.
 
-One device: a cluster of one GPU (or the CPU). Policies see the cost model's step times
-(``GroupView.step_time_s``), as in a replay, and the real remaining steps.
+What differs is time. A job arrives when the clock passes its submit time; a group's step is a
+real training step (``sim/executor/trainer.py``); a job finishes after its ``total_steps`` real
+steps. Every membership change (a join, a leave, a preemption, a member finishing or stopped) saves
+the members' adapter and AdamW state to the host and rebuilds the super-model from the saved
+states; the group makes no progress meanwhile, so that pause is whatever it costs. Decisions are
+taken between steps (a step in flight completes first).
 
-The result is a ``SimResult`` (times in wall-clock seconds since the run started), so the run
-directory is written by the replay's writers; ``StepLog`` rows record every measured step and
-every regroup pause.
+Clocks (``sim/executor/clock.py``): one device (a GPU, or the CPU) runs on the wall clock; N
+devices simulated on the CPU run on a virtual clock, each group's measured step and rebuild times
+charged to its own devices, the groups interleaved step by step in the order their devices come
+free. A group on several simulated devices trains one data-parallel replica's share of every
+member's sequences (``ceil(batch / n_gpus)``) and charges it to all of them (no gradient
+all-reduce on the CPU).
+
+Policies see the cost model's step times (``GroupView.step_time_s``, ``Snapshot.cost_model``),
+exactly as in a replay, and the real remaining steps. The result is a ``SimResult`` (times in
+seconds since the run started), so the run directory is written by the replay's writers;
+``log`` rows (``STEP_COLUMNS``) record every measured step and rebuild.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.core.engine import JobRecord, SimResult
+from tlora_sim.sim.core.invariants import InvariantChecker
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.placement import FreeGpus
-from tlora_sim.sim.core.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, \
-    StopMembers
+from tlora_sim.sim.core.snapshot import (AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup,
+                                         StopMembers)
 from tlora_sim.sim.costmodel.interface import CostModel
+from tlora_sim.sim.executor.clock import DeviceSlots, VirtualClock, WallClock
 
-STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "start_s", "end_s", "ms"]
-"""``steps.csv``: one row per measured step (``event=step``) or regroup (``event=regroup``:
-the save/rebuild/restore pause; ``start``: a new group's build)."""
+STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "n_gpus", "devices", "start_s", "end_s", "ms"]
+"""``steps.csv``: one row per measured step (``event=step``) or rebuild (``start``: a new group's
+build; ``regroup``: save, rebuild and restore after a membership change; ``close``: the last save
+of a group whose members all left). ``jobs``: the members' job indices, ``;``-separated, in
+segment order; ``devices``: the device ids held, ``;``-separated; ``start_s``/``end_s``: clock
+seconds since the run started; ``ms``: the measured duration (a step's is device-synchronised)."""
 
 
 @dataclass
@@ -43,255 +60,442 @@ class _RealGroup:
     model: str
     n_gpus: int
     placement: tuple
+    devices: tuple
     plan: str
     members: list[int]
     remaining: dict[int, int]
     started_s: float
-    trainer: object = None
     nano_batches: int = 1
     micro_batches: int = 1
+    trainer: object = None
+    trainer_jobs: tuple = ()
     version: int = 0
     step_time_s: float = 0.0
-    steps_done: int = 0
-    measured: list = field(default_factory=list)
+    free_s: float = 0.0  # when its devices finish the work scheduled so far (clock s)
+    paused_until_s: float = 0.0  # end of its last rebuild
+    inflight: tuple | None = None  # (start_s, end_s) of a step run but not yet credited
+    pending: str | None = None  # "start" / "regroup": members changed, rebuild at the next flush
+    save_span: tuple | None = None  # (start_s, seconds) of its last save
 
 
 class RealTimeExecutor:
-    """Run ``jobs`` on one device in real time under ``policy``.
+    """Run ``jobs`` on the cluster's devices in real time under ``policy``.
 
     Args:
-        jobs: jobs in submit order (``Job.index`` = position); ``submit_time_s`` are wall-clock
-            seconds after ``run`` starts.
-        cluster: a one-GPU cluster (the device).
+        jobs: jobs in submit order (``Job.index`` = position); ``submit_time_s`` are clock seconds
+            after ``run`` starts.
+        cluster: the devices: one (wall clock), or N simulated on the CPU (virtual clock).
         cost_model: what the policy asks (``Snapshot.cost_model``) and ``GroupView.step_time_s``.
         policy: the policy object (``decide(Snapshot) -> list[Action]``, ``timer_s``).
-        trainer: a ``sim.executor.trainer.DeviceTrainer`` (or anything with its ``group`` method).
+        trainer: a ``sim.executor.trainer.DeviceTrainer`` (anything with its ``group`` and
+            ``release`` methods).
         progress: optional callback ``progress(finished_jobs)``.
+        clock: a ``WallClock`` or ``VirtualClock`` (default: wall for one device, virtual for
+            several).
 
     Raises:
-        ValueError: a cluster of more than one GPU, or jobs out of index order.
-        RuntimeError: a policy action the executor cannot apply (the same rules as the engine's).
+        ValueError: jobs out of index order, or several devices on the wall clock.
+        InvariantError: a policy action the executor cannot apply (the engine's rules), a
+            violated invariant, or jobs the policy leaves queued with nothing left to happen.
     """
 
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy, trainer,
-                 progress: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter):
-        if cluster.total_gpus != 1:
-            raise ValueError(f"the executor runs one device; cluster {cluster.spec} has {cluster.total_gpus} GPUs")
+                 progress: Callable[[int], None] | None = None, clock=None):
         self.jobs = list(jobs)
         if any(j.index != i for i, j in enumerate(self.jobs)):
             raise ValueError("jobs must be in index order")
+        self.clock = clock if clock is not None else (WallClock() if cluster.total_gpus == 1 else VirtualClock())
+        if cluster.total_gpus > 1 and not self.clock.virtual:
+            raise ValueError(f"cluster {cluster.spec} has {cluster.total_gpus} devices: one process drives one real "
+                             "device, so several are simulated on the virtual clock")
         self.cluster, self.cost_model, self.policy, self.trainer = cluster, cost_model, policy, trainer
         self.gpu = cluster.gpu.name
         self.progress = progress
-        self.clock = clock
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
+        self.slots = DeviceSlots(cluster.nodes, cluster.gpus_per_node)
+        self.checker = InvariantChecker(self.jobs, cluster, cost_model)
+        # the isolation floor compares a JCT with the cost model's isolated runtime: real steps may be faster
+        self.checker.solo = bytearray(len(self.jobs))
         self.queue: dict[int, Job] = {}
         self.remaining_queued: dict[int, int] = {}
+        self.state_ready: dict[int, float] = {}  # job -> when its saved state is on the host (clock s)
         self.groups: dict[int, _RealGroup] = {}
         self.records = [JobRecord() for _ in self.jobs]
         self.log: list[dict] = []
         self.timeline: list[tuple] = []
-        self._next_gid = self._finished = self._decisions = self._groups_started = 0
+        self._next = self._next_gid = self._finished = self._decisions = self._groups_started = 0
         self._decision_time = self._gpu_seconds = 0.0
-        self._t0 = 0.0
-        self._need = False
-        self._next_timer = None
+        self._need = self._shrunk = False
+        self._next_timer: float | None = None
         self._dirty: set[int] = set()
 
     def now(self) -> float:
-        """Wall-clock seconds since ``run`` started."""
-        return self.clock() - self._t0
+        """Clock seconds since ``run`` started."""
+        return self.clock.now()
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> SimResult:
-        """Run until every job finished; the result in the engine's form."""
-        self._t0 = self.clock()
-        nxt = 0
+        """Run until every job finished; the result in the engine's form (``wall_s``: real seconds)."""
+        wall0 = time.perf_counter()
+        self.clock.start()
         while self._finished < len(self.jobs):
-            t = self.now()
-            while nxt < len(self.jobs) and self.jobs[nxt].submit_time_s <= t:
-                self.queue[nxt] = self.jobs[nxt]
-                nxt += 1
-                self._need = True
-            if self._next_timer is not None and t >= self._next_timer:  # the policy's timer_s
+            self._admit()
+            if self._next_timer is not None and self.now() >= self._next_timer:  # the policy's timer_s
                 self._next_timer = None
                 self._need = self._need or bool(self.groups or self.queue)
-            if self._need:
+            while self._need:
                 self._decide()
-            if self.groups:
-                for g in list(self.groups.values()):
-                    self._step(g)
-            elif nxt < len(self.jobs):
-                time.sleep(max(0.0, min(self.jobs[nxt].submit_time_s - self.now(), 0.05)))
-            elif not self.queue:
-                raise RuntimeError(f"no job left to arrive and none running, yet {len(self.jobs) - self._finished} "
-                                   "unfinished: the policy started nothing")
-            elif not self._need:
-                self._need = True  # jobs wait with a free device: ask again (a policy may have declined)
-                time.sleep(0.01)
-        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, len(self.log),
-                         self._decisions, self._decision_time, self.now(), self._groups_started)
+            self._flush()
+            if self._finished == len(self.jobs):
+                break
+            if self.clock.virtual:
+                self._advance_virtual()
+            else:
+                self._advance_wall()
+        if self.groups or self.free.total != self.cluster.total_gpus:
+            self._fail(f"devices still held after the last job finished: groups {sorted(self.groups)}")
+        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, len(self.log), self._decisions,
+                         self._decision_time, time.perf_counter() - wall0, self._groups_started)
+
+    def _next_arrival_s(self) -> float:
+        return self.jobs[self._next].submit_time_s if self._next < len(self.jobs) else math.inf
+
+    def _admit(self) -> None:
+        t, first = self.now(), self._next
+        while self._next < len(self.jobs) and self.jobs[self._next].submit_time_s <= t:
+            self.queue[self._next] = self.jobs[self._next]
+            self._next += 1
+        if self._next > first:
+            self.checker.arrive(t, range(first, self._next))
+            self._need = True
+
+    def _stalled(self) -> None:
+        left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
+        self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished with nothing "
+                   f"running and nothing left to arrive (first: {left[:5]}); queue={len(self.queue)}")
+
+    def _advance_wall(self) -> None:
+        """One device on the wall clock: run a step of every group (one on one device) and credit it."""
+        if self.groups:
+            for g in list(self.groups.values()):
+                if g.gid in self.groups:
+                    self._launch(g)
+                    self._complete(g)
+        elif self._next < len(self.jobs):
+            self.clock.idle_until(self._next_arrival_s())
+        elif self.queue:
+            self._stalled()
+
+    def _advance_virtual(self) -> None:
+        """Simulated devices: process the earliest of the next step end (or step start), arrival
+        and timer; arrivals and timers first on ties."""
+        t_evt = min(self._next_arrival_s(), self._next_timer if self._next_timer is not None else math.inf)
+        g = min(self.groups.values(), key=lambda x: (x.free_s, x.gid), default=None)
+        if g is not None and g.free_s < t_evt:
+            self.clock.advance(g.free_s)
+            if g.inflight is not None:
+                self._complete(g)
+            else:
+                self._launch(g)
+        elif t_evt < math.inf:
+            self.clock.advance(t_evt)
+        elif self.queue:
+            self._stalled()
+
+    # ---- the policy -------------------------------------------------------------------------
+    def _view(self, g: _RealGroup) -> GroupView:
+        return GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan, tuple(self.jobs[i] for i in g.members),
+                         tuple(float(g.remaining[i]) for i in g.members), g.step_time_s, g.paused_until_s,
+                         g.version, g.nano_batches, g.micro_batches, g.started_s)
 
     def _decide(self) -> None:
         self._need = False
+        if not self.queue and not (self.policy.timer_s and self.groups) and not self._shrunk:
+            self._record()
+            return
+        self._shrunk = False
         t = self.now()
-        views = {g.gid: GroupView(g.gid, g.model, g.n_gpus, g.placement, g.plan,
-                                  tuple(self.jobs[i] for i in g.members),
-                                  tuple(float(g.remaining[i]) for i in g.members), g.step_time_s, t, g.version,
-                                  g.nano_batches, g.micro_batches, g.started_s) for g in self.groups.values()}
         kinds: dict = {}
         for g in self.groups.values():
             kinds.setdefault((g.model, g.n_gpus), {})[g.gid] = None
-        snap = Snapshot(t, tuple(self.queue.values()), views, self.free.copy(), self.cluster, self.cost_model,
-                        kinds, frozenset(self._dirty))
+        snap = Snapshot(t, tuple(self.queue.values()), {gid: self._view(g) for gid, g in self.groups.items()},
+                        self.free.copy(), self.cluster, self.cost_model, kinds, frozenset(self._dirty))
         self._dirty.clear()
-        t0 = time.perf_counter()
+        w0 = time.perf_counter()
         actions = self.policy.decide(snap)
-        self._decision_time += time.perf_counter() - t0
+        self._decision_time += time.perf_counter() - w0
         self._decisions += 1
+        self.checker.decision(t, actions)
         for a in actions:
             if isinstance(a, StartGroup):
                 self._start(a)
             elif isinstance(a, AddMembers):
-                g = self._group(a.group_id)
-                self._regroup(g, g.members + self._take(a.job_indices))
+                self._add(a)
             elif isinstance(a, RemoveMembers):
-                g = self._group(a.group_id)
-                for i in a.job_indices:
-                    self.remaining_queued[i] = g.remaining[i]
-                    self.queue[i] = self.jobs[i]
-                    self.records[i].group_changes += 1
-                self.queue = dict(sorted(self.queue.items()))
-                self._regroup(g, [i for i in g.members if i not in a.job_indices])
-                self._need = True
+                self._remove(a)
             elif isinstance(a, StopMembers):
-                g = self._group(a.group_id)
-                for i in a.job_indices:
-                    self.records[i].early_exit = True
-                self._finish(g, list(a.job_indices))
-                self._need = True
+                self._stop(a)
             elif isinstance(a, SetExecution):
-                g = self._group(a.group_id)
+                g = self._group(a.group_id, "SetExecution")
+                if a.nano_batches < 1 or a.micro_batches < 1:
+                    self._fail(f"SetExecution needs counts >= 1, got {a}")
                 g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
                 self._retime(g)
             else:
-                raise RuntimeError(f"unknown action {a!r}")
+                self._fail(f"unknown action {a!r}")
         self._record()
         if self.policy.timer_s and self.groups and self._next_timer is None:
-            self._next_timer = self.now() + self.policy.timer_s
+            self._next_timer = t + self.policy.timer_s
 
-    # ---- actions ----------------------------------------------------------------------------
-    def _take(self, indices) -> list[int]:
+    # ---- actions (the engine's rules) --------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        self.checker.fail("action", message)  # raises InvariantViolation with the recent history
+
+    def _take(self, indices, what: str) -> list[int]:
+        if not indices:
+            self._fail(f"{what} with no jobs")
+        if len(set(indices)) != len(indices):
+            self._fail(f"{what} names a job twice: {indices}")
         for i in indices:
             if i not in self.queue:
-                raise RuntimeError(f"action names job index {i}, which is not queued")
+                self._fail(f"{what} names job index {i}, which is not queued")
         for i in indices:
             del self.queue[i]
         return list(indices)
 
-    def _group(self, gid: int) -> _RealGroup:
+    def _group(self, gid: int, what: str) -> _RealGroup:
         if gid not in self.groups:
-            raise RuntimeError(f"action names group {gid}, which is not running")
+            self._fail(f"{what} names group {gid}, which is not running")
         return self.groups[gid]
 
+    def _check_members(self, g: _RealGroup, indices, what: str) -> None:
+        if not indices:
+            self._fail(f"{what} on group {g.gid} with no jobs")
+        if len(set(indices)) != len(indices):
+            self._fail(f"{what} names a job twice: {indices}")
+        for i in indices:
+            if i not in g.remaining:
+                self._fail(f"{what}: job index {i} not in group {g.gid}")
+
     def _start(self, a: StartGroup) -> None:
-        idx = self._take(a.job_indices)
-        if len({self.jobs[i].model for i in idx}) != 1:
-            raise RuntimeError(f"StartGroup mixes base models: {idx}")
-        self.free.apply(a.placement, -1)
         t = self.now()
-        g = _RealGroup(self._next_gid, self.jobs[idx[0]].model, sum(k for _, k in a.placement), tuple(a.placement),
-                       a.plan, [], {}, t, nano_batches=a.nano_batches, micro_batches=a.micro_batches)
+        idx = self._take(a.job_indices, "StartGroup")
+        models = {self.jobs[i].model for i in idx}
+        if len(models) != 1:
+            self._fail(f"StartGroup mixes base models {sorted(models)}")
+        try:
+            self.free.apply(a.placement, -1)
+            devices = self.slots.take(a.placement)
+        except (RuntimeError, IndexError, TypeError) as e:
+            self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
+        n = sum(k for _, k in a.placement)
+        g = _RealGroup(self._next_gid, models.pop(), n, tuple(a.placement), devices, a.plan, [], {}, t,
+                       a.nano_batches, a.micro_batches, free_s=t)
         self._next_gid += 1
         self._groups_started += 1
         self.groups[g.gid] = g
+        self.checker.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
         for i in idx:
+            g.remaining[i] = self.remaining_queued.pop(i, self.jobs[i].total_steps)
             if self.records[i].start_s is None:
                 self.records[i].start_s = t
-        self._regroup(g, idx, event="start")
+        g.pending = "start"
+        self._change(g, idx, "start")
 
-    def _regroup(self, g: _RealGroup, members: list[int], event: str = "regroup") -> None:
-        """Save the current members' state, rebuild the group as ``members``, restore: timed."""
-        t0 = self.now()
-        if g.trainer is not None:
-            g.trainer.save()
-        g.trainer = None
-        self.trainer.release()
+    def _add(self, a: AddMembers) -> None:
+        g = self._group(a.group_id, "AddMembers")
+        idx = self._take(a.job_indices, "AddMembers")
+        bad = [self.jobs[i].job_id for i in idx if self.jobs[i].model != g.model]
+        if bad:
+            self._fail(f"AddMembers puts jobs {bad} on a {g.model} group")
+        self._settle_and_finish(g)
+        self.checker.join(g.gid, idx)
+        t = self.now()
+        for i in idx:
+            g.remaining[i] = self.remaining_queued.pop(i, self.jobs[i].total_steps)
+            if self.records[i].start_s is None:
+                self.records[i].start_s = t
+        members = g.members + idx
         for i in members:
-            if i not in g.remaining:
-                g.remaining[i] = self.remaining_queued.pop(i, self.jobs[i].total_steps)
-        for i in list(g.remaining):
-            if i not in members:
-                del g.remaining[i]
+            self.records[i].group_changes += 1
+        self._change(g, members, "regroup")
+
+    def _remove(self, a: RemoveMembers) -> None:
+        g = self._group(a.group_id, "RemoveMembers")
+        self._check_members(g, a.job_indices, "RemoveMembers")
+        done = self._settle_and_finish(g)
+        leave = [i for i in a.job_indices if i not in done]  # a member whose last step was in flight finished
+        if leave:
+            self.checker.leave(g.gid, leave)
+        for i in leave:
+            self.remaining_queued[i] = g.remaining.pop(i)
+            self.queue[i] = self.jobs[i]
+            self.records[i].group_changes += 1
+        self.queue = dict(sorted(self.queue.items()))
+        self._change(g, [i for i in g.members if i not in leave], "regroup")
+        self._need = True  # the preempted jobs are queued again: ask at once, as the engine does
+
+    def _stop(self, a: StopMembers) -> None:
+        g = self._group(a.group_id, "StopMembers")
+        self._check_members(g, a.job_indices, "StopMembers")
+        done = self._settle_and_finish(g)
+        stop = [i for i in a.job_indices if i not in done]
+        for i in stop:
+            self.records[i].early_exit = True
+        self._finish_members(g, stop, max(self.now(), g.free_s), early=True)  # at the step boundary
+        self._change(g, list(g.members), "regroup")
+        self._need = True
+
+    # ---- steps and rebuilds ------------------------------------------------------------------
+    def _settle(self, g: _RealGroup) -> list[int]:
+        """Credit the step in flight (if any) to every member; the members it finished."""
+        if g.inflight is None:
+            return []
+        g.inflight = None
+        for i in g.members:
+            g.remaining[i] -= 1
+            self.records[i].steps_trained += 1
+        self.checker.progress(g.members, 1.0)
+        return [i for i in g.members if g.remaining[i] <= 0]
+
+    def _settle_and_finish(self, g: _RealGroup) -> list[int]:
+        """Before a membership change: the step in flight completes; the members it finished
+        finish at its end (the caller rebuilds the group)."""
+        end = g.inflight[1] if g.inflight is not None else self.now()
+        done = self._settle(g)
+        self._finish_members(g, done, end)
+        return done
+
+    def _finish_members(self, g: _RealGroup, done: list[int], t: float, early: bool = False) -> None:
+        for i in done:
+            self.checker.finish(g.gid, i, early=early)
+            self.records[i].finish_s = t
+            g.members.remove(i)
+            del g.remaining[i]
+            self._finished += 1
+            if self.progress is not None:
+                self.progress(self._finished)
+
+    def _launch(self, g: _RealGroup) -> None:
+        """Run one real step of ``g`` (it starts when its devices are free)."""
+        t0 = self.now() if not self.clock.virtual else max(self.now(), g.free_s)
+        ms = g.trainer.step(g.nano_batches)
+        t1 = t0 + ms / 1e3 if self.clock.virtual else self.now()
+        g.inflight = (t0, t1)
+        g.free_s = t1
+        self._log(g, "step", t0, t1, ms)
+
+    def _complete(self, g: _RealGroup) -> None:
+        """Credit ``g``'s step in flight; finished members leave (the survivors are rebuilt)."""
+        end = g.inflight[1]
+        done = self._settle(g)
+        if not done:
+            return
+        self._finish_members(g, done, end)
+        self._need = True
+        if g.members:
+            self._shrunk = True  # the policy may re-plan the group (LoRAFusion re-packs)
+        self._change(g, list(g.members), "regroup")
+
+    # ---- membership changes and rebuilds -----------------------------------------------------
+    def _change(self, g: _RealGroup, members: list[int], event: str) -> None:
+        """``g`` now has ``members``: re-timed at once (the policy's next look sees it), rebuilt by
+        the next ``_flush``, so that every change at one instant (a member finishing, then the
+        decision it triggers) costs one rebuild, as one pause in the engine. With no member left
+        the group closes now, after saving any member preempted to the queue."""
         g.members = list(members)
         if not members:
             self._close(g)
             return
-        size = len(members)
+        if g.pending != "start":
+            g.pending = event
         for i in members:
             r = self.records[i]
-            if r.start_s is None:
-                r.start_s = t0
-            r.max_group_size = max(r.max_group_size, size)
-            if event == "regroup":
-                r.group_changes += 1
-        js = [self.jobs[i] for i in members]
-        g.trainer = self.trainer.group(g.model, g.plan, [(j.index, j.rank, j.batch_size, j.seq_len) for j in js])
-        t1 = self.now()
-        self.log.append({"group_id": g.gid, "event": event, "jobs": ";".join(str(j.index) for j in js), "plan": g.plan,
-                         "nano_batches": g.nano_batches, "start_s": t0, "end_s": t1, "ms": (t1 - t0) * 1e3})
+            r.max_group_size = max(r.max_group_size, len(members))
         self._retime(g)
+
+    def _save(self, g: _RealGroup) -> tuple:
+        """Save ``g``'s trainer members' adapters and AdamW moments to the host (if anyone's state
+        is still needed: a member going on, or preempted to the queue) and drop the trainer.
+        Starts when ``g``'s devices are free; sets ``g.save_span`` (start s, seconds), ``g.free_s``
+        and the saved jobs' ``state_ready``. Returns the jobs saved."""
+        if g.trainer is None:
+            return ()
+        saved = g.trainer_jobs if any(j in g.remaining or j in self.remaining_queued for j in g.trainer_jobs) else ()
+        w0 = time.perf_counter()
+        if saved:
+            g.trainer.save()
+        g.trainer, g.trainer_jobs = None, ()
+        self.trainer.release()
+        dt = time.perf_counter() - w0
+        t0 = max(self.now(), g.free_s) if self.clock.virtual else self.now() - dt
+        g.free_s = t0 + dt if self.clock.virtual else self.now()
+        for j in saved:
+            self.state_ready[j] = g.free_s
+        g.save_span = (t0, dt)
+        return saved
+
+    def _flush(self) -> None:
+        """Rebuild every changed group: first save all (a job moved between groups is restored
+        from its saved state), then build each from its members' states; timed per group."""
+        pend = [g for g in self.groups.values() if g.pending]
+        for g in pend:
+            g.save_span = None
+            self._save(g)
+        for g in pend:
+            w0 = time.perf_counter()
+            share = g.n_gpus  # one data-parallel replica's share of each member's sequences
+            js = [self.jobs[i] for i in g.members]
+            g.trainer = self.trainer.group(g.model, g.plan,
+                                           [(j.index, j.rank, -(-j.batch_size // share), j.seq_len) for j in js])
+            g.trainer_jobs = tuple(g.members)
+            dt = time.perf_counter() - w0
+            if self.clock.virtual:
+                t1 = max([self.now(), g.free_s, self.slots.ready_s(g.devices)]
+                         + [self.state_ready.get(i, 0.0) for i in g.members])
+                end = t1 + dt
+            else:
+                t1, end = self.now() - dt, self.now()
+            saved_t0, saved_dt = g.save_span if g.save_span is not None else (t1, 0.0)
+            g.free_s = g.paused_until_s = end
+            self._log(g, g.pending, min(saved_t0, t1), end, (saved_dt + dt) * 1e3)
+            g.pending = None
+
+    def _close(self, g: _RealGroup) -> None:
+        saved = self._save(g)  # members preempted to the queue keep their state
+        if saved:
+            self._log(g, "close", g.save_span[0], g.free_s, g.save_span[1] * 1e3, jobs=saved)
+        self.free.apply(g.placement, +1)
+        end = max(self.now(), g.free_s)
+        self.slots.give_back(g.devices, end)
+        self._gpu_seconds += g.n_gpus * (end - g.started_s)
+        self._dirty.add(g.gid)
+        del self.groups[g.gid]
+        self.checker.close(g.gid, self.free.free)
+        self._record()
 
     def _retime(self, g: _RealGroup) -> None:
         members = tuple(self.jobs[i].member for i in g.members)
         g.step_time_s = self.cost_model.step_time_s(g.model, self.gpu, members, g.n_gpus, g.plan, g.nano_batches,
                                                     g.micro_batches)
+        self.checker.retime(g.gid, g.model, g.n_gpus, g.plan, members, g.members, g.step_time_s, g.micro_batches)
         g.version += 1
         self._dirty.add(g.gid)
 
-    def _step(self, g: _RealGroup) -> None:
-        t0 = self.now()
-        ms = g.trainer.step(g.nano_batches)
-        t1 = self.now()
-        self.log.append({"group_id": g.gid, "event": "step", "jobs": ";".join(map(str, g.members)), "plan": g.plan,
-                         "nano_batches": g.nano_batches, "start_s": t0, "end_s": t1, "ms": ms})
-        done = []
-        for i in g.members:
-            g.remaining[i] -= 1
-            self.records[i].steps_trained += 1
-            if g.remaining[i] <= 0:
-                done.append(i)
-        if done:
-            self._finish(g, done)
-            self._need = True
-
-    def _finish(self, g: _RealGroup, done: list[int]) -> None:
-        t = self.now()
-        for i in done:
-            r = self.records[i]
-            r.finish_s = t
-            self._finished += 1
-            if self.progress is not None:
-                self.progress(self._finished)
-        left = [i for i in g.members if i not in done]
-        if left:
-            self._regroup(g, left)
-        else:
-            g.trainer = None
-            g.members = []
-            self.trainer.release()
-            self._close(g)
-
-    def _close(self, g: _RealGroup) -> None:
-        self.free.apply(g.placement, +1)
-        self._gpu_seconds += g.n_gpus * (self.now() - g.started_s)
-        self._dirty.add(g.gid)
-        del self.groups[g.gid]
-        self._record()
+    def _log(self, g: _RealGroup, event: str, t0: float, t1: float, ms: float, jobs: Sequence[int] | None = None):
+        self.log.append({"group_id": g.gid, "event": event,
+                         "jobs": ";".join(map(str, g.members if jobs is None else jobs)), "plan": g.plan,
+                         "nano_batches": g.nano_batches, "n_gpus": g.n_gpus, "devices": ";".join(map(str, g.devices)),
+                         "start_s": t0, "end_s": t1, "ms": ms})
 
     def _record(self) -> None:
+        now = self.now()
         running = sum(len(g.members) for g in self.groups.values())
         alloc = sum(g.n_gpus for g in self.groups.values())
         tok = sum(sum(self.jobs[i].tokens_per_step for i in g.members) / g.step_time_s
                   for g in self.groups.values() if g.step_time_s > 0)
-        self.timeline.append((self.now(), running, len(self.queue), len(self.groups), alloc, tok, 0.0))
+        row = (now, running, len(self.queue), len(self.groups), alloc, tok, 0.0)
+        if self.timeline and self.timeline[-1][0] == now:
+            self.timeline[-1] = row
+        elif not self.timeline or self.timeline[-1][1:] != row[1:]:
+            self.timeline.append(row)
