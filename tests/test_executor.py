@@ -169,8 +169,8 @@ class _ModelledGroup:
         self.o, self.model, self.plan = owner, model, plan
         self.members = tuple(owner.jobs[m[0]].member for m in members)
 
-    def step(self, nano: int = 1) -> float:
-        return self.o.cm.step_time_s(self.model, self.o.gpu, self.members, 1, self.plan, nano) * 1e3
+    def step(self, nano: int = 1, micro: int = 1) -> float:
+        return self.o.cm.step_time_s(self.model, self.o.gpu, self.members, 1, self.plan, nano, micro) * 1e3
 
     def save(self) -> None:
         pass
@@ -187,7 +187,7 @@ class _ModelledTrainer:
         pass
 
 
-@pytest.mark.parametrize("policy", ["independent", "mlora", "tlora"])
+@pytest.mark.parametrize("policy", ["independent", "mlora", "tlora", "lorafusion"])
 def test_the_executor_reproduces_the_engine_when_steps_take_the_modelled_time(policy):
     """Same policy object type, same jobs, steps lasting exactly the cost model's step time, no
     rebuild cost: the executor's virtual clock and the SimPy engine agree (exactly for independent;

@@ -46,7 +46,8 @@ from tlora_sim.sim.core.snapshot import (AddMembers, GroupView, RemoveMembers, S
 from tlora_sim.sim.costmodel.interface import CostModel
 from tlora_sim.sim.executor.clock import DeviceSlots, VirtualClock, WallClock
 
-STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "n_gpus", "devices", "start_s", "end_s", "ms"]
+STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "micro_batches", "n_gpus", "devices", "start_s",
+                "end_s", "ms"]
 """``steps.csv``: one row per measured step (``event=step``) or rebuild (``start``: a new group's
 build; ``regroup``: save, rebuild and restore after a membership change; ``close``: the last save
 of a group whose members all left). ``jobs``: the members' job indices, ``;``-separated, in
@@ -379,7 +380,7 @@ class RealTimeExecutor:
     def _launch(self, g: _RealGroup) -> None:
         """Run one real step of ``g`` (it starts when its devices are free)."""
         t0 = self.now() if not self.clock.virtual else max(self.now(), g.free_s)
-        ms = g.trainer.step(g.nano_batches)
+        ms = g.trainer.step(g.nano_batches, g.micro_batches)
         t1 = t0 + ms / 1e3 if self.clock.virtual else self.now()
         g.inflight = (t0, t1)
         g.free_s = t1
@@ -485,7 +486,8 @@ class RealTimeExecutor:
     def _log(self, g: _RealGroup, event: str, t0: float, t1: float, ms: float, jobs: Sequence[int] | None = None):
         self.log.append({"group_id": g.gid, "event": event,
                          "jobs": ";".join(map(str, g.members if jobs is None else jobs)), "plan": g.plan,
-                         "nano_batches": g.nano_batches, "n_gpus": g.n_gpus, "devices": ";".join(map(str, g.devices)),
+                         "nano_batches": g.nano_batches, "micro_batches": g.micro_batches, "n_gpus": g.n_gpus,
+                         "devices": ";".join(map(str, g.devices)),
                          "start_s": t0, "end_s": t1, "ms": ms})
 
     def _record(self) -> None:

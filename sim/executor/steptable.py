@@ -3,8 +3,8 @@
 A CPU run (``--device cpu``) has no profiled model of its device, and a GPU run may be replayed
 with its own step times to separate the step model's error from the schedule's. Two models:
 
-* :class:`MeasuredStepTable`: a table-driven model. Key: (base model, GPUs, plan, nano-batches,
-  the members' (rank, sequences, sequence length) as a sorted multiset). Value: the mean clock
+* :class:`MeasuredStepTable`: a table-driven model. Key: (base model, GPUs, plan, nano- and
+  micro-batches, the members' (rank, sequences, sequence length) as a sorted multiset). Value: the mean clock
   span (``end_s - start_s``) of the *steady* steps of that composition (every step but the first
   after a build, which carries the build's one-off costs; ``first_step_excess_s`` measures those).
   The mean, not the median: step times have a slow tail (on an H100 the mean is ~5% above the
@@ -61,11 +61,12 @@ class ScaledCostModel:
 
 def step_rows(steps: pd.DataFrame) -> pd.DataFrame:
     """The ``event == "step"`` rows of ``steps.csv`` in time order per group, with ``first``
-    (True for the first step after a build of its group) and ``n_gpus`` (1 where the file
-    predates the column)."""
+    (True for the first step after a build of its group), ``span_s`` (end - start) and
+    ``n_gpus``, ``micro_batches`` (1 where the file predates the column)."""
     st = steps.copy()
-    if "n_gpus" not in st.columns:
-        st["n_gpus"] = 1
+    for col in ("n_gpus", "micro_batches"):
+        if col not in st.columns:
+            st[col] = 1
     st = st.sort_values(["group_id", "start_s"], kind="stable")
     prev = st.groupby("group_id").event.shift()
     st["first"] = prev.isin(BUILD_EVENTS) | prev.isna()
@@ -78,15 +79,16 @@ def members_of(jobs: list, job_list) -> tuple[Member, ...]:
     return tuple(jobs[int(i)].member for i in str(job_list).split(";"))
 
 
-def _key(model: str, n_gpus: int, plan: str, nano: int, members) -> tuple:
-    return model, int(n_gpus), plan, int(nano), tuple(sorted(Member(*m) for m in members))
+def _key(model: str, n_gpus: int, plan: str, nano: int, micro: int, members) -> tuple:
+    return model, int(n_gpus), plan, int(nano), int(micro), tuple(sorted(Member(*m) for m in members))
 
 
 def predicted_s(cm, gpu: str, jobs: list, st: pd.DataFrame) -> np.ndarray:
     """``cm``'s step time of every row of ``step_rows`` output (s)."""
     return np.array([cm.step_time_s(jobs[int(str(j).split(";")[0])].model, gpu, members_of(jobs, j), int(n), p,
-                                    int(nb))
-                     for j, n, p, nb in zip(st.jobs, st.n_gpus, st.plan, st.nano_batches)], dtype=float)
+                                    int(nb), int(mb))
+                     for j, n, p, nb, mb in zip(st.jobs, st.n_gpus, st.plan, st.nano_batches, st.micro_batches)],
+                    dtype=float)
 
 
 def first_step_excess_s(steps: pd.DataFrame, jobs: list, cm, gpu: str) -> float:
@@ -128,8 +130,8 @@ class MeasuredStepTable:
     def from_run(cls, steps: pd.DataFrame, jobs: list, planning, gpu: str) -> "MeasuredStepTable":
         """The table of one run's ``steps.csv`` (``jobs``: its ``workload.csv`` jobs in index order)."""
         st = step_rows(steps)
-        keys = [_key(jobs[int(str(j).split(";")[0])].model, n, p, nb, members_of(jobs, j))
-                for j, n, p, nb in zip(st.jobs, st.n_gpus, st.plan, st.nano_batches)]
+        keys = [_key(jobs[int(str(j).split(";")[0])].model, n, p, nb, mb, members_of(jobs, j))
+                for j, n, p, nb, mb in zip(st.jobs, st.n_gpus, st.plan, st.nano_batches, st.micro_batches)]
         st = st.assign(key=keys, s=st.span_s)
         steady = st[~st["first"]].groupby("key").s.mean().to_dict()
         firsts = st[st["first"]]
@@ -144,7 +146,7 @@ class MeasuredStepTable:
     def step_time_s(self, model: str, gpu: str, members, n_gpus: int, plan: str, nano_batches: int = 1,
                     micro_batches: int = 1) -> float:
         """The measured step time of this composition, else the fallback's (s)."""
-        v = self.table.get(_key(model, n_gpus, plan, nano_batches, members))
+        v = self.table.get(_key(model, n_gpus, plan, nano_batches, micro_batches, members))
         if v is not None:
             self.hits += 1
             return v

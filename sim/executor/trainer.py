@@ -10,8 +10,9 @@ adapters, random tokens of each member's sequences, and fp32 cross-entropy.
 Every job's adapter weights and AdamW moments live on the host between groups (``AdapterState``:
 per layer and projection, ``A`` (r, d_in) and ``B`` (r, d_out)); building a group copies its
 members' states in, ``save`` copies them out: the checkpoint/restore of a regroup, done for real.
-``step(nano)`` runs one optimizer step (``nano`` > 1: tLoRA's nano-batches, the sequences cut into
-``nano`` whole-sequence parts, gradients accumulated) and returns its wall time (ms, synchronised).
+``step(nano, micro)`` runs one optimizer step (``nano`` x ``micro`` > 1: tLoRA's nano-batches or
+LoRAFusion's micro-batches, the sequences cut into that many whole-sequence parts run one after
+another, gradients accumulated) and returns its wall time (ms, synchronised).
 """
 
 from __future__ import annotations
@@ -194,11 +195,14 @@ class GroupTrainer:
     _steps = 0
 
     # -- one optimizer step
-    def step(self, nano: int = 1) -> float:
-        """One optimizer step over every member's sequences; its wall time (ms, device synchronised)."""
+    def step(self, nano: int = 1, micro: int = 1) -> float:
+        """One optimizer step over every member's sequences, run as ``micro`` x ``nano`` sequential
+        whole-sequence parts with gradients accumulated (``micro`` micro-batches of ``nano``
+        nano-batches: on one device both are parts run one after another); its wall time (ms,
+        device synchronised)."""
         dev = self.trainer.device
         t0 = time.perf_counter()
-        slices = nano_slices(self.mix, nano, self.loras[0], self.impl, dev)
+        slices = nano_slices(self.mix, max(1, nano) * max(1, micro), self.loras[0], self.impl, dev)
         for members, segs, plans, tok0, tok1 in slices:
             for lo in self.loras:
                 lo.members, lo.segs = members, segs
