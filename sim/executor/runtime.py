@@ -184,7 +184,7 @@ class RealTimeExecutor:
                     self._complete(g)
         elif self._next < len(self.jobs):
             self.clock.idle_until(self._next_arrival_s())
-        elif self.queue:
+        else:
             self._stalled()
 
     def _advance_virtual(self) -> None:
@@ -200,7 +200,7 @@ class RealTimeExecutor:
                 self._launch(g)
         elif t_evt < math.inf:
             self.clock.advance(t_evt)
-        elif self.queue:
+        else:
             self._stalled()
 
     # ---- the policy -------------------------------------------------------------------------
