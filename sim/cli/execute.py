@@ -59,8 +59,8 @@ def add_parsers(sub) -> None:
                                    "one panel per policy). A cpu run is compared with a table of its own measured "
                                    "step times: that checks the machinery, not a GPU model.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    v.add_argument("real_dirs", nargs="+", type=Path, metavar="REAL_DIR")
-    v.add_argument("--out", required=True, type=Path, metavar="DIR")
+    v.add_argument("real_dirs", nargs="+", type=Path, metavar="REAL_DIR", help="run directories of tlora-sim execute")
+    v.add_argument("--out", required=True, type=Path, metavar="DIR", help="validation directory to write")
     v.add_argument("--step-times", choices=("auto", "profiled", "measured"), default="auto",
                    help="the engine's step times: the profiled model of the run's GPU type, or a table of the "
                         "run's own measured steps (auto: profiled for a cuda run, measured for a cpu run)")
