@@ -21,7 +21,7 @@ policy actions the engine cannot apply are always rejected. Both raise :class:`I
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
@@ -89,6 +89,9 @@ class SimResult:
         events: SimPy events processed.
         decisions: policy calls; decision_time_s: their total wall time (s).
         wall_s: wall time of the run (s).
+        decisions_by_queue: queue-length decade -> ``[decisions, total wall time (s), Σ queue
+            length]`` (decade 0: empty queue; d >= 1: 10^(d-1) <= length < 10^d): how decision cost
+            grows with the queue (issue 20's "per-decision time flat from queue 10 to 10,000").
     """
 
     jobs: Sequence[Job]
@@ -100,6 +103,7 @@ class SimResult:
     decision_time_s: float
     wall_s: float = 0.0
     groups_started: int = 0
+    decisions_by_queue: dict[int, list] = field(default_factory=dict)
 
 
 class Engine:
@@ -164,6 +168,7 @@ class Engine:
         self._events = 0
         self._decisions = 0
         self._decision_time = 0.0
+        self._by_queue: dict[int, list] = {}  # queue-length decade -> [decisions, time s, Σ length]
         self._groups_started = 0
         self._finished = 0
         self._running = 0  # members of running groups
@@ -195,7 +200,8 @@ class Engine:
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
                        f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
-                         self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started)
+                         self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started,
+                         self._by_queue)
 
     def _arrivals(self):
         env, jobs, i = self.env, self.jobs, 0
@@ -243,8 +249,14 @@ class Engine:
         self._dirty.clear()
         actions = self.policy.decide(snap)
         snap.groups.freeze()  # the engine changes from here on
-        self._decision_time += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self._decision_time += dt
         self._decisions += 1
+        qlen = len(snap.queue)
+        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0])
+        b[0] += 1
+        b[1] += dt
+        b[2] += qlen
         if self._obs is not None:
             self._obs.decision(self.env.now, actions)
         for a in actions:

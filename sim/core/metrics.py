@@ -25,7 +25,7 @@ JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "micr
                "steps_trained", "early_exit", "max_slowdown", "run_slowdown", "sweep_id", "loss_floor"]
 TIMELINE_COLUMNS = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "gpus_total",
                     "tokens_per_s", "model_flops_per_s", "gpu_alloc_util", "gpu_compute_util"]
-PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s"]
+PERF_KEYS = ["events", "decisions", "decision_ms_per_call", "wall_s", "events_per_s", "decision_ms_by_queue"]
 SUMMARY_KEYS = ["jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s",
                 "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util", "avg_slowdown", "p90_slowdown"]
 
@@ -155,4 +155,16 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
         "decision_ms_per_call": 1e3 * res.decision_time_s / res.decisions if res.decisions else 0.0,
         "wall_s": res.wall_s,
         "events_per_s": res.events / res.wall_s if res.wall_s > 0 else 0.0,
+        "decision_ms_by_queue": decisions_by_queue(res.decisions_by_queue),
     }
+
+
+def decisions_by_queue(by_queue: dict[int, list]) -> dict[str, dict]:
+    """Decision cost by queue length, for ``perf.json``: ``{"10-99": {"decisions": n, "ms_per_call":
+    x, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty queue), in order."""
+    out = {}
+    for d in sorted(by_queue):
+        n, t, q = by_queue[d]
+        key = "0" if d == 0 else f"{10 ** (d - 1)}-{10 ** d - 1}"
+        out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0, "mean_queue": q / n if n else 0.0}
+    return out
