@@ -10,13 +10,14 @@ TORCH_VERSION := 2.13.0
 venv: $(STAMP)
 
 # torch goes in first, from the CPU build (a local wheel where pip's find-links has one, else
-# PyTorch's CPU index); otherwise `triton`/`torch` from PyPI pull several GB of CUDA packages.
+# PyTorch's CPU index, asked once without retries); otherwise `triton`/`torch` from PyPI pull several GB of CUDA packages.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || \
-	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --only-binary=:all: --find-links /opt/wheels --no-index 2>/dev/null || \
-	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu || \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --find-links /opt/wheels 2>/dev/null || \
+	  $(BIN)/pip install -q --retries 0 --timeout 10 "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu \
+	    --extra-index-url https://pypi.org/simple || \
 	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[profiler,dev,ray]"
 	touch $(STAMP)

@@ -267,11 +267,11 @@ def test_cli_module_exit_status_and_sigkill_resume(tmp_path):
     kept = pd.read_csv(out / "sweep.csv", dtype={"cell_id": str})
     assert len(kept) >= 2
     assert all((out / "cells" / c / "summary.json").is_file() for c in kept["cell_id"])
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
     # a cell is finished once its summary.json exists; the kill may land between that and the sweep.csv rewrite
     finished = len(list((out / "cells").glob("*/summary.json")))
     assert finished >= len(kept)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
     assert f"{finished} already finished" in done.stdout or finished == 18
     final = pd.read_csv(out / "sweep.csv", dtype={"cell_id": str})
     assert len(final) == 18 and set(kept["cell_id"]) <= set(final["cell_id"])
