@@ -22,13 +22,16 @@ What a step-time table does not see is measured from the run's ``steps.csv`` and
 engine: the regroup pause (mean save/rebuild/restore time plus the mean excess of a rebuilt
 group's first step over the engine's step), the same for a new group's start (``start_pause_s``),
 and a pause whenever a member finishes and the others go on (the executor rebuilds the
-super-model then; ``Engine(pause_on_finish=True)``).
+super-model then; ``Engine(pause_on_finish=True)``). The engine is ``replay.ExecutorReplayEngine``:
+a change during a rebuild from an earlier instant pays its own pause after it (the executor decides
+between steps), and a change's pause is the run's mean rebuild for the group's new size.
 
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
 |sim - real| / real, then context columns), ``validation_jobs.csv`` (per job) and
-``validation.png``/``.pdf`` (``sim/executor/figure.py``), and each simulated run's ``jobs.csv``
-under ``sim/<policy>/``.
+``validation.png``/``.pdf`` (``sim/executor/figure.py``), ``divergence.csv`` (per job: real against
+simulated placements, the first point where the schedules part; ``sim/executor/divergence.py``),
+and each simulated run's ``jobs.csv`` and ``groups.csv`` (membership changes) under ``sim/<policy>/``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from tlora_sim.traces.errors import InputError
 COLUMNS = ["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "real_makespan_s", "sim_makespan_s",
            "jct_abs_error_p50", "jct_abs_error_p90"]
 STEP_TIMES = ("auto", "profiled", "measured")
+GROUPS = "groups.csv"  # sim/<policy>/: the replay's membership changes (time_s, group_id, jobs)
+DIVERGENCE = "divergence.csv"  # per job: real against simulated placements (sim/executor/divergence.py)
 
 
 def _load(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
@@ -68,8 +73,10 @@ def _load(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
     return cfg, jobs, pd.read_csv(files.steps), real_jobs
 
 
-def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto") -> tuple[dict, pd.DataFrame]:
-    """Replay one executed run; (row of ``validation.csv``, per-job table).
+def simulate(real: str | Path, out: Path | None = None,
+             step_times: str = "auto") -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
+    rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
 
     Raises:
         InputError: not an executed run directory, or an unknown ``step_times``.
@@ -78,9 +85,10 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     from tlora_sim.policies.registry import make_policy
     from tlora_sim.sim.core import metrics
     from tlora_sim.sim.core.cluster import parse_cluster
-    from tlora_sim.sim.core.engine import Engine
     from tlora_sim.sim.core.invariants import InvariantChecker
+    from tlora_sim.sim.executor.divergence import MembershipLog, divergence, real_changes
     from tlora_sim.sim.executor.planning import PlanningPolicy
+    from tlora_sim.sim.executor.replay import ExecutorReplayEngine, pauses_by_size
     from tlora_sim.sim.executor.steptable import (MeasuredStepTable, ScaledCostModel, first_step_excess_s,
                                                   pace)
     from tlora_sim.sim.executor.workload import executor_cost_model
@@ -114,13 +122,20 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     if cm is not planning:
         policy = PlanningPolicy(policy, planning, gpu)
         checker.solo = bytearray(len(jobs))  # isolated runtimes are the planning model's, not these step times
-    res = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s, pause_on_finish=True,
-                 check_invariants=False, listeners=[checker]).run()
+    log = MembershipLog()
+    by_size = pauses_by_size(steps, first_s)
+    engine = ExecutorReplayEngine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s,
+                                  pause_on_finish=True, check_invariants=False, listeners=[checker, log],
+                                  pause_by_size=by_size)
+    log.bind(engine)
+    res = engine.run()
     sim_jobs = metrics.jobs_table(res)
+    div = divergence(cfg["policy"], real_jobs, real_changes(steps), sim_jobs, log.table())
     if out is not None:
         d = out / "sim" / cfg["policy"]
         d.mkdir(parents=True, exist_ok=True)
         write_csv(RunDir(d).jobs, sim_jobs)
+        write_csv(d / GROUPS, log.table())
     both = real_jobs[["job_id", "jct_s", "submit_time_s", "finish_time_s"]].merge(
         sim_jobs[["job_id", "jct_s", "finish_time_s"]], on="job_id", suffixes=("_real", "_sim"))
     both["abs_error"] = (both.jct_s_sim - both.jct_s_real).abs() / both.jct_s_real
@@ -135,8 +150,10 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
            "clock": cfg["executor"].get("clock", "wall"), "step_times": mode, "cpu_scale": scale,
            "table_hit_share": cm.hit_share() if hasattr(cm, "hit_share") else float("nan"),
            "regroup_pause_s": pause_s, "start_pause_s": start_s, "first_step_excess_s": first_s,
+           "regroup_pause_by_size_s": ";".join(f"{k}:{v:.3f}" for k, v in sorted(by_size.items())),
+           "serial_pauses": engine.serial_pauses, "first_divergence_s": float(div.diverged_at_s.min()), "same_groups_share": float(div.same_groups.mean()),
            "real_dir": str(real)}
-    return row, both
+    return row, both, div
 
 
 def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bool = False,
@@ -153,20 +170,22 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
     out = check_out_dir(out_dir, force=force, what="validation")
     dirs = [Path(d) for d in real_dirs]
     with staged_dir(out) as stage:
-        rows, per_job = [], []
+        rows, per_job, divs = [], [], []
         it = dirs
         if progress:
             from tqdm import tqdm
 
             it = tqdm(dirs, desc="validate-run", unit="run")
         for d in it:
-            row, both = simulate(d, stage, step_times)
+            row, both, div = simulate(d, stage, step_times)
             rows.append(row)
             per_job.append(both)
+            divs.append(div)
         table = pd.DataFrame(rows)
         table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
         write_csv(RunDir(stage).validation, table)
         jobs = pd.concat(per_job, ignore_index=True)
         write_csv(stage / "validation_jobs.csv", jobs)
+        write_csv(stage / DIVERGENCE, pd.concat(divs, ignore_index=True))
         plot_validation(jobs, stage)
     return table
