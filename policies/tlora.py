@@ -66,6 +66,7 @@ from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, group_features, group_memo, job_shape, refused  # noqa: F401
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
+from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
@@ -101,11 +102,14 @@ class TLoRAConfig:
 
 @register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
                                  "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
-class TLoRA(JoinSearch):
+class TLoRA(JoinSearch, QueueWalk):
     """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
     plan = "fused"
+    index_queue = True
+    """Walk the queue through ``QueueTable`` on engine snapshots (same decisions, cost flat in the
+    queue length; False: the plain walk of ``_group_queue``, the reference the tests compare with)."""
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
@@ -145,6 +149,7 @@ class TLoRA(JoinSearch):
         self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
         self._last_tick = float("-inf")
         self._last_now = float("-inf")
+        self._queue_table = QueueTable()
 
     # ---- predicates (pure) -------------------------------------------------------------------
     @staticmethod
@@ -244,13 +249,21 @@ class TLoRA(JoinSearch):
             self._target_memo.clear()
         if len(self._job_rows) > 4096:
             self._job_rows.clear()
-        queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
+        if self.index_queue and snap.kinds is not None:
+            order = self._queue_table.order(snap.queue, self.config.ordering, snap.now_s)
+            smallest_wait = order.min_gpus()
+        else:
+            queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
+            smallest_wait = min((j.num_gpus for j in queue), default=None)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
             self._last_tick = snap.now_s
             if self.config.grouping and self.config.consolidate:
-                self._consolidate(snap, plan, queue)
-        self._group_queue(snap, plan, queue)
+                self._consolidate(snap, plan, smallest_wait)
+        if self.index_queue and snap.kinds is not None:
+            self._group_queue_indexed(snap, plan, order)
+        else:
+            self._group_queue(snap, plan, queue)
         actions = plan.actions()
         if self.config.nano_batching:
             changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.changed_groups()}
@@ -258,53 +271,6 @@ class TLoRA(JoinSearch):
         if self.config.ordering == "backfill":
             actions += backfill_starts(snap, actions, self.plan)
         return actions
-
-    def _group_queue(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
-        placed: set[int] = set()
-        admission_open = True
-        buckets: dict[tuple[str, int], list[Job]] = {}
-        for j in queue:
-            buckets.setdefault((j.model, j.num_gpus), []).append(j)
-        cursor = {k: 0 for k in buckets}
-        # A job shaped like one that found no target, with nothing planned since, finds none either.
-        no_target: dict[tuple, int] = {}
-        for head in queue:
-            if head.index in placed:
-                continue
-            kind = (head.model, head.num_gpus)
-            can_start = admission_open and plan.free.find(head.num_gpus) is not None
-            if not self.config.grouping:
-                if can_start:
-                    plan.start(head)
-                else:
-                    admission_open = False
-                continue
-            shape = (head.member, head.num_gpus, head.model, head.max_slowdown, head.isolated_step_time_s, can_start)
-            target = None
-            if no_target.get(shape) != plan.version:
-                target = self._join_target(snap, plan, head, can_start)
-                if target is None:
-                    no_target[shape] = plan.version
-            if target is None:
-                if not can_start:
-                    admission_open = False
-                    continue
-                target = plan.start(head)
-            else:
-                plan.join(target, head)
-            placed.add(head.index)
-            bucket, c = buckets[kind], cursor[kind]
-            while c < len(bucket) and bucket[c].index in placed:
-                c += 1
-            cursor[kind] = c
-            cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
-            if cands:
-                free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
-                base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
-                k = self.binary_cut(snap, target, cands, base, free_now)
-                for j in cands[:k]:
-                    plan.join(target, j)
-                    placed.add(j.index)
 
     def _note_changes(self, snap: Snapshot) -> None:
         """Record which running groups changed *as grouping sees them* since the previous decision
@@ -371,7 +337,7 @@ class TLoRA(JoinSearch):
             rec.pop(gid, None)
             rec[gid] = self._stamp
 
-    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
+    def _consolidate(self, snap: Snapshot, plan: Planner, smallest_wait: int | None) -> None:
         """Merge running groups pairwise; each group tries partners on its node, then its rack,
         then the cluster (smaller groups move into larger ones).
 
@@ -384,10 +350,10 @@ class TLoRA(JoinSearch):
         The pairs left are screened at once (``_pair_candidates``: the size and bound tests, and
         the batch cost model's refusals with a margin); ``merge_ok`` decides the rest in order,
         and the groups that received members in this tick are judged by ``merge_ok`` alone. The
-        same merges as examining every pair, in O(changes) Python work.
+        same merges as examining every pair, in O(changes) Python work. ``smallest_wait``: the
+        fewest GPUs a queued job asks for (None: the queue is empty).
         """
         cluster = snap.cluster
-        smallest_wait = min((j.num_gpus for j in queue), default=None)
         for kind, recent in [(k, rec) for k, rec in self._recent.items() if rec]:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
             last = next(reversed(recent.values()))

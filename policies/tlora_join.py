@@ -50,10 +50,46 @@ class JoinSearch:
                 return x
             if x in snap.kinds.get(kind, ()):
                 return plan.group(x)
+        if hit is not None and hit[1] is None and not kv and isinstance(hit[0], int) \
+                and self._still_no_target(snap, plan, job, can_start, recent, hit[0], jkey):
+            self._target_memo[(kind, jkey)] = (valid, None)
+            return None
         best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
         ans = best if best is None or best.group_id is None else best.group_id
         self._target_memo[(kind, jkey)] = (valid, ans)
         return best
+
+    def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool,
+                         recent: dict[int, int] | None, since: int, jkey: tuple) -> bool:
+        """Whether a job shape that had no join target among the running groups of its kind at
+        decision stamp ``since`` still has none, asking only the groups that changed since
+        (``recent``: group id -> stamp of its last change, oldest first). ``merge_ok`` is a pure
+        function of a group as grouping sees it and of the job's shape, so every group unchanged
+        since still refuses, and a closed group offers nothing: only a changed group that now
+        accepts can give a target (then the caller searches in full). Called only while this
+        decision has planned nothing of the kind."""
+        if not recent:
+            return True
+        bound_job = job.max_slowdown * job.isolated_step_time_s
+        bonus = 1.0 if can_start else 0.0
+        for gid, stamp in reversed(recent.items()):
+            if stamp <= since:
+                return True
+            proto = self._protos.get(gid)
+            if proto is None or plan.removed(gid):
+                continue
+            _, step, bound = proto._cached
+            if min(bound, bound_job) - step <= 0:
+                continue
+            answers = group_memo(self._join_memo, proto)
+            ok = answers.get(jkey)
+            if ok is None:
+                g = plan.group(gid)
+                ok = answers[jkey] = self.merge_ok(snap, g, [job], self.collective_rate(
+                    g.members, g.step_time_s(snap, self.plan)) + bonus)
+            if ok:
+                return False
+        return True
 
     def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
                             jkey: tuple) -> PlannedGroup | None:

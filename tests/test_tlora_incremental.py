@@ -23,7 +23,9 @@ from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, Snapshot
 
 
 class Reference(TLoRA):
-    """tLoRA with the brute-force consolidation and join-target search."""
+    """tLoRA with the brute-force consolidation and join-target search and the plain queue walk."""
+
+    index_queue = False
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         super().__init__(config)
@@ -48,14 +50,13 @@ class Reference(TLoRA):
             self.joins += 1
         return best
 
-    def _consolidate(self, snap: Snapshot, plan: Planner, queue: list[Job]) -> None:
+    def _consolidate(self, snap: Snapshot, plan: Planner, smallest_wait: int | None) -> None:
         cluster = snap.cluster
 
         def tier(a, b):
             na, nb = a.placement[0][0], b.placement[0][0]
             return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
 
-        smallest_wait = min((j.num_gpus for j in queue), default=None)
         running = [g for g in plan.groups if g.group_id is not None]
         for src in sorted(running, key=lambda g: (len(g.members), g.group_id)):
             if src.added or not src.members:

@@ -1,0 +1,319 @@
+"""tLoRA's queue as arrays: the queue order and the join-relevant index of the queued jobs, so that
+a decision's cost does not grow with the queue (issue 20).
+
+A decision of ``tlora`` walks the queue in its order (``tlora_sim.policies.ordering``). Two facts
+make most of that walk unnecessary, without changing a decision:
+
+* once GPU admission closes (the first head that can neither join a group nor get GPUs), a later
+  head can only *join* a group, and whether it finds a join target depends on its *shape* alone
+  (cost-model member, GPU count, base model, tolerated slowdown, isolated step time) and on the
+  plan, which changes only when a job is placed. So after admission closes the walk visits one
+  head per shape, the first of that shape in queue order, and revisits the shapes that found
+  nothing only after a placement (from the next job of the shape after it);
+* the order itself is a sort of numbers the policy already has per job (submit time, isolated
+  runtime, tolerated slowdown, index), done by ``numpy.lexsort`` over arrays kept per job index
+  instead of a Python sort over ``Job`` objects.
+
+``QueueTable`` keeps the per-job arrays for the lifetime of a simulation (a job's attributes never
+change; rows are filled the first time a job is seen); ``QueueOrder`` is one decision's view: the
+queue order, each position's job, kind (base model, GPU count) and shape, and the positions of each
+kind and each shape in queue order. ``QueueWalk._group_queue_indexed`` reads it; its decisions
+are those of the plain walk, ``QueueWalk._group_queue`` (``tests/test_tlora_queue.py`` compares
+whole simulations under every queue discipline).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+import numpy as np
+
+from tlora_sim.sim.core.jobs import Job
+
+
+class QueueTable:
+    """Per-job arrays by ``Job.index``, filled the first time a job is seen: submit time (s),
+    isolated runtime (s), tolerated slowdown, GPU count, kind id and shape id (ids in first-seen
+    order; ``kind_key``/``shape_key`` give the tuples back).
+
+    A job's attributes are fixed for a simulation, so a row is never refreshed; the owner makes a
+    new table when it starts serving another simulation."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.seen = np.zeros(0, bool)
+        self.submit = np.zeros(0)
+        self.runtime = np.zeros(0)
+        self.slowdown = np.zeros(0)
+        self.gpus = np.zeros(0, np.int64)
+        self.kind = np.zeros(0, np.int64)
+        self.shape = np.zeros(0, np.int64)
+        self.kind_ids: dict[tuple, int] = {}
+        self.kind_key: list[tuple] = []
+        self.shape_ids: dict[tuple, int] = {}
+        self.shape_key: list[tuple] = []
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self.cap, 1024)
+        for name in ("seen", "submit", "runtime", "slowdown", "gpus", "kind", "shape"):
+            old = getattr(self, name)
+            new = np.zeros(cap, old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+        self.cap = cap
+
+    def _add(self, j: Job) -> None:
+        i = j.index
+        kind = (j.model, j.num_gpus)
+        shape = (j.member, j.num_gpus, j.model, j.max_slowdown, j.isolated_step_time_s)
+        k = self.kind_ids.get(kind)
+        if k is None:
+            k = self.kind_ids[kind] = len(self.kind_key)
+            self.kind_key.append(kind)
+        s = self.shape_ids.get(shape)
+        if s is None:
+            s = self.shape_ids[shape] = len(self.shape_key)
+            self.shape_key.append(shape)
+        self.submit[i] = j.submit_time_s
+        self.runtime[i] = j.isolated_runtime_s
+        self.slowdown[i] = j.max_slowdown
+        self.gpus[i] = j.num_gpus
+        self.kind[i] = k
+        self.shape[i] = s
+        self.seen[i] = True
+
+    def order(self, queue: Sequence[Job], how: str, now_s: float) -> "QueueOrder":
+        """The queue in ordering ``how`` (``fifo``/``backfill``: as given; ``urgency``; ``srpt``),
+        the same order as ``ordering.order_queue`` (every key ends with the unique job index)."""
+        n = len(queue)
+        idx = np.fromiter((j.index for j in queue), np.int64, n)
+        if n and int(idx.max()) >= self.cap:
+            self._grow(int(idx.max()) + 1)
+        for p in np.flatnonzero(~self.seen[idx]).tolist():
+            self._add(queue[p])
+        if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
+            urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
+            pos = np.lexsort((idx, -(self.slowdown[idx] - 1.0), -urg))
+        elif how == "srpt":
+            pos = np.lexsort((idx, self.runtime[idx]))
+        else:
+            pos = np.arange(n)
+        return QueueOrder(self, queue, idx[pos], pos)
+
+
+class QueueOrder:
+    """One decision's queue in order. Position ``p`` (0 = first in order) holds job ``job(p)``
+    (index ``index[p]``); ``kind[p]``/``shape[p]`` are its ids in the owning ``QueueTable``.
+    ``kind_positions(k)`` and ``shape_positions(s)`` are the positions of kind/shape id ``k``/``s``
+    in ascending order (computed once per decision, on first use)."""
+
+    def __init__(self, table: QueueTable, queue: Sequence[Job], index: np.ndarray, pos: np.ndarray) -> None:
+        self.table = table
+        self.queue = queue
+        self.index = index
+        self._pos = pos.tolist()
+        self.kind = table.kind[index]
+        self.shape = table.shape[index]
+        self._kinds: dict[int, list[int]] = {}
+        self._by_shape: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    def job(self, p: int) -> Job:
+        """The job at position ``p``."""
+        return self.queue[self._pos[p]]
+
+    def min_gpus(self) -> int | None:
+        """Fewest GPUs any queued job asks for (None for an empty queue)."""
+        return int(self.table.gpus[self.index].min()) if len(self._pos) else None
+
+    def kind_positions(self, k: int) -> list[int]:
+        """Positions of kind id ``k``, ascending."""
+        got = self._kinds.get(k)
+        if got is None:
+            got = self._kinds[k] = np.flatnonzero(self.kind == k).tolist()
+        return got
+
+    def first_of_shapes(self, start: int) -> list[tuple[int, int]]:
+        """(first position >= ``start``, shape id) for every shape present from ``start`` on."""
+        ids, first = np.unique(self.shape[start:], return_index=True)
+        return list(zip((first + start).tolist(), ids.tolist()))
+
+    def shape_positions(self, s: int) -> np.ndarray:
+        """Positions of shape id ``s``, ascending."""
+        if self._by_shape is None:
+            perm = np.lexsort((np.arange(len(self.shape)), self.shape))
+            ids = self.shape[perm]
+            self._by_shape = (perm, ids)
+        perm, ids = self._by_shape
+        lo, hi = np.searchsorted(ids, s, "left"), np.searchsorted(ids, s, "right")
+        return perm[lo:hi]
+
+
+class QueueWalk:
+    """tLoRA's walk down the queue, step 2 of its decision (a mixin: it reads the policy's config
+    and join search): the plain walk and the indexed one, with the same decisions; see the module
+    docstring for why the indexed walk may skip what it skips."""
+
+    def _group_queue(self, snap, plan, queue: list[Job]) -> None:
+        """The plain walk (hand-built snapshots without the engine's kind index, and the reference
+        the tests compare the indexed walk with): every head in ``queue`` order, every decision."""
+        placed: set[int] = set()
+        admission_open = True
+        buckets: dict[tuple[str, int], list[Job]] = {}
+        for j in queue:
+            buckets.setdefault((j.model, j.num_gpus), []).append(j)
+        cursor = {k: 0 for k in buckets}
+        # A job shaped like one that found no target, with nothing planned since, finds none either.
+        no_target: dict[tuple, int] = {}
+        for head in queue:
+            if head.index in placed:
+                continue
+            kind = (head.model, head.num_gpus)
+            can_start = admission_open and plan.free.find(head.num_gpus) is not None
+            if not self.config.grouping:
+                if can_start:
+                    plan.start(head)
+                else:
+                    admission_open = False
+                continue
+            shape = (head.member, head.num_gpus, head.model, head.max_slowdown, head.isolated_step_time_s, can_start)
+            target = None
+            if no_target.get(shape) != plan.version:
+                target = self._join_target(snap, plan, head, can_start)
+                if target is None:
+                    no_target[shape] = plan.version
+            if target is None:
+                if not can_start:
+                    admission_open = False
+                    continue
+                target = plan.start(head)
+            else:
+                plan.join(target, head)
+            placed.add(head.index)
+            bucket, c = buckets[kind], cursor[kind]
+            while c < len(bucket) and bucket[c].index in placed:
+                c += 1
+            cursor[kind] = c
+            cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
+            if cands:
+                free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
+                base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
+                k = self.binary_cut(snap, target, cands, base, free_now)
+                for j in cands[:k]:
+                    plan.join(target, j)
+                    placed.add(j.index)
+
+    def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
+        placed: set[int] = set()
+        # (shape, can_start) -> its kind's plan version when it found no target: a join target
+        # depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
+        no_target: dict[tuple, int] = {}
+        kind_version = plan.kind_version
+        cursor: dict[int, int] = {}
+        shape_key, kind_key = q.table.shape_key, q.table.kind_key
+        grouping = self.config.grouping
+        n, p = len(q), 0
+        # while GPU admission is open every head is placed or closes it: O(placements)
+        while p < n:
+            head = q.job(p)
+            p += 1
+            if head.index in placed:
+                continue
+            can_start = plan.free.find(head.num_gpus) is not None
+            if not grouping:
+                if not can_start:
+                    return  # admission closed, and without grouping nothing else can be placed
+                plan.start(head)
+                continue
+            key = shape_key[q.shape[p - 1]] + (can_start,)
+            kind = kind_key[q.kind[p - 1]]
+            target = None
+            if no_target.get(key) != kind_version.get(kind, 0):
+                target = self._join_target(snap, plan, head, can_start)
+                if target is None:
+                    no_target[key] = kind_version.get(kind, 0)
+            if target is None:
+                if not can_start:
+                    break  # admission closes
+                target = plan.start(head)
+            else:
+                plan.join(target, head)
+            placed.add(head.index)
+            self._join_followers(snap, plan, q, target, q.kind[p - 1], cursor, placed, True)
+        else:
+            return
+        # admission closed: only joins remain; one head per shape until its kind changes
+        nexts: dict[int, tuple[np.ndarray, int]] = {}
+
+        def next_of(s: int, after: int) -> int | None:
+            """First unplaced position of shape ``s`` after ``after``."""
+            got = nexts.get(s)
+            if got is None:
+                pos = q.shape_positions(s)
+                k = int(np.searchsorted(pos, after, "right"))
+            else:
+                pos, k = got
+                while k < len(pos) and pos[k] <= after:
+                    k += 1
+            while k < len(pos) and q.index[pos[k]] in placed:
+                k += 1
+            nexts[s] = (pos, k)
+            return int(pos[k]) if k < len(pos) else None
+
+        heap: list[tuple[int, int]] = []
+        dormant: dict[tuple, list[int]] = {}  # kind -> shapes that found no target at its version
+        for first, s in q.first_of_shapes(p):
+            kind = shape_key[s][2], shape_key[s][1]
+            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0):
+                dormant.setdefault(kind, []).append(s)
+            else:
+                heap.append((first, s))
+        heapq.heapify(heap)
+        while heap:
+            p, s = heapq.heappop(heap)
+            head = q.job(p)
+            if head.index in placed:
+                nxt = next_of(s, p)
+                if nxt is not None:
+                    heapq.heappush(heap, (nxt, s))
+                continue
+            key = shape_key[s] + (False,)
+            kind = key[2], key[1]
+            target = None
+            if no_target.get(key) != kind_version.get(kind, 0):
+                target = self._join_target(snap, plan, head, False)
+                if target is None:
+                    no_target[key] = kind_version.get(kind, 0)
+            if target is None:
+                dormant.setdefault(kind, []).append(s)
+                continue
+            plan.join(target, head)
+            placed.add(head.index)
+            self._join_followers(snap, plan, q, target, q.kind[p], cursor, placed, False)
+            # the kind changed: its shapes are asked again from here on
+            for d in dormant.pop(kind, []) + [s]:
+                nxt = next_of(d, p)
+                if nxt is not None:
+                    heapq.heappush(heap, (nxt, d))
+
+    def _join_followers(self, snap, plan, q: QueueOrder, target, kind: int, cursor: dict[int, int],
+                        placed: set[int], admission_open: bool) -> None:
+        """After a head is placed in ``target``: the first ``window`` unplaced jobs of its kind in
+        queue order (from the kind's first unplaced one) join as far as ``binary_cut`` allows."""
+        pos = q.kind_positions(int(kind))
+        c = cursor.get(kind, 0)
+        while c < len(pos) and q.index[pos[c]] in placed:
+            c += 1
+        cursor[kind] = c
+        w = self.config.window
+        cands = [j for j in (q.job(x) for x in pos[c:c + 2 * w]) if j.index not in placed][:w]
+        if cands:
+            free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
+            base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
+            k = self.binary_cut(snap, target, cands, base, free_now)
+            for j in cands[:k]:
+                plan.join(target, j)
+                placed.add(j.index)
