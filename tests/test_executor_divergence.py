@@ -50,15 +50,15 @@ def test_the_committed_tlora_replay_follows_the_executed_schedule():
 
 
 def test_without_serial_pauses_the_tlora_replay_parts_at_17_s(monkeypatch):
-    import tlora_sim.sim.executor.replay as replay
+    from tlora_sim.sim.core.engine import Engine
     from tlora_sim.sim.executor.validate import simulate
 
-    init = replay.ExecutorReplayEngine.__init__
+    init = Engine.__init__
 
     def overlapping(self, *a, **k):
-        init(self, *a, **{**k, "serial": False, "pause_by_size": {}})
+        init(self, *a, **{**k, "serial_pauses": False, "pause_by_size": {}})
 
-    monkeypatch.setattr(replay.ExecutorReplayEngine, "__init__", overlapping)
+    monkeypatch.setattr(Engine, "__init__", overlapping)
     row, _, div = simulate(THIRD / "tlora", None, "measured")
     first = div[div.first_divergence]
     assert row["first_divergence_s"] == pytest.approx(17.73, abs=0.05) and first["index"].tolist() == [6]

@@ -53,6 +53,7 @@ class _Group:
     started_s: float
     step_time_s: float = 0.0
     paused_until_s: float = 0.0
+    pause_set_s: float = 0.0  # the instant the group's current pause was set
     last_update_s: float = 0.0
     version: int = 0
     tok_rate: float = 0.0
@@ -119,6 +120,13 @@ class Engine:
             is free). ``validate-run`` sets it to what an executed run measured.
         pause_on_finish: a member finishing also pauses the group's survivors for
             ``regroup_pause_s`` (default False; the real-time executor rebuilds the super-model).
+        serial_pauses: a change to a group still paused by a change at an *earlier* instant
+            pauses it again after that pause (``paused_until += pause``) instead of extending
+            it to ``now + pause`` (default False). Changes at one instant always cost one
+            pause. The real-time executor decides between steps, so a change during a rebuild
+            waits for it and pays a rebuild of its own (``docs/executor.md``).
+        pause_by_size: members after a change -> that change's pause (s); other sizes pause
+            ``regroup_pause_s`` (default: none; ``validate-run`` passes what a run measured).
         progress: optional callback ``progress(now_s)`` called after each decision.
         check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
             for benchmarks). The checker is a listener, called after ``listeners``.
@@ -136,7 +144,8 @@ class Engine:
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
                  check_invariants: bool = True, listeners: Sequence[EngineListener] = (),
-                 start_pause_s: float = 0.0, pause_on_finish: bool = False) -> None:
+                 start_pause_s: float = 0.0, pause_on_finish: bool = False, serial_pauses: bool = False,
+                 pause_by_size: Mapping[int, float] | None = None) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -148,7 +157,11 @@ class Engine:
         self.regroup_pause_s = float(regroup_pause_s)
         self.start_pause_s = float(start_pause_s)
         self.pause_on_finish = bool(pause_on_finish)
-        if not (0.0 <= self.regroup_pause_s < float("inf") and 0.0 <= self.start_pause_s < float("inf")):
+        self.serial_pauses = bool(serial_pauses)
+        self.pause_by_size = {int(k): float(v) for k, v in (pause_by_size or {}).items()}
+        self.serial_pause_count = 0  # changes whose pause was queued after another (``serial_pauses``)
+        if not (0.0 <= self.regroup_pause_s < float("inf") and 0.0 <= self.start_pause_s < float("inf")
+                and all(0.0 <= v < float("inf") for v in self.pause_by_size.values())):
             raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
                              f"{start_pause_s!r}")
         self.progress = progress
@@ -310,7 +323,7 @@ class Engine:
             self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
         g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
                    {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
-                   started_s=now, last_update_s=now, paused_until_s=now + self.start_pause_s,
+                   started_s=now, last_update_s=now, paused_until_s=now + self.start_pause_s, pause_set_s=now,
                    nano_batches=a.nano_batches, micro_batches=a.micro_batches)
         self._next_gid += 1
         self._groups_started += 1
@@ -343,7 +356,7 @@ class Engine:
             g.remaining[i] = self.remaining_queued.pop(i, float(self.jobs[i].total_steps))
             if self.records[i].start_s is None:
                 self.records[i].start_s = now
-        g.paused_until_s = max(g.paused_until_s, now + self.regroup_pause_s)
+        self._pause(g)
         for i in g.members:
             self.records[i].group_changes += 1
         self._retime(g)
@@ -363,7 +376,7 @@ class Engine:
             self.records[i].group_changes += 1
         self.queue = dict(sorted(self.queue.items()))
         if g.members:
-            g.paused_until_s = max(g.paused_until_s, self.env.now + self.regroup_pause_s)
+            self._pause(g)
             self._retime(g)
         else:
             self._close(g)
@@ -416,10 +429,25 @@ class Engine:
         if g.members:
             self._shrunk = True  # the policy may re-plan the group's execution (LoRAFusion re-packs)
             if self.pause_on_finish:  # the survivors' super-model is rebuilt (an executed run does)
-                g.paused_until_s = max(g.paused_until_s, now + self.regroup_pause_s)
+                self._pause(g)
             self._retime(g)
         else:
             self._close(g)
+
+    def _pause(self, g: _Group) -> None:
+        """Pause ``g`` for a change of its members made now (``regroup_pause_s``, or
+        ``pause_by_size`` of its new size; queued after a pause set earlier with ``serial_pauses``)."""
+        now = self.env.now
+        pause = self.pause_by_size.get(len(g.members), self.regroup_pause_s) if self.pause_by_size \
+            else self.regroup_pause_s
+        if self.serial_pauses and g.paused_until_s > now and g.pause_set_s < now:
+            g.paused_until_s += pause
+            self.serial_pause_count += 1
+        elif now + pause > g.paused_until_s:
+            g.paused_until_s = now + pause
+        else:
+            return
+        g.pause_set_s = now
 
     def _group(self, gid: int, what: str) -> _Group:
         if gid not in self.groups:

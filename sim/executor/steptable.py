@@ -170,3 +170,13 @@ class MeasuredStepTable:
     def describe(self) -> dict:
         return {"name": self.name, "compositions": len(self.table), "hits": self.hits, "misses": self.misses,
                 "fallback": self.fallback.describe()}
+
+
+def pauses_by_size(steps: pd.DataFrame, extra_s: float = 0.0) -> dict[int, float]:
+    """Mean measured ``regroup`` time by members after the change (s), plus ``extra_s`` (the
+    first-step excess a rebuilt group pays, ``steptable.first_step_excess_s``)."""
+    r = steps[steps.event == "regroup"]
+    if r.empty:
+        return {}
+    n = r.jobs.astype(str).str.count(";") + 1
+    return {int(k): float(v) / 1e3 + extra_s for k, v in r.ms.groupby(n).mean().items()}

@@ -22,9 +22,10 @@ What a step-time table does not see is measured from the run's ``steps.csv`` and
 engine: the regroup pause (mean save/rebuild/restore time plus the mean excess of a rebuilt
 group's first step over the engine's step), the same for a new group's start (``start_pause_s``),
 and a pause whenever a member finishes and the others go on (the executor rebuilds the
-super-model then; ``Engine(pause_on_finish=True)``). The engine is ``replay.ExecutorReplayEngine``:
-a change during a rebuild from an earlier instant pays its own pause after it (the executor decides
-between steps), and a change's pause is the run's mean rebuild for the group's new size.
+super-model then; ``Engine(pause_on_finish=True)``). Pauses are charged as the executor pays
+them (``Engine(serial_pauses=True, pause_by_size=...)``): a change during a rebuild from an
+earlier instant pays its own pause after it (the executor decides between steps), and a change's
+pause is the run's mean rebuild for the group's new size (``steptable.pauses_by_size``).
 
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
@@ -88,9 +89,9 @@ def simulate(real: str | Path, out: Path | None = None,
     from tlora_sim.sim.core.invariants import InvariantChecker
     from tlora_sim.sim.executor.divergence import MembershipLog, divergence, real_changes
     from tlora_sim.sim.executor.planning import PlanningPolicy
-    from tlora_sim.sim.executor.replay import ExecutorReplayEngine, pauses_by_size
+    from tlora_sim.sim.core.engine import Engine
     from tlora_sim.sim.executor.steptable import (MeasuredStepTable, ScaledCostModel, first_step_excess_s,
-                                                  pace)
+                                                  pace, pauses_by_size)
     from tlora_sim.sim.executor.workload import executor_cost_model
 
     if step_times not in STEP_TIMES:
@@ -124,9 +125,9 @@ def simulate(real: str | Path, out: Path | None = None,
         checker.solo = bytearray(len(jobs))  # isolated runtimes are the planning model's, not these step times
     log = MembershipLog()
     by_size = pauses_by_size(steps, first_s)
-    engine = ExecutorReplayEngine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s,
-                                  pause_on_finish=True, check_invariants=False, listeners=[checker, log],
-                                  pause_by_size=by_size)
+    engine = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s,
+                    pause_on_finish=True, check_invariants=False, listeners=[checker, log],
+                    serial_pauses=True, pause_by_size=by_size)
     log.bind(engine)
     res = engine.run()
     sim_jobs = metrics.jobs_table(res)
@@ -151,7 +152,8 @@ def simulate(real: str | Path, out: Path | None = None,
            "table_hit_share": cm.hit_share() if hasattr(cm, "hit_share") else float("nan"),
            "regroup_pause_s": pause_s, "start_pause_s": start_s, "first_step_excess_s": first_s,
            "regroup_pause_by_size_s": ";".join(f"{k}:{v:.3f}" for k, v in sorted(by_size.items())),
-           "serial_pauses": engine.serial_pauses, "first_divergence_s": float(div.diverged_at_s.min()), "same_groups_share": float(div.same_groups.mean()),
+           "serial_pauses": engine.serial_pause_count, "first_divergence_s": float(div.diverged_at_s.min()),
+           "same_groups_share": float(div.same_groups.mean()),
            "real_dir": str(real)}
     return row, both, div
 
