@@ -16,7 +16,8 @@ Columns (times in s unless named otherwise):
   ``decision_share`` = decision time / engine_s;
 * ``peak_rss_mb``: the child's peak resident memory (MiB, includes the ~100 MiB of imports;
   ``base_rss_mb`` is the peak before the replay started);
-* ``status``: ``ok`` or ``timeout after N s`` (then no timing is recorded: measured numbers only);
+* ``status``: ``ok``, ``timeout after N s``, ``error: ...`` (then no timing is recorded: measured numbers
+  only) or ``skipped: ...`` (case philly without its file; nothing ran, exit status unaffected);
 * provenance: ``tag``, ``host``, ``cpu_model``, ``cpus``, ``python``, ``commit`` (HEAD),
   ``dirty`` (uncommitted changes under sim/, policies/, traces/), ``src_sha`` (SHA-256 prefix of
   every ``*.py`` under sim/, policies/, traces/ as the child imported them), ``date`` (UTC),
@@ -27,11 +28,23 @@ Columns (times in s unless named otherwise):
 
 * ``cost_model``: the cost model the run used (``config.json``; ``--cost-model``, default
   ``ReplayConfig``'s, ``auto`` = the profiled model where ``profiler/data`` has one for the GPU).
+* queue length (issue 20; read from the run directory after the timed call):
+  ``queue_mean``: time-weighted mean of ``timeline.csv``'s ``queued_jobs`` (each row's value holds
+  until the next row); ``queue_max``: its maximum; ``decision_ms_by_queue``: ``perf.json``'s
+  ``decision_ms_by_queue`` as compact JSON, per queue-length decade (``"0"``, ``"1-9"``, ``"10-99"``,
+  ...) ``{decisions, mean_queue, ms_per_call}`` (the queue length seen by each decision);
+  ``decision_ms_q_flat`` = ms per call in the largest decade with >= 20 decisions / ms per call in
+  decade ``"10-99"`` (issue 20's target: per-decision time flat within 2x from queue length 10 to
+  10,000, i.e. <= 2); empty when ``"10-99"`` has fewer than 20 decisions or no larger decade has 20
+  (the queue never got past 99: nothing to compare). These columns come last, after ``date``.
 
-Rows of the same (case, policy, cost_model) are replaced, others kept; the file is rewritten after
-every run.
+Rows of the same (case, policy, cost_model) are replaced, others kept; a ``skipped`` row (nothing ran)
+never replaces a row of its (case, policy) and is replaced by any; the file is rewritten after every
+run.
 
-Cases (``--cases``, comma-separated; default: every case but synthetic-1M):
+Cases (``--cases``, comma-separated cases or groups; default: itp02, itp04, itp-all, synthetic-10k,
+synthetic-100k). Uncontended cases, sized so that queues stay short and the run measures the
+simulator:
 
 =============== ============================================ ============ ===================================
 case            trace                                        cluster      why this cluster
@@ -53,6 +66,39 @@ the simulator and not an ever-growing queue: on 64x8xH100 (512 GPUs) the merged 
 cases keep cluster and load fixed and grow the span with the job count, so ``us_per_job`` across them
 is the simulator's scaling with trace length at constant concurrency.
 
+Contended cases (issue 20; group ``--cases contended`` = all eight, not in the default list): clusters
+where queues form, so that decision time is measured at long queues (``decision_ms_by_queue``,
+``decision_ms_q_flat``) and the queue length is recorded (``queue_mean``, ``queue_max``):
+
+=============== ============================================ ============ ===================================
+case            trace                                        cluster      why this cluster
+=============== ============================================ ============ ===================================
+itp-all-sized   the ten ITP clusters merged (69,351 jobs)    142x8xH100   1,136 GPUs = the mean demand
+                                                                          (1,134.3 GPUs, load 1.00): queues
+                                                                          form at every busy spell
+philly          ``philly:PATH`` (``--philly``), Microsoft    48x8xH100    384 GPUs, issue 20's contended
+                Philly 2017 (not shipped, see below)                      Philly cluster
+load-0.5 ...    ``synthetic:jobs=20000,seed=1,gpus=128,``    16x8xH100    offered load 0.5, 0.7, 0.9, 1.0,
+load-1.2        ``load=L``                                                1.1, 1.2 of the 128 GPUs: from
+                                                                          short queues to one that grows
+                                                                          all run long
+=============== ============================================ ============ ===================================
+
+itp-all-sized's mean demand, measured (``tlora_sim.traces.read_trace`` of the ITP directory): sum over
+jobs of num_gpus x duration_s = 5,877,791,065 GPU-s over 5,181,880 s from the first arrival to the
+last end if every job started on arrival = 1,134.3 GPUs (1,136.2 over the arrival span alone;
+``tlora-sim traces describe`` reports the 1,632,720 GPU-hours and the 59.88-day arrival span);
+time-weighted p50 1,141, p90 1,485, peak 2,859. The synthetic ``load`` is the offered GPU demand as a
+fraction of ``gpus`` (``traces/synthetic.py``): arrival rate = load x 128 / E[num_gpus x duration_s].
+
+Philly: the CSV is not in this repository. Get the public trace from the ``msr-fiddle/philly-traces``
+GitHub repository and convert its ``cluster_job_log`` (JSON) into a CSV with columns ``timestamp``
+(submission, US/Pacific ``YYYY-MM-DD HH:MM:SS``), ``duration`` (s), ``num_gpus`` and optionally
+``cluster`` (the virtual cluster) and ``job_id`` (the ``philly`` reader, ``traces/philly.py``). Pass
+it with ``--philly PATH`` or the environment variable ``TLORA_PHILLY``; without a file the case runs
+nothing, prints why, and writes rows with status ``skipped: no Philly trace (--philly PATH or
+TLORA_PHILLY)`` (not a failure: the exit status is unaffected).
+
 ``--quick``: one tiny synthetic case (300 jobs, 4x8xH100) for a CI smoke test, written to
 ``runs/bench/replay_quick.csv`` unless ``--out-dir`` is given.
 
@@ -62,6 +108,8 @@ Usage (from the repository root)::
     .venv/bin/python bench/replay.py --cases itp02 --policies tlora    # issue 2's record
     .venv/bin/python bench/replay.py --cases synthetic-1M --timeout 900
     .venv/bin/python bench/replay.py --cases itp-all --policies tlora --profile   # cProfile text
+    .venv/bin/python bench/replay.py --cases contended --philly philly.csv       # issue 20's contended cases
+    .venv/bin/python bench/replay.py --cases load-1.2 --policies independent     # one load, seconds
 """
 
 from __future__ import annotations
@@ -102,13 +150,29 @@ CASES: dict[str, Case] = {
     "synthetic-100k": Case(SYN.format(n=100_000), "16x8xH100", "ITP-fitted generator, load 0.7"),
     "synthetic-1M": Case(SYN.format(n=1_000_000), "16x8xH100", "ITP-fitted generator, load 0.7"),
 }
+#: issue 20's contended cases: queues form, so decision time is measured at long queues
+SYN_LOAD = "synthetic:jobs=20000,seed=1,gpus=128,load={load}"
+LOADS = ("0.5", "0.7", "0.9", "1.0", "1.1", "1.2")
+CASES.update({
+    "itp-all-sized": Case("itp:{itp}", "142x8xH100", "ten ITP clusters merged, cluster = mean demand (load 1.0)"),
+    "philly": Case("philly:{philly}", "48x8xH100", "Microsoft Philly trace (--philly PATH), contended"),
+    **{f"load-{x}": Case(SYN_LOAD.format(load=x), "16x8xH100", f"ITP-fitted generator, offered load {x}")
+       for x in LOADS},
+})
 QUICK = {"quick": Case("synthetic:jobs=300,seed=1,gpus=32,load=0.7", "4x8xH100", "CI smoke test")}
 DEFAULT_CASES = ("itp02", "itp04", "itp-all", "synthetic-10k", "synthetic-100k")
+#: named groups of cases for ``--cases``
+GROUPS: dict[str, tuple[str, ...]] = {"contended": ("itp-all-sized", "philly", *(f"load-{x}" for x in LOADS))}
+#: environment variable naming the Philly CSV when ``--philly`` is not given
+PHILLY_ENV = "TLORA_PHILLY"
+PHILLY_SKIPPED = f"skipped: no Philly trace (--philly PATH or {PHILLY_ENV})"
+#: decisions a queue-length decade needs to count in ``decision_ms_q_flat``
+FLAT_MIN_DECISIONS = 20
 
 COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s", "jobs_per_s", "us_per_job", "events",
            "events_per_s", "decisions", "decision_ms", "decision_share", "peak_rss_mb", "base_rss_mb", "status",
            "trace", "cluster", "invariants", "tag", "host", "cpu_model", "cpus", "python", "commit", "dirty",
-           "src_sha", "out_sha", "date"]
+           "src_sha", "out_sha", "date", "queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue"]
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
@@ -136,6 +200,51 @@ def output_sha(run_dir: Path) -> str:
     head = json.dumps(summary, indent=2, sort_keys=True).encode() + b"\n"
     return hashlib.sha256(head + b"".join((run_dir / f).read_bytes()
                                           for f in ("jobs.csv", "timeline.csv"))).hexdigest()[:12]
+
+
+def queue_stats(timeline_csv: Path) -> dict:
+    """``queue_mean`` (time-weighted mean of ``queued_jobs``: each row's value holds until the next
+    row's ``time_s``; the plain mean if the timeline spans no time) and ``queue_max`` of a run's
+    ``timeline.csv``."""
+    import numpy as np
+    import pandas as pd
+
+    tl = pd.read_csv(timeline_csv, usecols=["time_s", "queued_jobs"])
+    if tl.empty:
+        return {"queue_mean": 0.0, "queue_max": 0}
+    t = tl["time_s"].to_numpy(dtype=np.float64)
+    q = tl["queued_jobs"].to_numpy(dtype=np.float64)
+    dt = np.diff(t)
+    span = float(dt.sum())
+    mean = float((q[:-1] * dt).sum() / span) if span > 0 else float(q.mean())
+    return {"queue_mean": mean, "queue_max": int(q.max())}
+
+
+def _decade_low(key: str) -> int:
+    """Lower bound of a ``decision_ms_by_queue`` key (``"0"``, ``"1-9"``, ``"10-99"``, ...)."""
+    return int(key.split("-")[0])
+
+
+def decision_flatness(by_queue: dict) -> float | None:
+    """The ``decision_ms_q_flat`` column: ms per decision in the largest queue-length decade with
+    at least ``FLAT_MIN_DECISIONS`` decisions over ms per decision in decade ``"10-99"`` (issue 20:
+    flat within 2x from queue length 10 to 10,000). None (an empty cell) when ``"10-99"`` has fewer
+    decisions, when no larger decade has enough (queues never got past 99: nothing to compare), or
+    when the reference time is 0."""
+    ref = by_queue.get("10-99")
+    if not ref or ref.get("decisions", 0) < FLAT_MIN_DECISIONS or not ref.get("ms_per_call"):
+        return None
+    big = [k for k, v in by_queue.items() if _decade_low(k) > 10 and v.get("decisions", 0) >= FLAT_MIN_DECISIONS]
+    if not big:
+        return None
+    return by_queue[max(big, key=_decade_low)]["ms_per_call"] / ref["ms_per_call"]
+
+
+def compact_by_queue(by_queue: dict) -> str:
+    """``decision_ms_by_queue`` as compact JSON (4 significant digits for the times and means)."""
+    out = {k: {"decisions": int(v.get("decisions", 0)), "mean_queue": float(f"{v.get('mean_queue', 0.0):.4g}"),
+               "ms_per_call": float(f"{v.get('ms_per_call', 0.0):.4g}")} for k, v in by_queue.items()}
+    return json.dumps(out, separators=(",", ":"))
 
 
 def _child(spec: dict) -> dict:
@@ -166,12 +275,15 @@ def _child(spec: dict) -> dict:
         perf = json.loads((Path(tmp) / "perf.json").read_text())
         cm = json.loads((Path(tmp) / "config.json").read_text()).get("cost_model", {})
         out_sha = output_sha(Path(tmp))
+        queue = queue_stats(Path(tmp) / "timeline.csv")
+    by_queue = perf.get("decision_ms_by_queue") or {}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {"jobs": perf["jobs"], "wall_s": wall, "engine_s": perf["wall_s"], "cpu_s": cpu,
             "events": perf["events"], "decisions": perf["decisions"], "decision_ms": perf["decision_ms_per_call"],
             "peak_rss_mb": peak, "base_rss_mb": base_rss, "src_sha": src, "out_sha": out_sha,
-            "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm)}
+            "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm), **queue,
+            "decision_ms_q_flat": decision_flatness(by_queue), "decision_ms_by_queue": compact_by_queue(by_queue)}
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -225,14 +337,26 @@ def run_child(script: Path, spec: dict, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def philly_path(arg: Path | None) -> Path | None:
+    """The Philly CSV: ``--philly`` if given, else ``$TLORA_PHILLY``; None when neither names a file."""
+    raw = arg if arg is not None else os.environ.get(PHILLY_ENV) or None
+    return Path(raw).resolve() if raw is not None and Path(raw).is_file() else None  # the child runs in ROOT
+
+
 def run_one(case: str, c: Case, policy: str, *, itp_dir: Path, invariants: bool, timeout: float,
-            profile: Path | None, cost_model: str | None = None) -> dict:
-    """Run one (case, policy) in a child process; returns its result row (without provenance)."""
-    trace = c.trace.format(itp=itp_dir)
+            profile: Path | None, cost_model: str | None = None, philly: Path | None = None) -> dict:
+    """Run one (case, policy) in a child process; returns its result row (without provenance).
+
+    A case on the Philly trace (``{philly}`` in its spec) without a ``philly`` file runs nothing:
+    its row has status ``PHILLY_SKIPPED``."""
+    row = {"case": case, "policy": policy, "cluster": c.cluster, "invariants": invariants,
+           "cost_model": cost_model or "default",
+           "trace": c.trace.replace("{itp}", "ITP").replace("{philly}", philly.name if philly else "PHILLY")}
+    if "{philly}" in c.trace and philly is None:
+        return {**row, "status": PHILLY_SKIPPED}
+    trace = c.trace.format(itp=itp_dir, philly=philly)
     spec = {"trace": trace, "cluster": c.cluster, "policy": policy, "invariants": invariants,
             "profile": str(profile) if profile else None, "cost_model": cost_model}
-    row = {"case": case, "policy": policy, "trace": c.trace.replace("{itp}", "ITP"), "cluster": c.cluster,
-           "invariants": invariants, "cost_model": cost_model or "default"}
     try:
         res = run_child(Path(__file__), spec, timeout)
     except subprocess.TimeoutExpired:
@@ -258,8 +382,16 @@ def save(path: Path, rows: list[dict], order: list[str], columns: list[str] = CO
     if "cost_model" not in old.columns:  # files written before the column existed
         old["cost_model"] = "?"
     new = pd.DataFrame(rows, columns=columns)
+    # a skipped row (nothing ran) neither replaces nor joins rows of its case + policy already in
+    # the file; any row of a case + policy replaces that case + policy's skipped rows
+    pairs = set(zip(old["case"], old["policy"]))
+    new = new[[not (str(st).startswith("skipped") and k in pairs)
+               for st, k in zip(new["status"], zip(new["case"], new["policy"]))]]
     keys = set(zip(new["case"], new["policy"], new["cost_model"]))
-    old = old[[k not in keys for k in zip(old["case"], old["policy"], old["cost_model"])]]
+    newpairs = set(zip(new["case"], new["policy"]))
+    old = old[[k not in keys and not (str(st).startswith("skipped") and k[:2] in newpairs)
+               for k, st in zip(zip(old["case"], old["policy"], old["cost_model"]),
+                                old["status"] if "status" in old.columns else [""] * len(old))]]
     df = pd.concat([x for x in (old, new) if len(x)], ignore_index=True)
     rank = {c: i for i, c in enumerate(order)}
     prank = {p: i for i, p in enumerate(POLICIES)}
@@ -275,7 +407,12 @@ def _fmt(r: dict) -> str:
         return f"{r['case']:>15} {r['policy']:>12}  {r.get('status')}"
     return (f"{r['case']:>15} {r['policy']:>12} {str(r.get('cost_model'))[:9]:>9} {r['jobs']:>8} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} "
             f"{r['jobs_per_s']:9.0f} {r['us_per_job']:8.0f} {r['events_per_s']:9.0f} {r['decision_ms']:8.3f} "
-            f"{r['peak_rss_mb']:7.0f}")
+            f"{r['peak_rss_mb']:7.0f} {r.get('queue_mean', 0):8.1f} {r.get('queue_max', 0):7d} "
+            f"{_opt(r.get('decision_ms_q_flat')):>6}")
+
+
+def _opt(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}"
 
 
 def plan_runs(ap: argparse.ArgumentParser, args: argparse.Namespace, stem: str,
@@ -287,9 +424,14 @@ def plan_runs(ap: argparse.ArgumentParser, args: argparse.Namespace, stem: str,
     table = QUICK if args.quick else CASES
     names = list(QUICK) if args.quick and not args.cases else (args.cases.split(",") if args.cases else list(default_cases))
     names = [n.strip() for n in names if n.strip()]
+    groups = {} if args.quick else GROUPS
+    names = list(dict.fromkeys(m for n in names for m in groups.get(n, (n,))))  # groups expanded, each case once
     unknown = [n for n in names if n not in table]
     if unknown:
-        ap.error(f"unknown case(s) {unknown}; known: {', '.join(table)}")
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(table)}"
+                 + (f"; groups: {', '.join(groups)}" if groups else ""))
+    if not hasattr(args, "philly") and any("{philly}" in table[n].trace for n in names):
+        ap.error("case philly needs a --philly option, which this command does not have (leave it out of --cases)")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if any(table[n].trace.startswith("itp:") for n in names) and not args.itp_dir.is_dir():
         ap.error(f"ITP traces not found at {args.itp_dir} (--itp-dir)")
@@ -303,15 +445,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 if any run failed or timed out)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="cases: " + ", ".join(f"{k} ({v.note}, {v.cluster})" for k, v in CASES.items()))
+                                 epilog="cases: " + ", ".join(f"{k} ({v.note}, {v.cluster})" for k, v in CASES.items())
+                                 + "; groups: " + ", ".join(f"{k} = {','.join(v)}" for k, v in GROUPS.items()))
     ap.add_argument("--cases", default=None,
-                    help=f"comma-separated cases (default: {','.join(DEFAULT_CASES)}; all: {','.join(CASES)})")
+                    help=f"comma-separated cases or groups (default: {','.join(DEFAULT_CASES)}; all: {','.join(CASES)}; "
+                         f"groups: {', '.join(GROUPS)})")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="one tiny synthetic case (CI smoke test)")
     ap.add_argument("--tag", default=None, help="results file suffix (default: ARCH-Ncpu, or 'quick')")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="results directory (default: bench/results, or runs/bench with --quick)")
     ap.add_argument("--itp-dir", type=Path, default=ITP_DIR, help="directory of the ITP clusterNN.csv.gz files")
+    ap.add_argument("--philly", type=Path, default=None, metavar="PATH",
+                    help=f"the Philly job CSV for case philly (default: ${PHILLY_ENV}; without a file the case "
+                         "is skipped, not failed)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="limit per run, s (default: %(default)s)")
     ap.add_argument("--cost-model", default=None, metavar="NAME",
                     help="ReplayConfig.cost_model (auto, profiled, roofline); default: ReplayConfig's default "
@@ -330,17 +477,22 @@ def main(argv: list[str] | None = None) -> int:
 
     table, names, policies, machine, tag, path = plan_runs(ap, args, "replay", DEFAULT_CASES)
     print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
-          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7}", flush=True)
+          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6}", flush=True)
+    philly = philly_path(args.philly)
     failed = 0
     for name in names:
+        if "{philly}" in table[name].trace and philly is None:
+            given = args.philly if args.philly is not None else os.environ.get(PHILLY_ENV) or None
+            why = f"{given} is not a file" if given else f"neither --philly nor ${PHILLY_ENV} is set"
+            print(f"case {name}: skipped, {why}; the Philly CSV is not shipped (see bench/README.md)", flush=True)
         for pol in policies:
             prof = path.parent / "profiles" / f"{tag}_{name}_{pol}.txt" if args.profile else None
             row = run_one(name, table[name], pol, itp_dir=args.itp_dir, invariants=args.check_invariants,
-                          timeout=args.timeout, profile=prof, cost_model=args.cost_model)
+                          timeout=args.timeout, profile=prof, cost_model=args.cost_model, philly=philly)
             row.update(tag=tag, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        **machine)
             print(_fmt(row) + (f"   profile -> {prof}" if prof else ""), flush=True)
-            failed += row["status"] != "ok"
+            failed += row["status"] != "ok" and not row["status"].startswith("skipped")
             if not args.profile:
                 save(path, [row], list(table))
     if not args.profile:
