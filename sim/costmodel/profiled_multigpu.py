@@ -55,13 +55,17 @@ def _collectives(gpu_name: str) -> Collectives:
 
 def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
               plan: str, nano: int, micro: int, ckpt: bool, terms: dict | None = None,
-              mixes: list | None = None) -> tuple[float, tuple[str, ...], float]:
+              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None
+              ) -> tuple[float, tuple[str, ...], float]:
     """(step time s, reasons it is extrapolated, peak memory per GPU bytes) of ``members`` under
     ``par``; ``art``/``key`` the profiled artifact and its key (``profiled.ProfiledCostModel.key``).
 
     ``terms``: fitted multi-GPU terms to use instead of the shipped file (the fit's trial values);
     ``mixes``: per-GPU mixes instead of ``per_gpu_mixes`` (the profiler's own placement of
-    rank-local adapters, when predicting its rows)."""
+    rank-local adapters, when predicting its rows). ``memory=False`` leaves the memory out
+    (returned as NaN; ``plan_memory`` gives it). ``cache``: a dict shared by the calls of one
+    planner question (same members, plan, counts): per-GPU layer times, heads and optimizer
+    times computed once for the parallelism plans that share them (pure functions of their keys)."""
     from tlora_sim.sim.costmodel.profiled import _opt_ms, memory_breakdown, tables_of  # profiled imports us
 
     m, gpu = get_model(model), GPUS[gpu_name]
@@ -85,13 +89,22 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     tab = tables_of(key, model)
     pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
     L = math.ceil(m.layers / par.pp)
-    worst_ms, mem = 0.0, 0.0
+    worst_ms, mem = 0.0, (0.0 if memory else math.nan)
+    cache = {} if cache is None else cache
     for mix in mixes:
+        mkey = tuple(mix)
         seqs = sum(b for _, b, _ in mix)
         n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
-        lay, e_layer = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+        lkey = ("layer", mkey, n_nano, par.tp, hs)
+        got = cache.get(lkey)
+        if got is None:
+            got = cache[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+        lay, e_layer = got
         tokens = sum(b * s for _, b, s in mix)
-        head, e_head = tab.head(tokens)
+        got = cache.get(("head", tokens))
+        if got is None:
+            got = cache[("head", tokens)] = tab.head(tokens)
+        head, e_head = got
         if e_layer:
             reasons.add("layer")
         if e_head:
@@ -102,7 +115,10 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
             compute = micro * (L * lay + head)
         params = sum(m.lora_params(r) for r, _, _ in mix)
         tensors = 2 * LINEARS_PER_LAYER * L * (1 if plan == "fused" else len(mix))
-        opt = _opt_ms(art, params * L / m.layers, tensors)
+        okey = ("opt", params, L, tensors)
+        opt = cache.get(okey)
+        if opt is None:
+            opt = cache[okey] = _opt_ms(art, params * L / m.layers, tensors)
         comm = 0.0
         replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
         if replicas > 1:
@@ -117,8 +133,21 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
         if replicas > 1 or par.kind == "tp":
             comm += float(terms["sync_ms"])
         worst_ms = max(worst_ms, compute + opt + comm)
-        mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, memory_breakdown, tab))
+        if memory:
+            mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, memory_breakdown, tab))
     return worst_ms / 1e3, tuple(sorted(reasons)), mem
+
+
+def plan_memory(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
+                micro: int, ckpt: bool) -> float:
+    """Peak memory per GPU (bytes) of ``members`` under ``par``: ``plan_step``'s third value."""
+    from tlora_sim.sim.costmodel.profiled import memory_breakdown, tables_of  # profiled imports us
+
+    m = get_model(model)
+    L = math.ceil(m.layers / par.pp)
+    tab = tables_of(key, model)
+    return max(_memory(art, model, gpu_name, mix, par, micro, ckpt, L, memory_breakdown, tab)
+               for mix in per_gpu_mixes(members, par, micro))
 
 
 def _memory(art, model, gpu_name, mix, par: Parallelism, micro: int, ckpt: bool, L: int, breakdown, tab) -> float:
@@ -154,13 +183,23 @@ def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], 
     if forced is not None:
         s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt)
         return forced, s, r, mem
-    tried = []
+    # Step times first; memory only in order of step time until a plan fits (the fastest plan
+    # that fits, ties in candidate order, as taking the minimum over every fitting plan would).
+    tried: list[list] = []  # [plan, step s, reasons, memory bytes or None until asked]
+    cache: dict = {}
+
+    def mem_of(t: list) -> float:
+        if t[3] is None:
+            t[3] = plan_memory(art, key, model, gpu_name, members, t[0], micro, ckpt)
+        return t[3]
+
     for pipeline in (False, True):
         pool = [p for p in candidates(m, n, len(members), pipeline) if pipeline == (p.kind == "pp")]
         for par in pool:
-            s, r, mem = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt)
-            tried.append((par, s, r, mem))
-        fit = [t for t in tried if t[3] <= cap]
-        if fit:
-            return min(fit, key=lambda t: t[1])
-    return min(tried, key=lambda t: t[3])
+            s, r, _ = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
+                                memory=False, cache=cache)
+            tried.append([par, s, r, None])
+        for t in sorted(tried, key=lambda t: t[1]):  # stable: candidate order among equal steps
+            if mem_of(t) <= cap:
+                return tuple(t)
+    return tuple(min(tried, key=mem_of))
