@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Measured over predicted step time of executed runs, by plan, nano-batches and group size.
+
+For each run directory (``tlora-sim execute`` output: ``steps.csv``, ``config.json``), every
+steady training step (``event == "step"``; the first step after a build carries its one-off costs
+and is left out) is set against the profiled cost model's prediction for the same group
+(``sim/executor/steptable.predicted_s``; the executor's planning model). Prints, per run, the
+count, median and mean of measured / predicted, by (plan, nano-batches) and by members in the
+group; ``--csv`` also writes the per-step rows. This is how the README's "the step model is not"
+numbers were made::
+
+    .venv/bin/python profiler/validation/step_ratio.py profiler/data/validation/h100_third/{independent,mlora,tlora}
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+
+def ratios(run_dir: Path) -> pd.DataFrame:
+    """Per steady step of ``run_dir``: plan, nano_batches, members, measured s, predicted s, ratio."""
+    from tlora_sim.sim.executor.steptable import predicted_s, step_rows
+    from tlora_sim.sim.executor.validate import _load
+    from tlora_sim.sim.executor.workload import executor_cost_model
+
+    cfg, jobs, steps, _ = _load(run_dir)
+    gpu = cfg["gpu"]["name"] if isinstance(cfg.get("gpu"), dict) and "name" in cfg["gpu"] else "H100"
+    st = step_rows(steps)
+    st = st[st.event == "step"].copy()
+    st["predicted_s"] = predicted_s(executor_cost_model(gpu), gpu, jobs, st)
+    st["measured_s"] = st.end_s - st.start_s
+    st["members"] = st.jobs.astype(str).str.count(";") + 1
+    st["ratio"] = st.measured_s / st.predicted_s
+    st.insert(0, "run", run_dir.name)
+    return st[["run", "plan", "nano_batches", "members", "measured_s", "predicted_s", "ratio"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="executed run directories (tlora-sim execute --out)")
+    ap.add_argument("--csv", type=Path, default=None, help="also write every step's row here")
+    args = ap.parse_args(argv)
+    rows = []
+    for d in args.runs:
+        if not (d / "steps.csv").is_file():
+            ap.error(f"{d}: no steps.csv (not an executed run directory)")
+        st = ratios(d)
+        rows.append(st)
+        print(f"{d}:")
+        for by in (["plan", "nano_batches"], ["members"]):
+            print(st.groupby(by).ratio.agg(["count", "median", "mean"]).round(3).to_string(), end="\n\n")
+    if args.csv:
+        pd.concat(rows).to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
