@@ -129,7 +129,7 @@ class TLoRA(JoinSearch, QueueWalk):
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         self._scan_memo: dict[int, tuple[tuple, dict]] = {}
-        self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer)
+        self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer, running-groups stamp it covers)
         self._batches: dict[tuple, tuple] = {}  # (cost model id, GPU, kind) -> (cost model, FusedBatch or None)
         self._feats: dict[int, tuple] = {}  # group id -> (membership version, batch, (feature row, Σ T_iso))
         self._tables: dict[tuple, KindTable] = {}  # kind -> its running groups as arrays (``_note_changes``)

@@ -42,7 +42,8 @@ class JoinSearch:
         # shape are asked about again and again while they wait)
         kv = plan.kind_version.get(kind, 0)
         recent = self._recent.get(kind)
-        valid = (plan.serial, kv) if kv else (next(reversed(recent.values())) if recent else -1)
+        base = next(reversed(recent.values())) if recent else -1  # the running groups' last change
+        valid = (plan.serial, kv) if kv else base
         hit = self._target_memo.get((kind, jkey))
         if hit is not None and hit[0] == valid:
             x = hit[1]
@@ -50,33 +51,48 @@ class JoinSearch:
                 return x
             if x in snap.kinds.get(kind, ()):
                 return plan.group(x)
-        if hit is not None and hit[1] is None and not kv and isinstance(hit[0], int) \
-                and self._still_no_target(snap, plan, job, can_start, recent, hit[0], jkey):
-            self._target_memo[(kind, jkey)] = (valid, None)
+        if kv:  # answers about planned copies say nothing of the running groups they were made from
+            touched = [recent[gid] for gid in plan.touched_ids() if gid in recent] if recent else []
+            if touched:
+                base = min(base, min(touched) - 1)
+        if hit is not None and hit[1] is None \
+                and self._still_no_target(snap, plan, job, can_start, kind, recent, hit[2], jkey, kv):
+            self._target_memo[(kind, jkey)] = (valid, None, base)
             return None
         best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
         ans = best if best is None or best.group_id is None else best.group_id
-        self._target_memo[(kind, jkey)] = (valid, ans)
+        self._target_memo[(kind, jkey)] = (valid, ans, base)
         return best
 
-    def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool,
-                         recent: dict[int, int] | None, since: int, jkey: tuple) -> bool:
-        """Whether a job shape that had no join target among the running groups of its kind at
-        decision stamp ``since`` still has none, asking only the groups that changed since
-        (``recent``: group id -> stamp of its last change, oldest first). ``merge_ok`` is a pure
-        function of a group as grouping sees it and of the job's shape, so every group unchanged
-        since still refuses, and a closed group offers nothing: only a changed group that now
-        accepts can give a target (then the caller searches in full). Called only while this
-        decision has planned nothing of the kind."""
-        if not recent:
-            return True
+    def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
+                         recent: dict[int, int] | None, since: int, jkey: tuple, kv: int) -> bool:
+        """Whether a job shape that had no join target when the running groups of its kind were as
+        of decision stamp ``since`` (and nothing of the kind was planned after the answer, or the
+        answer was given earlier in this decision) still has none, asking only the groups that
+        changed since: the running groups changed after ``since`` (``recent``: group id -> stamp
+        of its last change, oldest first) and, when this decision planned changes to the kind
+        (``kv`` > 0), its joined and newly planned groups as planned. ``merge_ok`` is a pure
+        function of a group as grouping sees it and of the job's shape, so every other group
+        still refuses, and a closed or merged-away group offers nothing: only a changed group that
+        now accepts can give a target (then the caller searches in full)."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
-        for gid, stamp in reversed(recent.items()):
+        seen: set[int] = set()
+
+        def accepts(g: PlannedGroup) -> bool:
+            return self._slack(snap, g, bound_job) > 0 and self.merge_ok(
+                snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + bonus)
+
+        for gid, stamp in reversed((recent or {}).items()):
             if stamp <= since:
-                return True
+                break
+            seen.add(gid)
             proto = self._protos.get(gid)
             if proto is None or plan.removed(gid):
+                continue
+            if kv and plan.joined(gid):
+                if accepts(plan.group(gid)):
+                    return False
                 continue
             _, step, bound = proto._cached
             if min(bound, bound_job) - step <= 0:
@@ -88,6 +104,13 @@ class JoinSearch:
                 ok = answers[jkey] = self.merge_ok(snap, g, [job], self.collective_rate(
                     g.members, g.step_time_s(snap, self.plan)) + bonus)
             if ok:
+                return False
+        if kv:
+            for gid in plan.touched_ids():
+                if gid not in seen and not plan.removed(gid) and self._kind_of.get(gid) == kind \
+                        and accepts(plan.group(gid)):
+                    return False
+            if any(accepts(g) for g in plan.new_of_kind(kind)):
                 return False
         return True
 
