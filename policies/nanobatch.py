@@ -68,6 +68,10 @@ class NanoBatchTuner:
         """The counts measured since the last reset."""
         return set(self._seen)
 
+    def has_measured(self, n: int) -> bool:
+        """Whether count ``n`` was measured since the last reset (``n in measured()``, without the copy)."""
+        return n in self._seen
+
     def refuse(self, n: int) -> int:
         """Count ``n`` must not run (it would break a member's slowdown bound): remember it as
         failed and return to the best count; returns the count to run next."""

@@ -493,7 +493,8 @@ class TLoRA(JoinSearch, QueueWalk):
             hit = self._job_rows[key] = (fb, fb.row([job.member]))
         return hit[1]
 
-    def _settle_nano(self, snap: Snapshot, g, tuner: NanoBatchTuner, nano: int, micro: int, step_s: float) -> int:
+    def _settle_nano(self, snap: Snapshot, kind: tuple[str, int], members: tuple[Job, ...], tuner: NanoBatchTuner,
+                     nano: int, micro: int, step_s: float) -> int:
         """Run the AIMD controller's probes for one group on a tick and return the count it settles on.
 
         Each probe lasts ``PROBE_STEPS`` training steps, as a real controller measures a step time
@@ -503,16 +504,18 @@ class TLoRA(JoinSearch, QueueWalk):
         paper does not say how long a probe lasts). A probe whose predicted step time would take
         any member past its tolerated slowdown (and is no faster than the current count) is not
         run (the paper's promise: no member past its bound); the controller treats it as a failed
-        probe.
+        probe. ``kind``: the group's (base model, GPU count); ``members``: its jobs in member order.
         """
-        bound = min(j.max_slowdown * j.isolated_step_time_s for j in g.members)
-        adapters = g.adapters
+        bound = adapters = None
         t = step_s
         for _ in range(MAX_PROBES):
             nxt = tuner.observe(t)
-            if nxt == tuner.best_n and nxt in tuner.measured():  # settled on a count it has measured
+            if nxt == tuner.best_n and tuner.has_measured(nxt):  # settled on a count it has measured
                 break
-            t = snap.step_time_s(g.model, adapters, g.n_gpus, self.plan, nano_batches=nxt, micro_batches=micro)
+            if adapters is None:  # a probe runs: read the group (most ticks settle at once)
+                bound = min(j.max_slowdown * j.isolated_step_time_s for j in members)
+                adapters = tuple(j.member for j in members)
+            t = snap.step_time_s(kind[0], adapters, kind[1], self.plan, nano_batches=nxt, micro_batches=micro)
             if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
                 tuner.refuse(nxt)
                 t = tuner.best_time_s
@@ -554,7 +557,7 @@ class TLoRA(JoinSearch, QueueWalk):
                 tuner.reset()
                 tuner.n = nano
             if tick and paused_until_s <= snap.now_s:
-                nxt = self._settle_nano(snap, snap.groups[gid], tuner, nano, micro, step_s)
+                nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
                 last = snap.now_s

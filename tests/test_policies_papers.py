@@ -141,7 +141,8 @@ def test_tlora_tuner_never_takes_a_member_past_its_bound():
     members = [j.member for j in jobs]
     bound = min(j.max_slowdown * j.isolated_step_time_s for j in jobs)
     tuner = NanoBatchTuner(n=1)
-    got = pol._settle_nano(snapshot([], groups=[g], now=1000.0), g, tuner, 1, 1, g.step_time_s)
+    got = pol._settle_nano(snapshot([], groups=[g], now=1000.0), (g.model, g.n_gpus), g.members, tuner, 1, 1,
+                          g.step_time_s)
     pred = CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=got)
     assert pred <= max(bound, g.step_time_s) * (1 + 1e-9)
     refused = [n for n, t in tuner._seen.items() if t == float("inf")]

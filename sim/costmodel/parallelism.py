@@ -191,6 +191,7 @@ class Collectives:
 
     def __init__(self, terms: dict):
         self.curves = {}
+        self._memo: dict[tuple, tuple[float, bool]] = {}  # time_ms answers (a pure function of its arguments)
         for op, pts in terms["curves"].items():
             pts = sorted((float(b), float(t)) for b, t in pts)
             self.curves[op] = ([b for b, _ in pts], [t for _, t in pts])
@@ -212,6 +213,15 @@ class Collectives:
         return f2 * x / max(t - floor, 1e-6 * t) if t > floor else f2 * x / t, floor
 
     def time_ms(self, op: str, nbytes: float, n: int, net_bytes_ms: float | None = None) -> tuple[float, bool]:
+        key = (op, nbytes, n, net_bytes_ms)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > 1 << 16:
+                self._memo.clear()
+            hit = self._memo[key] = self._time_ms(op, nbytes, n, net_bytes_ms)
+        return hit
+
+    def _time_ms(self, op: str, nbytes: float, n: int, net_bytes_ms: float | None) -> tuple[float, bool]:
         if n <= 1 or nbytes <= 0:
             return 0.0, False
         xs, ys = self.curves[op]
