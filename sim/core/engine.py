@@ -21,7 +21,7 @@ policy actions the engine cannot apply are always rejected. Both raise :class:`I
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
@@ -33,6 +33,7 @@ from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
+from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
@@ -63,48 +64,6 @@ class _Group:
     # per membership (``Engine._membership``; None after members change): member Jobs, their
     # cost-model Members, Σ tokens per step, Σ model FLOPs per step
     membership: tuple | None = None
-
-
-@dataclass
-class JobRecord:
-    """Per-job outcome: first start, finish (s), group size history."""
-
-    start_s: float | None = None
-    finish_s: float | None = None
-    max_group_size: int = 0
-    group_changes: int = 0
-    steps_trained: float = 0.0
-    early_exit: bool = False
-
-
-@dataclass
-class SimResult:
-    """Everything a run produced, before metrics.
-
-    Attributes:
-        jobs: the simulated jobs (index order).
-        records: outcome per job index.
-        timeline: rows ``(time_s, running_jobs, queued_jobs, groups, gpus_allocated, tokens_per_s,
-            model_flops_per_s)``; piecewise constant from each time to the next.
-        gpu_seconds_held: Σ over groups of GPUs x lifetime (GPU-s).
-        events: SimPy events processed.
-        decisions: policy calls; decision_time_s: their total wall time (s).
-        wall_s: wall time of the run (s).
-        decisions_by_queue: queue-length decade -> ``[decisions, total wall time (s), Σ queue
-            length]`` (decade 0: empty queue; d >= 1: 10^(d-1) <= length < 10^d): how decision cost
-            grows with the queue (issue 20's "per-decision time flat from queue 10 to 10,000").
-    """
-
-    jobs: Sequence[Job]
-    records: list[JobRecord]
-    timeline: list[tuple]
-    gpu_seconds_held: float
-    events: int
-    decisions: int
-    decision_time_s: float
-    wall_s: float = 0.0
-    groups_started: int = 0
-    decisions_by_queue: dict[int, list] = field(default_factory=dict)
 
 
 class Engine:

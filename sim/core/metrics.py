@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.core.cluster import ClusterSpec
-from tlora_sim.sim.core.engine import SimResult
+from tlora_sim.sim.core.results import SimResult
 
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "micro_batch_per_gpu", "grad_accum",
                "seq_len", "num_gpus", "parallelism", "total_steps",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from tlora_sim.sim.core.cluster import ClusterSpec
-from tlora_sim.sim.core.engine import JobRecord, SimResult
+from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.invariants import InvariantChecker
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.placement import FreeGpus
