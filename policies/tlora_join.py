@@ -78,6 +78,7 @@ class JoinSearch:
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
         seen: set[int] = set()
+        ask: list[tuple[int, dict]] = []  # changed running groups whose answer is not memoised
 
         def accepts(g: PlannedGroup) -> bool:
             return self._slack(snap, g, bound_job) > 0 and self.merge_ok(
@@ -99,11 +100,23 @@ class JoinSearch:
                 continue
             answers = group_memo(self._join_memo, proto)
             ok = answers.get(jkey)
-            if ok is None:
-                g = plan.group(gid)
-                ok = answers[jkey] = self.merge_ok(snap, g, [job], self.collective_rate(
-                    g.members, g.step_time_s(snap, self.plan)) + bonus)
             if ok:
+                return False
+            if ok is None:
+                ask.append((gid, answers))
+        tab = self._tables.get(kind)
+        if len(ask) > 1 and tab is not None and tab.batch is not None \
+                and (row := self._job_row(tab.batch, job)) is not None:
+            # the batch cost model's certain refusals need no ``merge_ok`` (as in ``_join_order_table``)
+            at = tab.slots([gid for gid, _ in ask])
+            t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), tab.nano[at])
+            out = tab.known[at] & refused(t, np.minimum(tab.bound[at], bound_job), tab.iso[at] + job.isolated_step_time_s,
+                                          tab.rate[at] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)
+            ask = [a for a, r in zip(ask, out.tolist()) if not r]
+        for gid, answers in ask:
+            g = plan.group(gid)
+            if answers.setdefault(jkey, self.merge_ok(snap, g, [job], self.collective_rate(
+                    g.members, g.step_time_s(snap, self.plan)) + bonus)):
                 return False
         if kv:
             for gid in plan.touched_ids():
