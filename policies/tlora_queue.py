@@ -198,13 +198,7 @@ class QueueWalk:
                 c += 1
             cursor[kind] = c
             cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
-            if cands:
-                free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
-                base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
-                k = self.binary_cut(snap, target, cands, base, free_now)
-                for j in cands[:k]:
-                    plan.join(target, j)
-                    placed.add(j.index)
+            self._join_window(snap, plan, target, cands, placed, admission_open)
 
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
         placed: set[int] = set()
@@ -310,6 +304,12 @@ class QueueWalk:
         cursor[kind] = c
         w = self.config.window
         cands = [j for j in (q.job(x) for x in pos[c:c + 2 * w]) if j.index not in placed][:w]
+        self._join_window(snap, plan, target, cands, placed, admission_open)
+
+    def _join_window(self, snap, plan, target, cands: list[Job], placed: set[int], admission_open: bool) -> None:
+        """The first k of ``cands`` (later queued jobs of the head's kind, in queue order) join
+        ``target``, k as large as ``binary_cut`` allows (each counted as 1 apart if it could start
+        alone now)."""
         if cands:
             free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
             base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
