@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# End-to-end validation on one GPU: execute a scaled-down ITP cluster02 workload for real under each
-# policy (tlora-sim execute), then replay it in the simulator (tlora-sim validate-run), everything
-# under OUT. Usage:
+# End-to-end validation on one GPU (or GPUS=2 on two GPUs of one host): execute a scaled-down ITP
+# cluster02 workload for real under each policy (tlora-sim execute), then replay it in the simulator
+# (tlora-sim validate-run), everything under OUT. Usage:
 #
 #   bash profiler/validation/run.sh OUT [POLICY ...]          # default: independent mlora tlora
+#   GPUS=2 bash profiler/validation/run.sh OUT tlora mlora independent   # two GPUs, one worker each
 #
 # Environment (defaults are the committed runs' of record, profiler/data/validation/h100/):
 #   TRACE=itp:PATH     the trace (default ../shared/traces/msr-itp-elasticflow/cluster02.csv.gz, else
 #                      .device_carry/cluster02.csv.gz)
 #   TIME_SCALE=300 JOBS=24 MIN_STEPS=5 MAX_STEPS=50 SEED=0   the workload (docs/executor.md)
-#   DEVICE=cpu EXTRA="--tiny"   a smoke test of this script on a CPU (seconds with JOBS=6 MAX_STEPS=3)
+#   GPUS=2             two GPUs: one worker process per GPU (NCCL, NVLink multicast off), jobs that ask
+#                      for at most 2 GPUs; SKIP_JOBS (default 2226 with GPUS=2, else 0) passes over that
+#                      many of them, so cluster02's first 24 then are 12 one-GPU and 12 two-GPU jobs
+#   DEVICE=cpu EXTRA="--tiny"   a smoke test of this script on a CPU (seconds with JOBS=6 MAX_STEPS=3;
+#                      with GPUS=2 add --processes to EXTRA for the gloo worker processes)
 #   SKIP_VALIDATE=1    execute only (run the policies in separate calls, then once more with no
 #                      policy left to run: an existing OUT/<policy>/summary.json is kept)
 #
@@ -28,7 +33,10 @@ POLICIES=${*:-independent mlora tlora}
 TRACE=${TRACE:-itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz}
 [ -f "${TRACE#itp:}" ] || TRACE=itp:.device_carry/cluster02.csv.gz
 TIME_SCALE=${TIME_SCALE:-300} JOBS=${JOBS:-24} MIN_STEPS=${MIN_STEPS:-5} MAX_STEPS=${MAX_STEPS:-50} SEED=${SEED:-0}
-DEVICE=${DEVICE:-cuda} EXTRA=${EXTRA:-}
+DEVICE=${DEVICE:-cuda} EXTRA=${EXTRA:-} GPUS=${GPUS:-1}
+if [ "$GPUS" -gt 1 ]; then SKIP_JOBS=${SKIP_JOBS:-2226}; else SKIP_JOBS=${SKIP_JOBS:-0}; fi
+# never NVLink multicast (docs/executor.md); the executor sets these in its workers too
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 mkdir -p "$OUT" /tmp/ns/tlora_sim
 for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p; done
@@ -47,8 +55,8 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 run() { echo "$*" >> "$OUT/commands.txt"; "$@"; }
 for pol in $POLICIES; do
   if [ -f "$OUT/$pol/summary.json" ]; then echo "$pol: kept $OUT/$pol"; continue; fi
-  run $CLI execute --trace "$TRACE" --policy "$pol" --gpus 1 --device "$DEVICE" $EXTRA --out "$OUT/$pol" --force --no-progress --no-plots \
-    --lora-dist profiler/validation/lora_validation.json --time-scale "$TIME_SCALE" --jobs "$JOBS" \
+  run $CLI execute --trace "$TRACE" --policy "$pol" --gpus "$GPUS" --device "$DEVICE" $EXTRA --out "$OUT/$pol" --force --no-progress --no-plots \
+    --lora-dist profiler/validation/lora_validation.json --time-scale "$TIME_SCALE" --jobs "$JOBS" --skip-jobs "$SKIP_JOBS" \
     --min-steps "$MIN_STEPS" --max-steps "$MAX_STEPS" --seed "$SEED" > "$OUT/$pol.log" 2>&1
   echo "$pol rc=$?"; tail -2 "$OUT/$pol.log"
 done

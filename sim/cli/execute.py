@@ -18,7 +18,9 @@ def add_parsers(sub) -> None:
                                    "LoRA training (random weights and tokens, the jobs' model shapes, rank, batch "
                                    "and sequence length), driven by the policy through the same "
                                    "snapshot/actions interface as the simulator: one GPU or the CPU on the wall "
-                                   "clock, or N devices simulated on the CPU. Submit times and durations are "
+                                   "clock, N GPUs with one worker process each (NCCL; a group on k GPUs runs "
+                                   "data-parallel on k workers), or N devices simulated on the CPU (or, with "
+                                   "--processes, N gloo worker processes on the CPU). Submit times and durations are "
                                    "divided by --time-scale; each job's total steps are its replay's steps for the "
                                    "scaled duration, clipped to [--min-steps, --max-steps]. Writes a run directory "
                                    "(the replay's files, clock times) plus steps.csv (every measured step and "
@@ -28,8 +30,12 @@ def add_parsers(sub) -> None:
     e.add_argument("--trace", required=True, metavar="SPEC", help="trace spec, as for replay (e.g. itp:PATH)")
     e.add_argument("--policy", required=True, help="policy name (see `tlora-sim policies`)")
     e.add_argument("--gpus", type=int, default=1, metavar="N",
-                   help="devices; also keeps only jobs asking for at most N GPUs. cuda: 1 (wall clock). cpu: 1 on "
-                        "the wall clock, or N devices simulated on the CPU (virtual clock, steps interleaved)")
+                   help="devices; also keeps only jobs asking for at most N GPUs. cuda: 1 in this process, N > 1 "
+                        "one worker process per GPU (NCCL, wall clock). cpu: 1 on the wall clock, or N devices "
+                        "simulated on the CPU (virtual clock, steps interleaved), or see --processes")
+    e.add_argument("--processes", action="store_true",
+                   help="one worker process per device on the wall clock (implied by --device cuda --gpus N > 1); with "
+                        "--device cpu: N gloo workers, the multi-GPU code path on the CPU (use --tiny)")
     e.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory to write")
     e.add_argument("--time-scale", type=float, default=1000.0, metavar="X",
                    help="divide submit times (from the first kept job), traced durations and total steps by X")
@@ -38,6 +44,8 @@ def add_parsers(sub) -> None:
                    help="train the tiny model shape on 64x shorter sequences (policies still see the jobs' own); "
                         "with --device cpu a run takes seconds")
     e.add_argument("--jobs", type=int, default=24, metavar="K", help="jobs kept from the trace (the first K)")
+    e.add_argument("--skip-jobs", type=int, default=0, metavar="S",
+                   help="pass over the first S trace jobs that fit --gpus (a stretch with multi-GPU jobs)")
     e.add_argument("--min-steps", type=int, default=3, help="lower bound of a job's total steps")
     e.add_argument("--max-steps", type=int, default=200, help="upper bound of a job's total steps")
     e.add_argument("--seed", type=int, default=0, help="seed of the LoRA attributes")
@@ -95,7 +103,7 @@ def run(args) -> int:
                         device=args.device, tiny=args.tiny, jobs=args.jobs, min_steps=args.min_steps,
                         max_steps=args.max_steps, seed=args.seed, lora_dist=args.lora_dist, gpu_type=args.gpu_type,
                         policy_options=opts, warmup=not args.no_warmup,
-                        memory_fraction=args.memory_fraction)
+                        memory_fraction=args.memory_fraction, processes=args.processes, skip_jobs=args.skip_jobs)
     s = execute(cfg, args.out, force=args.force, progress=not args.no_progress, plots=not args.no_plots)
     print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s']:.1f} s, makespan {s['makespan_s']:.1f} s, "
           f"{s['steps_measured']} steps, {s['regroups']} regroups (median pause {s['regroup_pause_median_s']:.3f} s) "

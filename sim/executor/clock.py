@@ -40,6 +40,11 @@ class WallClock:
         """Seconds since :meth:`start`."""
         return time.perf_counter() - self._t0
 
+    @property
+    def t0(self) -> float:
+        """The ``time.perf_counter()`` of :meth:`start` (s; worker processes of the host share it)."""
+        return self._t0
+
     def idle_until(self, t: float, *, slice_s: float = 0.05) -> None:
         """Sleep towards ``t`` (s), at most ``slice_s`` at a time (the caller's loop re-checks)."""
         time.sleep(max(0.0, min(t - self.now(), slice_s)))

@@ -4,9 +4,12 @@ The workload (``sim/executor/workload.py``): the first ``--jobs`` jobs of ``--tr
 at most ``--gpus`` GPUs, submit times and durations divided by ``--time-scale``, each job's
 total steps its replay's steps divided by the same, clipped to ``[--min-steps, --max-steps]``.
 
-The devices: ``--device cuda`` runs one GPU on the wall clock (``--gpus 1``: several GPUs need one
-process per GPU, not built); ``--device cpu`` runs the CPU as one device on the wall clock, or
-``--gpus N`` devices simulated on it on a virtual clock (``sim/executor/clock.py``).
+The devices: ``--device cuda --gpus 1`` runs one GPU in this process on the wall clock; ``--device
+cuda --gpus N`` (N > 1) starts one worker process per GPU (NCCL; ``sim/executor/workers.py``) on
+the wall clock, groups side by side and a group on k GPUs data-parallel over k workers
+(``sim/executor/poolloop.py``). ``--device cpu`` runs the CPU as one device on the wall clock, or
+``--gpus N`` devices simulated on it on a virtual clock (``sim/executor/clock.py``), or with
+``--processes`` N gloo worker processes on the wall clock (the multi-GPU code path on the CPU).
 
 The cost model the policies plan with is the profiled model of the GPU type (``--gpu-type``; on
 CUDA the device's, on the CPU H100's) with the no-checkpointing memory convention, which is how the
@@ -43,11 +46,12 @@ class ExecuteConfig:
     Attributes:
         trace: trace spec (as ``replay --trace``).
         policy: registered policy name.
-        gpus: devices (cuda: 1; cpu: 1 on the wall clock, more simulated on the virtual clock).
+        gpus: devices (cuda: one process for 1, one worker process per GPU for more; cpu: 1 on
+            the wall clock, more simulated on the virtual clock, or ``processes``).
         time_scale: divisor of submit times, durations and total steps (> 0).
         device: ``cuda`` or ``cpu``.
         tiny: train the tiny shape.
-        jobs: jobs kept (the first that ask for at most ``gpus`` GPUs).
+        jobs: jobs kept (the first that ask for at most ``gpus`` GPUs, after ``skip_jobs``).
         min_steps, max_steps: bounds of each job's total steps.
         seed: LoRA attribute seed.
         lora_dist: LoRA distribution name or JSON path.
@@ -58,6 +62,11 @@ class ExecuteConfig:
             context, the allocator's fragmentation and the kernels' workspaces take the rest: at
             0.95+ an H100 ran out of memory under ``mlora``); recorded in ``config.json``'s
             ``gpu.memory_bytes``, which ``validate-run`` simulates with.
+        processes: one worker process per device (``workers.WorkerPool``) on the wall clock;
+            always so for ``cuda`` with ``gpus > 1``; on the CPU, gloo workers (a test of the
+            multi-GPU code path).
+        skip_jobs: trace jobs that fit ``gpus`` passed over before the first kept one (choose a
+            stretch of the trace with multi-GPU jobs).
     """
 
     trace: str
@@ -75,9 +84,17 @@ class ExecuteConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     warmup: bool = True
     memory_fraction: float = 0.85
+    processes: bool = False
+    skip_jobs: int = 0
 
 
-def _device_info(device: str) -> tuple[str, dict]:
+def uses_workers(cfg: "ExecuteConfig") -> bool:
+    """Whether ``cfg`` runs one worker process per device (``--processes``, or CUDA with
+    ``--gpus`` > 1)."""
+    return cfg.processes or (cfg.device == "cuda" and cfg.gpus > 1)
+
+
+def _device_info(device: str, name: str | None = None) -> tuple[str, dict]:
     import torch
 
     info = {"torch": torch.__version__, "device": device}
@@ -90,7 +107,7 @@ def _device_info(device: str) -> tuple[str, dict]:
     if device.startswith("cuda"):
         from tlora_sim.profiler.provenance import short_gpu_name
 
-        name = torch.cuda.get_device_name(0)
+        name = name or torch.cuda.get_device_name(0)
         info["device_name"] = name
         return short_gpu_name(name), info
     info["device_name"] = platform.processor() or platform.machine()
@@ -110,20 +127,31 @@ def check_devices(cfg: ExecuteConfig) -> None:
     """Refuse what cannot run here.
 
     Raises:
-        InputError: an unknown device, several CUDA devices, or CUDA without a GPU.
+        InputError: an unknown device, CUDA without a GPU or with fewer GPUs than ``--gpus``, more
+            worker processes than ``workers.MAX_PROCESSES``, or no torch.distributed.
     """
+    from tlora_sim.sim.executor.workers import MAX_PROCESSES
+
     if cfg.device not in ("cuda", "cpu"):
         raise InputError(f"--device must be cuda or cpu, got {cfg.device!r}", field="--device")
-    if cfg.device == "cuda" and cfg.gpus != 1:
-        raise InputError(f"--device cuda runs one GPU (--gpus 1), got --gpus {cfg.gpus}: several GPUs need one "
-                         "process per GPU, which is not built; --device cpu --gpus N simulates N devices",
+    if cfg.skip_jobs < 0:
+        raise InputError(f"--skip-jobs must be >= 0, got {cfg.skip_jobs}", field="--skip-jobs")
+    if uses_workers(cfg) and not 1 <= cfg.gpus <= MAX_PROCESSES:
+        raise InputError(f"one worker process per device: --gpus 1 to {MAX_PROCESSES}, got {cfg.gpus}",
                          field="--gpus")
+    if uses_workers(cfg):
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise InputError("worker processes need torch.distributed, which this torch lacks", field="--processes")
     if cfg.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise InputError("--device cuda but torch sees no GPU; use --device cpu --tiny for a dry run",
                              field="--device")
+        if torch.cuda.device_count() < cfg.gpus:
+            raise InputError(f"--gpus {cfg.gpus} but torch sees {torch.cuda.device_count()} GPU(s)", field="--gpus")
 
 
 def execute(cfg: ExecuteConfig, out_dir: str | Path, *, force: bool = False, progress: bool = True,
@@ -139,36 +167,50 @@ def execute(cfg: ExecuteConfig, out_dir: str | Path, *, force: bool = False, pro
     """
     out = check_out_dir(out_dir, force=force)
     check_devices(cfg)
-    found, dev_info = _device_info(cfg.device)
-    gpu_type = cfg.gpu_type or found
-    jobs, cluster, cm, dist, skipped = scaled_workload(cfg, gpu_type)
-    with staged_dir(out) as stage:
-        summary = _execute_into(cfg, stage, jobs, cluster, cm, dist, skipped, dev_info, progress)
-        if plots:
-            from tlora_sim.sim.report.plots import plot_run
+    pool = None
+    if uses_workers(cfg):
+        from tlora_sim.sim.executor.workers import WorkerPool
 
-            plot_run(stage)
-        return summary
+        pool = WorkerPool(cfg.device, cfg.gpus, tiny=cfg.tiny)  # first: the coordinator never touches a GPU
+    try:
+        found, dev_info = _device_info(cfg.device, pool.device_names[0] if pool and cfg.device == "cuda" else None)
+        gpu_type = cfg.gpu_type or found
+        jobs, cluster, cm, dist, skipped = scaled_workload(cfg, gpu_type)
+        with staged_dir(out) as stage:
+            summary = _execute_into(cfg, stage, jobs, cluster, cm, dist, skipped, dev_info, progress, pool)
+            if plots:
+                from tlora_sim.sim.report.plots import plot_run
+
+                plot_run(stage)
+            return summary
+    finally:
+        if pool is not None:
+            pool.close()
 
 
-def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, progress: bool) -> dict:
+def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, progress: bool, pool=None) -> dict:
     from tlora_sim.policies.registry import config_of, make_policy
     from tlora_sim.sim.executor.runtime import STEP_COLUMNS, RealTimeExecutor
     from tlora_sim.sim.executor.trainer import TINY_SEQ_DIV, DeviceTrainer
+    from tlora_sim.sim.executor.workers import NO_MULTICAST
     from tlora_sim.sim.experiments.replay import coverage, versions
 
     policy = make_policy(cfg.policy, cfg.policy_options)
-    trainer = DeviceTrainer(cfg.device, tiny=cfg.tiny)
+    trainer = pool if pool is not None else DeviceTrainer(cfg.device, tiny=cfg.tiny)
     for model in sorted({j.model for j in jobs}):
         trainer.base(model)
-    if cfg.warmup:
+        if cfg.warmup and pool is not None:
+            pool.warmup(model, policy.plan, sorted({j.rank for j in jobs if j.model == model}))
+    if cfg.warmup and pool is None:
         _warmup(trainer, jobs, policy.plan)
-    clock = "wall" if cluster.total_gpus == 1 else "virtual"
+    clock = "wall" if cluster.total_gpus == 1 or pool is not None else "virtual"
+    workers = {"processes": pool.n, "backend": pool.backend, "device_names": pool.device_names,
+               "no_multicast": dict(NO_MULTICAST)} if pool is not None else {"processes": 1}
     files = RunDir(out)
     write_json(files.config, {
         "inputs": asdict(cfg),
         "executor": {**dev_info, "kind": "real-time", "gpu_type": cluster.gpu.name, "clock": clock,
-                     "devices": cluster.total_gpus, "tiny_seq_div": TINY_SEQ_DIV if cfg.tiny else 1},
+                     "devices": cluster.total_gpus, "tiny_seq_div": TINY_SEQ_DIV if cfg.tiny else 1, **workers},
         "cluster": cluster.spec, "gpu": asdict(cluster.gpu), "policy": cfg.policy, "policy_config": config_of(policy),
         "plan": policy.plan, "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
         "cost_model": cm.describe(), "versions": versions()})
@@ -195,6 +237,13 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
                **coverage(len(jobs), skipped, cm.describe()),
                "steps_measured": int((steps.event == "step").sum()), "regroups": int(len(pauses)),
                "regroup_pause_median_s": float(pauses.median() / 1e3) if len(pauses) else 0.0}
+    if pool is not None:
+        from tlora_sim.sim.executor.poolloop import REPLICA_COLUMNS
+
+        replicas = pd.DataFrame(ex.replicas, columns=REPLICA_COLUMNS)
+        write_csv(out / "replicas.csv", replicas)
+        summary.update(processes=pool.n, replica_checks=int(len(replicas)),
+                       replicas_identical=bool(replicas.identical.all()))
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS if k in summary}
     write_csv(files.jobs, jobs_df)
     write_csv(files.timeline, metrics.timeline_table(res, cluster))

@@ -21,7 +21,9 @@ devices simulated on the CPU run on a virtual clock, each group's measured step 
 charged to its own devices, the groups interleaved step by step in the order their devices come
 free. A group on several simulated devices trains one data-parallel replica's share of every
 member's sequences (``ceil(batch / n_gpus)``) and charges it to all of them (no gradient
-all-reduce on the CPU).
+all-reduce on the CPU). With a ``WorkerPool`` as the trainer (one worker process per real device:
+``--device cuda --gpus N``, ``--device cpu --gpus N --processes``) N devices run on the wall clock,
+groups side by side, a group on k devices data-parallel over k workers (``poolloop.py``).
 
 Policies see the cost model's step times (``GroupView.step_time_s``, ``Snapshot.cost_model``),
 exactly as in a replay, and the real remaining steps. The result is a ``SimResult`` (times in
@@ -45,6 +47,7 @@ from tlora_sim.sim.core.snapshot import (AddMembers, GroupView, RemoveMembers, S
                                          StopMembers)
 from tlora_sim.sim.costmodel.interface import CostModel
 from tlora_sim.sim.executor.clock import DeviceSlots, VirtualClock, WallClock
+from tlora_sim.sim.executor.poolloop import PoolLoop
 
 STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "micro_batches", "n_gpus", "devices", "start_s",
                 "end_s", "ms"]
@@ -77,9 +80,10 @@ class _RealGroup:
     inflight: tuple | None = None  # (start_s, end_s) of a step run but not yet credited
     pending: str | None = None  # "start" / "regroup": members changed, rebuild at the next flush
     save_span: tuple | None = None  # (start_s, seconds) of its last save
+    running: str | None = None  # worker processes: "step" / "build" sent, not yet answered by all
 
 
-class RealTimeExecutor:
+class RealTimeExecutor(PoolLoop):
     """Run ``jobs`` on the cluster's devices in real time under ``policy``.
 
     Args:
@@ -89,13 +93,15 @@ class RealTimeExecutor:
         cost_model: what the policy asks (``Snapshot.cost_model``) and ``GroupView.step_time_s``.
         policy: the policy object (``decide(Snapshot) -> list[Action]``, ``timer_s``).
         trainer: a ``sim.executor.trainer.DeviceTrainer`` (anything with its ``group`` and
-            ``release`` methods).
+            ``release`` methods), or a ``sim.executor.workers.WorkerPool`` of one worker process
+            per device (``parallel``: the wall clock, groups side by side, ``poolloop.py``).
         progress: optional callback ``progress(finished_jobs)``.
-        clock: a ``WallClock`` or ``VirtualClock`` (default: wall for one device, virtual for
-            several).
+        clock: a ``WallClock`` or ``VirtualClock`` (default: wall for one device or a worker
+            pool, virtual for several simulated devices).
 
     Raises:
-        ValueError: jobs out of index order, or several devices on the wall clock.
+        ValueError: jobs out of index order, several devices on the wall clock without a worker
+            pool, or a pool on another number of devices or on the virtual clock.
         InvariantError: a policy action the executor cannot apply (the engine's rules), a
             violated invariant, or jobs the policy leaves queued with nothing left to happen.
     """
@@ -105,8 +111,13 @@ class RealTimeExecutor:
         self.jobs = list(jobs)
         if any(j.index != i for i, j in enumerate(self.jobs)):
             raise ValueError("jobs must be in index order")
-        self.clock = clock if clock is not None else (WallClock() if cluster.total_gpus == 1 else VirtualClock())
-        if cluster.total_gpus > 1 and not self.clock.virtual:
+        self.pool = trainer if getattr(trainer, "parallel", False) else None
+        wall = cluster.total_gpus == 1 or self.pool is not None
+        self.clock = clock if clock is not None else (WallClock() if wall else VirtualClock())
+        if self.pool is not None and (self.pool.n != cluster.total_gpus or self.clock.virtual):
+            raise ValueError(f"a pool of {self.pool.n} worker(s) drives {cluster.total_gpus} real device(s) on the "
+                             "wall clock only")
+        if cluster.total_gpus > 1 and not self.clock.virtual and self.pool is None:
             raise ValueError(f"cluster {cluster.spec} has {cluster.total_gpus} devices: one process drives one real "
                              "device, so several are simulated on the virtual clock")
         self.cluster, self.cost_model, self.policy, self.trainer = cluster, cost_model, policy, trainer
@@ -129,6 +140,7 @@ class RealTimeExecutor:
         self._need = self._shrunk = False
         self._next_timer: float | None = None
         self._dirty: set[int] = set()
+        self._pool_init()
 
     def now(self) -> float:
         """Clock seconds since ``run`` started."""
@@ -151,6 +163,8 @@ class RealTimeExecutor:
                 break
             if self.clock.virtual:
                 self._advance_virtual()
+            elif self.pool is not None:
+                self._advance_pool()
             else:
                 self._advance_wall()
         if self.groups or self.free.total != self.cluster.total_gpus:
@@ -350,6 +364,8 @@ class RealTimeExecutor:
     # ---- steps and rebuilds ------------------------------------------------------------------
     def _settle(self, g: _RealGroup) -> list[int]:
         """Credit the step in flight (if any) to every member; the members it finished."""
+        if self.pool is not None:
+            self._await_step(g)
         if g.inflight is None:
             return []
         g.inflight = None
@@ -362,6 +378,8 @@ class RealTimeExecutor:
     def _settle_and_finish(self, g: _RealGroup) -> list[int]:
         """Before a membership change: the step in flight completes; the members it finished
         finish at its end (the caller rebuilds the group)."""
+        if self.pool is not None:
+            self._await_step(g)
         end = g.inflight[1] if g.inflight is not None else self.now()
         done = self._settle(g)
         self._finish_members(g, done, end)
@@ -420,6 +438,8 @@ class RealTimeExecutor:
         is still needed: a member going on, or preempted to the queue) and drop the trainer.
         Starts when ``g``'s devices are free; sets ``g.save_span`` (start s, seconds), ``g.free_s``
         and the saved jobs' ``state_ready``. Returns the jobs saved."""
+        if self.pool is not None:
+            return self._pool_save(g)
         if g.trainer is None:
             return ()
         saved = g.trainer_jobs if any(j in g.remaining or j in self.remaining_queued for j in g.trainer_jobs) else ()
@@ -444,6 +464,9 @@ class RealTimeExecutor:
             g.save_span = None
             self._save(g)
         for g in pend:
+            if self.pool is not None:
+                self._pool_build(g)
+                continue
             w0 = time.perf_counter()
             share = g.n_gpus  # one data-parallel replica's share of each member's sequences
             js = [self.jobs[i] for i in g.members]

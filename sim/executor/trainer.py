@@ -193,17 +193,24 @@ class GroupTrainer:
         return s
 
     _steps = 0
+    #: called with every adapter parameter after the backward, before the optimizer step (a
+    #: data-parallel worker all-reduces the gradients there: ``sim/executor/workers.py``)
+    grad_hook = None
 
     # -- one optimizer step
     def step(self, nano: int = 1, micro: int = 1) -> float:
         """One optimizer step over every member's sequences, run as ``micro`` x ``nano`` sequential
         whole-sequence parts with gradients accumulated (``micro`` micro-batches of ``nano``
         nano-batches: on one device both are parts run one after another); its wall time (ms,
-        device synchronised)."""
+        device synchronised). A member with 0 sequences here (a data-parallel replica's share)
+        keeps its adapter and trains no tokens; ``grad_hook`` runs before the optimizer step."""
         dev = self.trainer.device
         t0 = time.perf_counter()
         slices = nano_slices(self.mix, max(1, nano) * max(1, micro), self.loras[0], self.impl, dev)
         for members, segs, plans, tok0, tok1 in slices:
+            if tok1 == tok0:  # a data-parallel replica holding none of these sequences
+                continue
+            members = [m for m in members if m[1]]  # attention over the sequences present
             for lo in self.loras:
                 lo.members, lo.segs = members, segs
                 if plans is not None:
@@ -213,6 +220,8 @@ class GroupTrainer:
                 x = layer_forward(b, lo, x)
             loss = F.cross_entropy(F.linear(rmsnorm(x, self.nf), self.head).float(), self.lab[tok0:tok1])
             loss.backward()
+        if self.grad_hook is not None:
+            self.grad_hook([p for lo in self.loras for p in lo.params])
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         sync(dev)

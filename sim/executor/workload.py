@@ -2,7 +2,8 @@
 
 ``scaled_workload`` takes a trace as a replay does (``--trace``; LoRA attributes drawn with
 ``--seed`` from ``--lora-dist``; jobs built against the profiled cost model of the GPU type), keeps
-the first ``--jobs`` jobs that ask for at most ``--gpus`` GPUs and compresses them by
+the first ``--jobs`` jobs that ask for at most ``--gpus`` GPUs (after passing over ``--skip-jobs``
+of them) and compresses them by
 ``--time-scale X``, exactly:
 
 * ``submit_time_s``: (submit - the first kept job's submit) / X, so the first job arrives at 0 s
@@ -55,8 +56,8 @@ def scaled_workload(cfg, gpu_type: str):
     """(jobs, cluster, cost model, LoRA distribution, skipped counts) of the scaled-down run.
 
     Args:
-        cfg: an ``ExecuteConfig`` (``trace``, ``gpus``, ``jobs``, ``time_scale``, ``min_steps``,
-            ``max_steps``, ``seed``, ``lora_dist``, ``memory_fraction``).
+        cfg: an ``ExecuteConfig`` (``trace``, ``gpus``, ``jobs``, ``skip_jobs``, ``time_scale``,
+            ``min_steps``, ``max_steps``, ``seed``, ``lora_dist``, ``memory_fraction``).
         gpu_type: GPU type of the cluster and of the cost model.
 
     Returns:
@@ -89,7 +90,8 @@ def scaled_workload(cfg, gpu_type: str):
     cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=cluster.gpu.memory_bytes * cfg.memory_fraction))
     cm = executor_cost_model(gpu_type)
     frame = read_trace(cfg.trace)
-    frame = frame[frame.num_gpus <= cfg.gpus].head(cfg.jobs * 4).reset_index(drop=True)
+    skip = int(getattr(cfg, "skip_jobs", 0))
+    frame = frame[frame.num_gpus <= cfg.gpus].iloc[skip:skip + cfg.jobs * 4].reset_index(drop=True)
     dist = load_distribution(cfg.lora_dist)
     frame = assign_lora(frame, dist, np.random.default_rng(cfg.seed))
     jobs, skipped = build_jobs(frame, cluster, cm)
