@@ -249,7 +249,8 @@ class TLoRA(JoinSearch, QueueWalk):
             self._target_memo.clear()
         if len(self._job_rows) > 4096:
             self._job_rows.clear()
-        if self.index_queue and snap.kinds is not None:
+        indexed = self.index_queue and snap.kinds is not None and bool(snap.queue)  # nothing to walk
+        if indexed:
             order = self._queue_table.order(snap.queue, self.config.ordering, snap.now_s)
             smallest_wait = order.min_gpus()
         else:
@@ -260,7 +261,7 @@ class TLoRA(JoinSearch, QueueWalk):
             self._last_tick = snap.now_s
             if self.config.grouping and self.config.consolidate:
                 self._consolidate(snap, plan, smallest_wait)
-        if self.index_queue and snap.kinds is not None:
+        if indexed:
             self._group_queue_indexed(snap, plan, order)
         else:
             self._group_queue(snap, plan, queue)

@@ -23,6 +23,9 @@ from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Snapshot
 
 JOIN_RULES = ("residual", "throughput")
+SCREEN_MIN = 6
+"""Fewest changed groups a kept "no join target" answer must re-check before they are screened
+with the batch cost model together (below, asking ``merge_ok`` of each is cheaper)."""
 
 
 class JoinSearch:
@@ -105,7 +108,7 @@ class JoinSearch:
             if ok is None:
                 ask.append((gid, answers))
         tab = self._tables.get(kind)
-        if len(ask) > 1 and tab is not None and tab.batch is not None \
+        if len(ask) >= SCREEN_MIN and tab is not None and tab.batch is not None \
                 and (row := self._job_row(tab.batch, job)) is not None:
             # the batch cost model's certain refusals need no ``merge_ok`` (as in ``_join_order_table``)
             at = tab.slots([gid for gid, _ in ask])
