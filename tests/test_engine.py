@@ -292,3 +292,42 @@ def test_listeners_see_every_state_change_and_change_nothing():
     assert counter.counts["finishes"] == 6 and counter.counts["starts"] >= 1
     assert counter.counts["joins"] >= 1 and counter.counts["retimes"] > counter.counts["joins"]
     assert counter.counts["decisions"] == loud.decisions
+
+
+# ---- how pauses are charged (validate-run's options) ---------------------------------------------
+@pytest.mark.parametrize("serial", [False, True])
+def test_a_join_during_a_rebuild_pays_its_own_pause_only_with_serial_pauses(serial):
+    """Jobs 1 and 2 join job 0's group 10 s apart while each pause lasts 30 s: the plain engine
+    extends the first pause to 10 + 30 s after the first join; ``serial_pauses`` queues the second
+    rebuild after the first (30 + 30 s). Two joins at one instant cost one pause either way."""
+    a = make_job(0, steps=2000)
+    b = make_job(1, submit=100.0, steps=300, rank=4)
+    c = make_job(2, submit=110.0, steps=300, rank=16)
+    d = make_job(3, submit=110.0, steps=300, rank=2)
+
+    def join(snap):
+        if not snap.groups:
+            return [StartGroup((0,), ((0, 1),), "fused")] if snap.queue else []
+        return [AddMembers(0, tuple(j.index for j in snap.queue))] if snap.queue else []
+
+    eng = Engine([a, b, c, d], cluster("1x8xH100"), CM, Scripted(join), regroup_pause_s=30.0,
+                 serial_pauses=serial)
+    res = eng.run()
+    t4 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member, c.member, d.member], 1, "fused")
+    resume = 100.0 + 30.0 + 30.0 if serial else 110.0 + 30.0
+    # b, c and d share every step after the last resume and c, d start it with all their steps left
+    assert res.records[2].finish_s == approx(resume + 300 * t4, rel=1e-9)
+    assert eng.serial_pause_count == (1 if serial else 0)
+
+
+def test_pause_by_size_prices_a_rebuild_by_the_members_after_it():
+    """``pause_by_size``: the join that leaves 2 members pauses 5 s, other sizes ``regroup_pause_s``."""
+    a = make_job(0, steps=1000)
+    b = make_job(1, submit=50.0, steps=400, rank=4)
+    eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), regroup_pause_s=30.0,
+                 pause_by_size={2: 5.0})
+    res = eng.run()
+    t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
+    assert res.records[1].finish_s == approx(50.0 + 5.0 + 400 * t2, rel=1e-11)
+    with pytest.raises(ValueError):
+        Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), pause_by_size={2: -1.0})
