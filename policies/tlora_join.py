@@ -84,8 +84,7 @@ class JoinSearch:
         ask: list[tuple[int, dict]] = []  # changed running groups whose answer is not memoised
 
         def accepts(g: PlannedGroup) -> bool:
-            return self._slack(snap, g, bound_job) > 0 and self.merge_ok(
-                snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + bonus)
+            return self._join_answer(snap, g, job, can_start)[1]
 
         for gid, stamp in reversed((recent or {}).items()):
             if stamp <= since:
@@ -112,14 +111,10 @@ class JoinSearch:
                 and (row := self._job_row(tab.batch, job)) is not None:
             # the batch cost model's certain refusals need no ``merge_ok`` (as in ``_join_order_table``)
             at = tab.slots([gid for gid, _ in ask])
-            t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), tab.nano[at])
-            out = tab.known[at] & refused(t, np.minimum(tab.bound[at], bound_job), tab.iso[at] + job.isolated_step_time_s,
-                                          tab.rate[at] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)
+            out = tab.known[at] & self._batch_refuses(tab, at, row, job, bonus)
             ask = [a for a, r in zip(ask, out.tolist()) if not r]
         for gid, answers in ask:
-            g = plan.group(gid)
-            if answers.setdefault(jkey, self.merge_ok(snap, g, [job], self.collective_rate(
-                    g.members, g.step_time_s(snap, self.plan)) + bonus)):
+            if answers.setdefault(jkey, accepts(plan.group(gid))):
                 return False
         if kv:
             for gid in plan.touched_ids():
@@ -214,9 +209,7 @@ class JoinSearch:
         idx = np.flatnonzero(live)
         if tab.batch is not None and (row := self._job_row(tab.batch, job)) is not None:
             k = idx[tab.known[idx]]
-            t = tab.batch.step_times(tab.batch.merge(tab.rows[k], row), tab.nano[k])
-            live[k[refused(t, np.minimum(tab.bound[k], bound_job), tab.iso[k] + job.isolated_step_time_s,
-                            tab.rate[k] + bonus + self.config.min_gain, tab.batch.REL_MARGIN)]] = False
+            live[k[self._batch_refuses(tab, k, row, job, bonus)]] = False
             idx = np.flatnonzero(live)
         protos = self._protos
         order = [(-sl, gid, gid, protos[gid]) for sl, gid in zip(slack[idx].tolist(), tab.gid[idx].tolist())]
@@ -226,6 +219,15 @@ class JoinSearch:
                 if sl > 0:
                     order.append((-sl, gid, gid, None))
         return order
+
+    def _batch_refuses(self, tab: "KindTable", at: np.ndarray, row: np.ndarray, job: Job, bonus: float) -> np.ndarray:
+        """Which of the groups in the kind's table slots ``at`` (rows known) the batch cost model
+        refuses ``job`` (feature ``row``; ``bonus``: its value apart) by more than its margin
+        (``tlora_index.refused``): ``merge_ok`` would refuse them."""
+        t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), tab.nano[at])
+        return refused(t, np.minimum(tab.bound[at], job.max_slowdown * job.isolated_step_time_s),
+                       tab.iso[at] + job.isolated_step_time_s, tab.rate[at] + bonus + self.config.min_gain,
+                       tab.batch.REL_MARGIN)
 
     def _slack(self, snap: Snapshot, g: PlannedGroup, bound_job: float) -> float:
         """Residual capacity (s) left in ``g`` for a job whose own bound is ``bound_job`` (s):

@@ -209,6 +209,16 @@ class QueueWalk:
         cursor: dict[int, int] = {}
         shape_key, kind_key = q.table.shape_key, q.table.kind_key
         grouping = self.config.grouping
+
+        def target_of(head: Job, key: tuple, kind: tuple, can_start: bool):
+            """``head``'s join target, unless its shape ``key`` found none since ``kind`` last changed."""
+            if no_target.get(key) == kind_version.get(kind, 0):
+                return None
+            target = self._join_target(snap, plan, head, can_start)
+            if target is None:
+                no_target[key] = kind_version.get(kind, 0)
+            return target
+
         n, p = len(q), 0
         # while GPU admission is open every head is placed or closes it: O(placements)
         while p < n:
@@ -222,13 +232,7 @@ class QueueWalk:
                     return  # admission closed, and without grouping nothing else can be placed
                 plan.start(head)
                 continue
-            key = shape_key[q.shape[p - 1]] + (can_start,)
-            kind = kind_key[q.kind[p - 1]]
-            target = None
-            if no_target.get(key) != kind_version.get(kind, 0):
-                target = self._join_target(snap, plan, head, can_start)
-                if target is None:
-                    no_target[key] = kind_version.get(kind, 0)
+            target = target_of(head, shape_key[q.shape[p - 1]] + (can_start,), kind_key[q.kind[p - 1]], can_start)
             if target is None:
                 if not can_start:
                     break  # admission closes
@@ -274,13 +278,8 @@ class QueueWalk:
                 if nxt is not None:
                     heapq.heappush(heap, (nxt, s))
                 continue
-            key = shape_key[s] + (False,)
-            kind = key[2], key[1]
-            target = None
-            if no_target.get(key) != kind_version.get(kind, 0):
-                target = self._join_target(snap, plan, head, False)
-                if target is None:
-                    no_target[key] = kind_version.get(kind, 0)
+            kind = shape_key[s][2], shape_key[s][1]
+            target = target_of(head, shape_key[s] + (False,), kind, False)
             if target is None:
                 dormant.setdefault(kind, []).append(s)
                 continue
