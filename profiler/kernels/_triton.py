@@ -62,6 +62,22 @@ def _hash(idx, seed):
 
 
 @triton.jit
+def _seed_value(seed, SEED_PTR: tl.constexpr):
+    """The kernels' dropout seed: ``seed`` itself (already mixed on the host by
+    ``config.mix_seed``), or, with SEED_PTR, mix_seed of the int counter ``seed`` points to (the
+    same hash in uint32 arithmetic), so that a captured CUDA graph draws a new mask each replay
+    when the counter is advanced inside the graph."""
+    if SEED_PTR:
+        h = tl.load(seed).to(tl.uint32) * 0x9E3779B1 + 0x632BE5AB
+        h ^= h >> 16
+        h *= 0x85EBCA6B
+        h ^= h >> 13
+        return (h & 0x7FFFFFFF).to(tl.int32)
+    else:
+        return seed
+
+
+@triton.jit
 def _keep(rows, c0, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """(BM, BK) keep mask of rows x columns c0 .. c0+BK-1 (c0 even): one 32-bit hash per pair of
     columns, (row, k) kept iff 16-bit half (k & 1) of hash(row * ceil(K/2) + k // 2) >= thresh."""
@@ -112,8 +128,10 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
 def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
-               BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
+               BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+               SEED_PTR: tl.constexpr = False):
     pid = tl.program_id(0)
+    seed = _seed_value(seed, SEED_PTR)
     t = pid // ksplit
     s = pid % ksplit
     ad = tl.load(tiles + t * 3)
@@ -154,7 +172,7 @@ def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_
 def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
              m0, m1, start, rank, roff, poff, nb0, nb1, scale, inv_keep, g,
              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+             HAS_BIAS: tl.constexpr, PREC: tl.constexpr, WRITE_Y: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -170,6 +188,8 @@ def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
     ps = (p * scale).to(Y.dtype.element_ty)
     yrow = Y + rows.to(tl.int64)[:, None] * syn
     brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
+    if not WRITE_Y:  # the base GEMM's epilogue adds s P B (lora_gemm): only P is saved here
+        nb1 = nb0
     for nb in range(nb0, nb1):
         cols = nb * BN + tl.arange(0, BN)
         cm = cols < N
@@ -187,7 +207,7 @@ def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, s
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BN: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_G: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, WRITE_Y: tl.constexpr = True):
     pid = tl.program_id(0)
     if ZERO_G:  # zero the fp32 workspace (dA, dB, Q) that the backward adds into
         nprog = tl.num_programs(0)
@@ -212,25 +232,25 @@ def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, s
     if BUCKETS & 1:
         if bucket == 0:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 16, BM0, BN, HAS_BIAS, PREC)
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 16, BM0, BN, HAS_BIAS, PREC, WRITE_Y)
     if BUCKETS & 2:
         if bucket == 1:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 32, BM1, BN, HAS_BIAS, PREC)
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 32, BM1, BN, HAS_BIAS, PREC, WRITE_Y)
     if BUCKETS & 4:
         if bucket == 2:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 64, BM2, BN, HAS_BIAS, PREC)
+                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 64, BM2, BN, HAS_BIAS, PREC, WRITE_Y)
     if BUCKETS & 8:
         if bucket == 3:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
                      rank, roff, poff, nb0, nb1, scale, inv_keep, g, 128, BM3, BN, HAS_BIAS,
-                     PREC)
+                     PREC, WRITE_Y)
     if BUCKETS & 16:
         if bucket == 4:
             _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
                      rank, roff, poff, nb0, nb1, scale, inv_keep, g, 256, BM4, BN, HAS_BIAS,
-                     PREC)
+                     PREC, WRITE_Y)
 
 
 # ----------------------------------------------------------------------------------------- b1
@@ -401,8 +421,9 @@ def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                CM0: tl.constexpr, CM1: tl.constexpr, CM2: tl.constexpr, CM3: tl.constexpr,
                CM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
-               WRITE_DX: tl.constexpr, PREC: tl.constexpr):
+               WRITE_DX: tl.constexpr, PREC: tl.constexpr, SEED_PTR: tl.constexpr = False):
     pid = tl.program_id(0)
+    seed = _seed_value(seed, SEED_PTR)
     c = pid // n_kb
     kb = pid % n_kb
     ad = tl.load(chunks + c * 3)

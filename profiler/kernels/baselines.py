@@ -228,6 +228,14 @@ class FusedImpl(Impl):
         mod.set_segments(self.seg_lens)
         mod.train(self.p > 0)
         self.mod = mod
+        # the same layer on its CUDA-graph path (same Parameter objects), for the eager loop
+        gmod = MultiLoRALinear(self.K, self.N, self.ranks, scales=self.scales, dropout=self.p,
+                               dtype=weight.dtype, device=weight.device,
+                               adapter_dtype=lora_A.dtype, kernel_config=kernel_config,
+                               cuda_graph=True)
+        gmod.weight, gmod.lora_A, gmod.lora_B = mod.weight, mod.lora_A, mod.lora_B
+        gmod.set_segments(self.seg_lens)
+        self.gmod = gmod.train(True)
 
     def params(self):
         return [self.mod.lora_A, self.mod.lora_B]
@@ -235,6 +243,12 @@ class FusedImpl(Impl):
     def step(self, x, dy):
         y = self.mod(x)
         return torch.autograd.grad(y, [x, self.mod.lora_A, self.mod.lora_B], dy)
+
+    def eager_step(self, x, dy):
+        """``step`` through the CUDA-graph path (what an eager training loop runs; on the CPU
+        the same as ``step``)."""
+        y = self.gmod(x)
+        return torch.autograd.grad(y, [x, self.gmod.lora_A, self.gmod.lora_B], dy)
 
 
 IMPLS = {c.name: c for c in (BaseImpl, AloneImpl, LoopImpl, PaddedImpl, PeftImpl, FusedImpl)}

@@ -1,0 +1,143 @@
+"""Triton kernel of the frozen layer's GEMM with the LoRA term in its epilogue (docs/kernel.md,
+"Fused multi-LoRA kernel"; LoRA: Hu et al. 2021, eq. 3).
+
+One kernel, two passes (constexpr ``BWD``), over output tiles (BM rows x BN columns):
+
+    forward   Y[rows, cols]  = X[rows] W^T[:, cols] (+ bias)  + s_i Psave_i[rows] B_i[:, cols]
+    backward  dX[rows, cols] = dY[rows] W[:, cols]  + (Q_i[rows] A_i^T[:, cols]) * mask_i / (1 - p_i)
+
+Row tiles follow the adapters' token segments (a tile never holds two adapters: it is clipped at
+its segment's end), so the epilogue adds one adapter's low-rank product, with tiles of that
+adapter's rank bucket R (16..256) taken in chunks of at most 64 ranks (the chunk bounds the
+epilogue's shared memory; chunks past the adapter's rank are skipped at run time). Rows past a
+tile's end are computed from the next segment's rows and never stored. Psave (P_i, already
+divided by 1 - p_i) and Q_i are the compact per-adapter buffers of ``_triton`` (row-major
+(len_i, r_i) at offset poff_i); B_i and A_i^T are rows roff_i .. roff_i + r_i of lora_B / lora_A.
+
+This replaces, per pass, one write of the LoRA term by ``_f2`` / ``_b2`` and one read of it by
+cuBLAS's ``addmm_`` (beta = 1): 2 x M x N x 2 bytes forward and 2 x M x K x 2 bytes backward.
+``LORA=False`` gives the plain GEMM (for the comparison with cuBLAS).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._triton import _dot, _keep, _seed_value
+
+
+@triton.jit
+def _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank, roff, poff,
+             R: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr):
+    """acc (BM, BN) += (lo_scale * LO_i[rows, :rank]) @ RI[roff + (0..rank), cols], in chunks of
+    RC ranks of the bucket's R (bf16 operands, fp32 accumulation)."""
+    for r0 in tl.static_range(0, R, RC):
+        if r0 < rank:
+            rr = r0 + tl.arange(0, RC)
+            rkm = rr < rank
+            lo = tl.load(LO + poff + (rows - start)[:, None] * rank + rr[None, :],
+                         mask=rmask[:, None] & rkm[None, :], other=0.0)
+            ri = tl.load(RI + (roff + rr).to(tl.int64)[:, None] * sri + cols[None, :],
+                         mask=rkm[:, None] & cmask[None, :], other=0.0)
+            lo = (lo.to(tl.float32) * lo_scale).to(ri.dtype)
+            acc = _dot(lo, ri, acc, PREC)
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank, roff, poff,
+              bucket, BUCKETS: tl.constexpr, PREC: tl.constexpr):
+    """The bucket's ``_lowrank`` (only the buckets in the BUCKETS bit mask are compiled)."""
+    if BUCKETS & 1:
+        if bucket == 0:
+            acc = _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
+                           roff, poff, 16, 16, PREC)
+    if BUCKETS & 2:
+        if bucket == 1:
+            acc = _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
+                           roff, poff, 32, 32, PREC)
+    if BUCKETS & 4:
+        if bucket == 2:
+            acc = _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
+                           roff, poff, 64, 64, PREC)
+    if BUCKETS & 8:
+        if bucket == 3:
+            acc = _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
+                           roff, poff, 128, 64, PREC)
+    if BUCKETS & 16:
+        if bucket == 4:
+            acc = _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
+                           roff, poff, 256, 64, PREC)
+    return acc
+
+
+@triton.jit(do_not_specialize=["seed", "n_mt"])
+def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
+                     M, NOUT, KRED, sxm, sw, som, sri, n_mt, seed,
+                     BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, GROUP_M: tl.constexpr, BWD: tl.constexpr,
+                     LORA: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+                     SEED_PTR: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+    """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term; op(W) = W^T (W: NOUT x KRED) forward,
+    W (KRED x NOUT) backward. Grid: n_mt row tiles (``mtiles``: adapter, m0, m1) x
+    cdiv(NOUT, BN) column tiles, in groups of GROUP_M row tiles (L2 reuse of W)."""
+    pid = tl.program_id(0)
+    n_nt = tl.cdiv(NOUT, BN)
+    width = GROUP_M * n_nt
+    first = (pid // width) * GROUP_M
+    gsize = tl.minimum(n_mt - first, GROUP_M)
+    mt = first + (pid % width) % gsize
+    nt = (pid % width) // gsize
+    ad = tl.load(mtiles + mt * 3)
+    m0 = tl.load(mtiles + mt * 3 + 1)
+    m1 = tl.load(mtiles + mt * 3 + 2)
+    rows = m0 + tl.arange(0, BM)
+    cols = nt * BN + tl.arange(0, BN)
+    # clamped indices: the main loop loads without row/column masks (rows past m1 are not stored)
+    rl = tl.minimum(rows, M - 1).to(tl.int64)
+    cl = tl.minimum(cols, NOUT - 1).to(tl.int64)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(KRED, BK)):
+        ks = kb * BK + tl.arange(0, BK)
+        if EVEN_K:
+            x = tl.load(XIN + rl[:, None] * sxm + ks[None, :])
+            if BWD:
+                w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :])
+            else:
+                w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :]))
+        else:
+            km = ks < KRED
+            x = tl.load(XIN + rl[:, None] * sxm + ks[None, :], mask=km[None, :], other=0.0)
+            if BWD:
+                w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :], mask=km[:, None],
+                            other=0.0)
+            else:
+                w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :], mask=km[None, :],
+                                     other=0.0))
+        acc = _dot(x, w, acc, PREC)
+    rmask = rows < m1
+    cmask = cols < NOUT
+    if LORA:
+        start = tl.load(meta_i + ad * 8)
+        rank = tl.load(meta_i + ad * 8 + 2)
+        roff = tl.load(meta_i + ad * 8 + 3)
+        poff = tl.load(meta_i + ad * 8 + 4)
+        bucket = tl.load(meta_i + ad * 8 + 5)
+        if BWD:  # dX_lora = mask(Q A^T) / (1 - p): its own accumulator, masked, then added
+            d = tl.zeros((BM, BN), dtype=tl.float32)
+            d = _epilogue(d, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff, poff,
+                          bucket, BUCKETS, PREC)
+            if DROPOUT:
+                thresh = tl.load(meta_i + ad * 8 + 6)
+                inv_keep = tl.load(meta_f + ad * 2 + 1)
+                keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
+                d = tl.where(keep, d * inv_keep, 0.0)
+            acc += d
+        else:  # Y_lora = s P B
+            scale = tl.load(meta_f + ad * 2)
+            acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
+                            poff, bucket, BUCKETS, PREC)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(OUT + rows.to(tl.int64)[:, None] * som + cols[None, :],
+             acc.to(OUT.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])

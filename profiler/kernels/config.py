@@ -1,0 +1,202 @@
+"""Knobs and launch helpers shared by the fused multi-LoRA kernels: the tile configuration
+(``KernelConfig``), the shared-memory model that picks pipeline stages per rank bucket, the
+launch wrapper, and the dropout seed/threshold conventions (docs/kernel.md, "Fused multi-LoRA
+kernel")."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+MAX_RANK = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tiles of the base GEMM with the LoRA epilogue (``lora_gemm``): bm x bn output tiles, bk of
+    the reduced dimension per step, ``group_m`` row tiles per L2 group (the grouped ordering of
+    Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options)."""
+    bm: int = 128
+    bn: int = 128
+    bk: int = 64
+    group_m: int = 8
+    warps: int = 8
+    stages: int = 3
+
+    def smem_bytes(self, stages: "int | None" = None) -> int:
+        """Shared memory (bytes) at ``stages`` (default: ``self.stages``) pipeline stages: stages
+        copies of the bf16 operand tiles of one step, (bm + bn) x bk x 2 B, plus one rank chunk
+        (64) of the epilogue's low-rank operands, (bm + bn) x 64 x 2 B; the same reasoning as
+        ``smem_bytes`` (not fitted to a reported requirement; ``launch`` falls back if short)."""
+        st = self.stages if stages is None else int(stages)
+        return st * (self.bm + self.bn) * self.bk * 2 + (self.bm + self.bn) * 64 * 2
+
+    def fitted_stages(self) -> int:
+        """``stages`` lowered (down to 1) until ``smem_bytes`` fits ``SMEM_LIMIT_BYTES``."""
+        st = int(self.stages)
+        while st > 1 and self.smem_bytes(st) > SMEM_LIMIT_BYTES:
+            st -= 1
+        return st
+
+
+BASE_GEMMS = ("auto", "cublas", "triton")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tile and launch knobs; the defaults are the configuration that ``bench/kernels.py --tune``
+    picked on an H100 (see profiler/KERNELS.md). ``TLORA_KCFG`` (env, JSON) overrides fields.
+
+    bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
+    bk / bn: columns of X / of Y per tile (powers of two >= 32); cms: column-width multiplier of
+    each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
+    tiles for high ranks cut those re-reads); waves: target programs per SM
+    used to choose the K/N splits and token chunks; num_warps / num_stages: Triton launch
+    options per kernel (f1, f2, b1, b2). base_gemm: who runs the frozen layer's two GEMMs:
+    "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
+    LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
+    ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
+    gemm_fwd / gemm_bwd override that table's tiles."""
+    bms: tuple = (64, 64, 128, 64, 64)
+    cms: tuple = (1, 1, 1, 1, 1)
+    bk: int = 128
+    bn: int = 128
+    waves: float = 2.0
+    max_split: int = 16
+    warps_f1: int = 8
+    warps_f2: int = 8
+    warps_b1: int = 8
+    warps_b2: int = 8
+    stages_f1: int = 3
+    stages_f2: int = 3
+    stages_b1: int = 3
+    stages_b2: int = 3
+    base_gemm: str = "auto"
+    gemm_fwd: "GemmConfig | None" = None
+    gemm_bwd: "GemmConfig | None" = None
+
+    def __post_init__(self):
+        if self.base_gemm not in BASE_GEMMS:
+            raise ValueError(f"base_gemm must be one of {BASE_GEMMS}, got {self.base_gemm!r}")
+
+    @classmethod
+    def from_env(cls) -> "KernelConfig":
+        """Defaults overridden by the JSON object in ``TLORA_KCFG`` (if set)."""
+        raw = os.environ.get("TLORA_KCFG")
+        if not raw:
+            return cls()
+        d = json.loads(raw)
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        """A config from a JSON-like dict (lists for bms/cms, dicts for gemm_fwd/gemm_bwd).
+        Raises TypeError on unknown fields, ValueError on a bad ``base_gemm``."""
+        d = dict(d)
+        for k in ("bms", "cms"):
+            if k in d:
+                d[k] = tuple(d[k])
+        for k in ("gemm_fwd", "gemm_bwd"):
+            if isinstance(d.get(k), dict):
+                d[k] = GemmConfig(**d[k])
+        return cls(**d)
+
+    def bm_kwargs(self) -> dict:
+        """Token rows per tile of each bucket, as the kernels' BM0..BM4 constexprs."""
+        return {f"BM{i}": int(b) for i, b in enumerate(self.bms)}
+
+    def cm_kwargs(self) -> dict:
+        """Column multipliers of each bucket, as the kernels' CM0..CM4 constexprs."""
+        return {f"CM{i}": int(c) for i, c in enumerate(self.cms)}
+
+
+SMEM_LIMIT_BYTES = 232_448
+"""Largest shared memory one block may use on the H100 and H200 (sm_90: 227 KiB opt-in)."""
+_RANKS_OF_BUCKET = (16, 32, 64, 128, 256)
+
+
+def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> int:
+    """Shared memory (bytes) kernel ``kernel`` (f1, f2, b1, b2) needs for rank bucket ``bucket`` at
+    ``stages`` pipeline stages: Triton's software pipelining keeps ``stages`` copies of the tiles a
+    loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B, the fp32
+    partial sums of f2 4 B), taking the largest loop of the kernel (loops in exclusive branches or
+    in sequence do not hold their buffers at once), plus b2's rank-wide A tile loaded once. Fitted
+    to the two requirements Triton 3.6 reported on an H100 at rank 256 and 3 stages (BM 64, BK = BN
+    = 128): f1 245,760 B = 3 x (BM x BK + R x BK) x 2, and f2 245,760 B = 3 x (R x BN x 2 + BM x R),
+    the BM x R term being the converted P operand; b1 and b2 carry the same BM x R term as a
+    margin. ``launch`` still falls back to fewer stages if a GPU reports more than this.
+    """
+    R, BM, CM = _RANKS_OF_BUCKET[bucket], int(cfg.bms[bucket]), int(cfg.cms[bucket])
+    BK, BN = cfg.bk, cfg.bn
+    per_stage = {"f1": (BM * BK + R * BK) * 2,
+                 "f2": R * BN * 2 + BM * R,
+                 "b1": max((BM * BN + R * BN) * 2, (BM * R + BM * BN * CM) * 2) + BM * R,
+                 "b2": (BM * R + BM * BK * CM) * 2 + BM * R}[kernel]
+    once = R * BK * CM * 2 if kernel == "b2" else 0
+    return stages * per_stage + once
+
+
+def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
+    """The configured ``num_stages`` of ``kernel``, lowered (down to 1) until every rank bucket in the
+    ``buckets`` bit mask fits ``SMEM_LIMIT_BYTES`` (``smem_bytes``); mixes of low ranks keep the
+    tuned stages."""
+    stages = int(getattr(cfg, f"stages_{kernel}"))
+    included = [b for b in range(len(_RANKS_OF_BUCKET)) if buckets >> b & 1]
+    while stages > 1 and any(smem_bytes(kernel, b, cfg, stages) > SMEM_LIMIT_BYTES for b in included):
+        stages -= 1
+    return stages
+
+
+_STAGES_SEEN: dict = {}  # (kernel name, constexpr args) -> stages that launched
+
+
+def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
+           start_stages: "int | None" = None, **kwargs) -> None:
+    """Launch ``kernel[grid](*args, **kwargs)`` with ``stages_for(name, buckets, cfg)`` pipeline stages
+    (or ``start_stages``, for kernels whose stages the caller sized, e.g. the base GEMM); if the GPU
+    still reports too little shared memory (Triton's ``OutOfResources``), retry with one stage fewer
+    (down to 1) and remember what launched for this kernel and configuration."""
+    key = (name, buckets, cfg, kwargs.get("PREC"))  # what decides the tiles' shared memory
+    stages = _STAGES_SEEN.get(key)
+    if stages is None:
+        stages = start_stages if start_stages is not None else stages_for(name, buckets, cfg)
+    while True:
+        try:
+            kernel[grid](*args, num_stages=stages, **kwargs)
+            _STAGES_SEEN[key] = stages
+            return
+        except Exception as e:  # noqa: BLE001 - only Triton's resource error is retried
+            if type(e).__name__ != "OutOfResources" or stages <= 1:
+                raise
+            stages -= 1
+
+
+def mix_seed(seed: int) -> int:
+    """Seed as passed to the kernels: a hash of ``seed`` folded into [0, 2**31)."""
+    h = (int(seed) * 0x9E3779B1 + 0x632BE5AB) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    return h & 0x7FFFFFFF
+
+
+def keep_threshold(p: float) -> int:
+    """Element kept iff its 16-bit hash half >= round(p * 2**16): keep probability 1 - p to
+    within 2**-17 (see ``reference.keep_mask``)."""
+    return int(round(float(p) * (1 << 16)))
+
+
+def bucket_of(r: int) -> int:
+    """Rank bucket index of rank r: the first R in (16, 32, 64, 128, 256) with r <= R.
+    Raises ValueError for r > 256."""
+    for i, R in enumerate(_RANKS_OF_BUCKET):
+        if r <= R:
+            return i
+    raise ValueError(f"rank {r} > {MAX_RANK}")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+

@@ -1,0 +1,143 @@
+"""The frozen layer's two GEMMs with the LoRA term carried in their epilogue (``_gemm_triton``),
+and the choice, per GEMM shape and GPU, between them and cuBLAS.
+
+Forward ``Y = X W^T (+ bias) + s_i Psave_i B_i`` and backward ``dX = dY W + mask(Q_i A_i^T)/(1-p_i)``
+(docs/kernel.md, "Fused multi-LoRA kernel"). The choice (``KernelConfig.base_gemm``):
+
+* ``"cublas"``: torch's ``addmm_`` (cuBLAS) adds the base product onto the LoRA term that
+  ``_f2`` / ``_b2`` wrote (one more write and read of Y / dX).
+* ``"triton"``: always this module's GEMM (tiles from ``gemm_fwd`` / ``gemm_bwd`` or
+  ``GemmConfig()``).
+* ``"auto"`` (default): this module's GEMM only for the (pass, in_features, out_features) shapes
+  that ``profiler/data/base_gemm.json`` records as measured faster than cuBLAS's two-pass path on
+  this GPU model (by ``bench/base_gemm.py``), from its ``min_tokens`` on; cuBLAS everywhere else,
+  including every GPU and shape that was never measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import torch
+
+from ._gemm_triton import gemm_lora_kernel
+from .config import GemmConfig, KernelConfig, cdiv, launch
+
+__all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
+           "gemm_lora_backward", "base_gemm"]
+
+TABLE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                          "base_gemm.json")
+_TABLE: dict = {}
+
+
+def gemm_table(path: str = TABLE_PATH) -> dict:
+    """The measured choice table: {gpu name: {"fwd|K|N" or "bwd|K|N": {"impl": "triton" or
+    "cublas", "min_tokens": int, "config": GemmConfig fields, ...}}}; {} if the file is absent.
+    Raises ValueError naming the file if it is not valid JSON."""
+    if path not in _TABLE:
+        if not os.path.exists(path):
+            _TABLE[path] = {}
+        else:
+            try:
+                with open(path) as f:
+                    _TABLE[path] = json.load(f).get("gpus", {})
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return _TABLE[path]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None) -> Optional[GemmConfig]:
+    """Tiles of this module's GEMM for pass ``pass_`` ("fwd" or "bwd") of ``plan`` on ``device``,
+    or None where cuBLAS runs it (see the module docstring). Cached on the plan."""
+    cfg = cfg or plan.cfg
+    device = torch.device(device)
+    key = ("gemm", pass_, str(device))
+    if key in plan.extra:
+        return plan.extra[key]
+    own = cfg.gemm_fwd if pass_ == "fwd" else cfg.gemm_bwd
+    choice = None
+    if cfg.base_gemm == "triton":
+        choice = own or GemmConfig()
+    elif cfg.base_gemm == "auto":
+        ent = gemm_table().get(_device_name(device), {}).get(
+            f"{pass_}|{plan.in_features}|{plan.out_features}")
+        if ent and ent.get("impl") == "triton" and plan.n_tokens >= int(ent.get("min_tokens", 0)):
+            choice = own or GemmConfig(**ent.get("config", {}))
+    plan.extra[key] = choice
+    return choice
+
+
+def row_tiles(plan, bm: int, device) -> torch.Tensor:
+    """(n, 3) int32 row tiles (adapter, m0, m1) of at most ``bm`` rows, clipped at each
+    segment's end (empty segments have none), in token order; cached on the plan."""
+    key = ("rows", int(bm), str(device))
+    t = plan.extra.get(key)
+    if t is None:
+        out = []
+        for i, (s, L) in enumerate(zip(plan.starts, plan.seg_lens)):
+            out += [(i, m0, min(m0 + bm, s + L)) for m0 in range(s, s + L, bm)]
+        t = torch.tensor(out or [[0, 0, 0]], dtype=torch.int32).reshape(-1, 3).to(device)
+        plan.extra[key] = t
+    return t
+
+
+def _run(a, w, out, lo, ri, bias, mtiles, n_mt, plan, gc: GemmConfig, bwd: bool, seed,
+         dropout: bool, lora: bool, cfg: KernelConfig, prec: str):
+    M, kred = a.shape
+    nout = out.shape[1]
+    grid = (n_mt * cdiv(nout, gc.bn),)
+    seed_ptr = isinstance(seed, torch.Tensor)
+    lo = out if lo is None else lo      # unused placeholders when there is no LoRA term
+    ri_stride = ri.stride(0) if ri is not None else 0
+    ri = out if ri is None else ri
+    launch(gemm_lora_kernel, grid, f"gemm_{'bwd' if bwd else 'fwd'}", plan.buckets if plan else 0,
+           cfg, a, w, out, lo, ri, bias if bias is not None else out,
+           mtiles, plan.meta_i if plan else mtiles, plan.meta_f if plan else mtiles,
+           M, nout, kred, a.stride(0), w.stride(0), out.stride(0), ri_stride,
+           n_mt, seed if seed_ptr else int(seed),
+           start_stages=gc.fitted_stages(),
+           BUCKETS=plan.buckets if plan else 0, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
+           BWD=bwd, LORA=lora, HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=seed_ptr,
+           EVEN_K=kred % gc.bk == 0, PREC=prec, num_warps=gc.warps)
+
+
+def gemm_lora_forward(x, weight, psave, lora_B, bias, plan, gc: GemmConfig, out, prec: str) -> None:
+    """out (M, N) = x (M, K) weight^T (+ bias) + s_i psave_i lora_B_i, for every token row of
+    ``plan`` (psave: the compact P of ``_f2``, already / (1 - p_i)). Raises Triton's errors."""
+    mt = row_tiles(plan, gc.bm, x.device)
+    if plan.n_tokens == 0:
+        return
+    _run(x, weight, out, psave, lora_B, bias, mt, mt.shape[0], plan, gc, False, 0, False, True,
+         plan.cfg, prec)
+
+
+def gemm_lora_backward(dy, weight, q, lora_A, plan, gc: GemmConfig, seed, dropout: bool, out,
+                       prec: str) -> None:
+    """out (M, K) = dy (M, N) weight (N, K) + mask_i(q_i lora_A_i) / (1 - p_i) (q: the compact
+    Q = s dY B^T of ``_b1``; mask and 1/(1-p) only with ``dropout``; ``seed`` the mixed int seed
+    or the counter tensor of the graph path)."""
+    mt = row_tiles(plan, gc.bm, dy.device)
+    if plan.n_tokens == 0:
+        return
+    _run(dy, weight, out, q, lora_A, None, mt, mt.shape[0], plan, gc, True, seed, dropout, True,
+         plan.cfg, prec)
+
+
+def base_gemm(a: torch.Tensor, w: torch.Tensor, gc: GemmConfig, bwd: bool,
+              prec: str = "tf32") -> torch.Tensor:
+    """This module's GEMM without the LoRA term (for the comparison with cuBLAS): a (M, KRED) @
+    w^T (w: NOUT x KRED) when not ``bwd``, a @ w (w: KRED x NOUT) when ``bwd``; uniform row tiles."""
+    M = a.shape[0]
+    nout = w.shape[1] if bwd else w.shape[0]
+    out = torch.empty(M, nout, dtype=a.dtype, device=a.device)
+    tiles = torch.tensor([(0, m0, min(m0 + gc.bm, M)) for m0 in range(0, M, gc.bm)],
+                         dtype=torch.int32, device=a.device)
+    _run(a, w, out, None, None, None, tiles, tiles.shape[0], None, gc, bwd, 0, False, False,
+         KernelConfig(), prec)
+    return out
