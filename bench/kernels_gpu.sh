@@ -5,7 +5,10 @@
 #   bash bench/kernels_gpu.sh bench OUT   # 2. the kernel benchmark, auto choice vs cuBLAS only
 set -euo pipefail
 what=${1:?gemm or bench}; out=${2:?output folder}
-mkdir -p "$out"
+mkdir -p "$out" /tmp/ns/tlora_sim
+# no install there: the package goes on PYTHONPATH under the tlora_sim namespace
+for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p; done
+export PYTHONPATH=/tmp/ns:$PWD
 export PYTHONUNBUFFERED=1 TLORA_GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'

@@ -52,9 +52,11 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None) -> Optional[GemmConfig]:
+def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None,
+                table: Optional[dict] = None) -> Optional[GemmConfig]:
     """Tiles of this module's GEMM for pass ``pass_`` ("fwd" or "bwd") of ``plan`` on ``device``,
-    or None where cuBLAS runs it (see the module docstring). Cached on the plan."""
+    or None where cuBLAS runs it (see the module docstring); ``table`` defaults to
+    ``gemm_table()``. Cached on the plan."""
     cfg = cfg or plan.cfg
     device = torch.device(device)
     key = ("gemm", pass_, str(device))
@@ -65,7 +67,7 @@ def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None) ->
     if cfg.base_gemm == "triton":
         choice = own or GemmConfig()
     elif cfg.base_gemm == "auto":
-        ent = gemm_table().get(_device_name(device), {}).get(
+        ent = (gemm_table() if table is None else table).get(_device_name(device), {}).get(
             f"{pass_}|{plan.in_features}|{plan.out_features}")
         if ent and ent.get("impl") == "triton" and plan.n_tokens >= int(ent.get("min_tokens", 0)):
             choice = own or GemmConfig(**ent.get("config", {}))

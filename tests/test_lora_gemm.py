@@ -1,0 +1,200 @@
+"""The base GEMM with the LoRA term in its epilogue (profiler/kernels/lora_gemm.py), its choice
+table, and the CUDA-graph path's seed counter, against the float64 reference.
+
+CPU through Triton's interpreter (``TRITON_INTERPRET=1``); fresh random inputs per case from a
+fixed-seed generator. The graph capture itself needs a GPU (bench/kernels.py measures it there);
+here the counter-driven seed the captured kernels read is checked on the CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from tlora_sim.profiler.kernels import (KernelConfig, MultiLoRALinear, build_plan,  # noqa: E402
+                                        multi_lora_linear, reference_forward_backward)
+from tlora_sim.profiler.kernels.config import SMEM_LIMIT_BYTES, GemmConfig  # noqa: E402
+from tlora_sim.profiler.kernels.graphed import GraphedCore  # noqa: E402
+from tlora_sim.profiler.kernels.lora_gemm import base_gemm, choose_gemm, gemm_table, row_tiles  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+TOL = 1e-4 if DEV == "cpu" else 1e-3
+SMALL = GemmConfig(bm=32, bn=32, bk=32, group_m=2)
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+def _case(seed, segs, ranks, K, N, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    M, R = sum(segs), sum(ranks)
+    t = dict(x=torch.randn(M, K, generator=g), W=torch.randn(N, K, generator=g) / K ** 0.5,
+             A=torch.randn(R, K, generator=g) / K ** 0.5, B=torch.randn(R, N, generator=g),
+             dy=torch.randn(M, N, generator=g), bias=torch.randn(N, generator=g),
+             scales=[float(v) for v in torch.rand(len(ranks), generator=g) * 2 + 0.25])
+    return {k: (v.to(DEV, dtype) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+def _run(t, segs, ranks, K, N, cfg, p, seed, bias=True):
+    plan = build_plan(segs, ranks, t["scales"], p, K, N, DEV, cfg)
+    x = t["x"].clone().requires_grad_(True)
+    A = t["A"].clone().requires_grad_(True)
+    B = t["B"].clone().requires_grad_(True)
+    y = multi_lora_linear(x, t["W"], A, B, plan, t["bias"] if bias else None, seed=seed)
+    return plan, (y, *torch.autograd.grad(y, [x, A, B], t["dy"]))
+
+
+CASES = [  # (segs, ranks, K, N): empty segments, rank 1 and 256, odd K/N, tiles clipped mid-tile
+    ([40, 0, 70, 33], [3, 16, 40, 130], 96, 80),
+    ([0, 37, 0], [1, 256, 8], 70, 45),
+    ([64, 64], [16, 16], 64, 96),
+    ([5, 90, 1], [2, 64, 32], 40, 136),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_epilogue_gemm_matches_reference(case, p):
+    segs, ranks, K, N = CASES[case]
+    t = _case(100 + case, segs, ranks, K, N)
+    cfg = KernelConfig(base_gemm="triton", gemm_fwd=SMALL, gemm_bwd=GemmConfig(bm=32, bn=64, bk=32))
+    plan, (y, dx, dA, dB) = _run(t, segs, ranks, K, N, cfg, p, seed=11)
+    assert choose_gemm(plan, "fwd", DEV) is not None and choose_gemm(plan, "bwd", DEV) is not None
+    ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],
+                                     t["dy"], dropout=p, seed=11, bias=t["bias"])
+    for name, got in (("y", y), ("dx", dx), ("dA", dA), ("dB", dB)):
+        assert _rel(got, ref[name]) < TOL, name
+
+
+def test_epilogue_gemm_agrees_with_cublas_path_in_bf16():
+    segs, ranks, K, N = [50, 78], [8, 64], 64, 64
+    t = _case(7, segs, ranks, K, N, dtype=torch.bfloat16)
+    outs = {}
+    for bg in ("cublas", "triton"):
+        cfg = KernelConfig(base_gemm=bg, gemm_fwd=SMALL, gemm_bwd=SMALL)
+        outs[bg] = _run(t, segs, ranks, K, N, cfg, 0.1, seed=5)[1]
+    ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],
+                                     t["dy"], dropout=0.1, seed=5, bias=t["bias"])
+    for i, name in enumerate(("y", "dx", "dA", "dB")):
+        assert _rel(outs["triton"][i], ref[name]) < 2e-2, name
+        assert _rel(outs["triton"][i], outs["cublas"][i]) < 2e-2, name
+
+
+def test_seed_tensor_gives_the_mask_of_its_value():
+    """The graph path's kernels read the seed from device memory and hash it there: the result is
+    the reference with that int seed, and differs from the next counter value's."""
+    segs, ranks, K, N = [30, 41], [4, 32], 48, 40
+    t = _case(3, segs, ranks, K, N)
+    for bg in ("cublas", "triton"):
+        cfg = KernelConfig(base_gemm=bg, gemm_fwd=SMALL, gemm_bwd=SMALL)
+        got = _run(t, segs, ranks, K, N, cfg, 0.4, seed=torch.tensor(987, device=DEV), bias=False)[1]
+        ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],
+                                         t["dy"], dropout=0.4, seed=987)
+        other = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks,
+                                           t["scales"], t["dy"], dropout=0.4, seed=988)
+        for i, name in enumerate(("y", "dx", "dA", "dB")):
+            assert _rel(got[i], ref[name]) < TOL, (bg, name)
+        assert _rel(got[0], other["y"]) > 1e-2
+
+
+def test_graphed_core_advances_its_counter_each_step():
+    mod = MultiLoRALinear(40, 24, [4, 16], dropout=0.3, dtype=torch.float32, device=DEV)
+    with torch.no_grad():
+        mod.lora_B.normal_()
+    mod.set_segments([10, 15])
+    plan = mod.plan_for([10, 15], DEV)
+    counter = mod.seed_counter(DEV)
+    start = int(counter)
+    core = GraphedCore(mod, plan, multi_lora_linear, counter)
+    assert {id(p) for p in core.parameters()} == {id(p) for p in mod.parameters()}
+    x = torch.randn(25, 40, device=DEV)
+    ys = [core(x) for _ in range(2)]
+    assert int(counter) == start + 2
+    for k, y in enumerate(ys):
+        want = multi_lora_linear(x, mod.weight, mod.lora_A, mod.lora_B, plan, seed=start + 1 + k)
+        assert _rel(y, want) < 1e-6
+    assert _rel(ys[0], ys[1]) > 1e-3
+
+
+def test_cuda_graph_flag_is_the_plain_path_off_cuda():
+    torch.manual_seed(0)
+    a = MultiLoRALinear(32, 16, [2, 8], dtype=torch.float32, device="cpu", cuda_graph=True)
+    b = MultiLoRALinear(32, 16, [2, 8], dtype=torch.float32, device="cpu")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(20, 32)
+    assert torch.equal(a(x, [8, 12], seed=4), b(x, [8, 12], seed=4))
+    assert not a.graph_cache
+
+
+def test_row_tiles_cover_each_segment_once_and_never_straddle():
+    segs = [0, 70, 1, 0, 130, 64]
+    plan = build_plan(segs, [4] * len(segs), [1.0] * len(segs), 0.0, 32, 32, "cpu")
+    t = row_tiles(plan, 32, "cpu").tolist()
+    covered = []
+    for ad, m0, m1 in t:
+        s = plan.starts[ad]
+        assert s <= m0 < m1 <= s + segs[ad] and m1 - m0 <= 32
+        covered += list(range(m0, m1))
+    assert covered == list(range(sum(segs)))
+    assert row_tiles(plan, 32, "cpu") is row_tiles(plan, 32, "cpu")   # cached
+
+
+@pytest.mark.parametrize("bwd", [False, True])
+def test_plain_gemm_matches_torch(bwd):
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(77, 72, generator=g).to(DEV)
+    w = torch.randn(72 if bwd else 50, 50 if bwd else 72, generator=g).to(DEV)
+    got = base_gemm(a, w, SMALL, bwd, prec="ieee")
+    want = a.double() @ (w.double() if bwd else w.double().t())
+    assert _rel(got, want) < TOL
+
+
+def test_auto_choice_follows_the_measured_table(tmp_path):
+    plan = build_plan([1024, 1024], [8, 16], [1.0, 1.0], 0.0, 64, 96, "cpu",
+                      KernelConfig(base_gemm="auto"))
+    table = {"cpu": {"fwd|64|96": {"impl": "triton", "min_tokens": 2048,
+                                   "config": {"bm": 64, "bn": 128, "bk": 32}},
+                     "bwd|64|96": {"impl": "cublas", "min_tokens": 0, "config": {}}}}
+    assert choose_gemm(plan, "fwd", "cpu", table=table) == GemmConfig(bm=64, bn=128, bk=32)
+    assert choose_gemm(plan, "bwd", "cpu", table=table) is None
+    small = build_plan([1000, 1000], [8, 16], [1.0, 1.0], 0.0, 64, 96, "cpu")
+    assert choose_gemm(small, "fwd", "cpu", table=table) is None        # below min_tokens
+    other = build_plan([1024, 1024], [8, 16], [1.0, 1.0], 0.0, 64, 80, "cpu")
+    assert choose_gemm(other, "fwd", "cpu", table=table) is None        # shape never measured
+    forced = build_plan([10], [8], [1.0], 0.0, 64, 80, "cpu", KernelConfig(base_gemm="cublas"))
+    assert choose_gemm(forced, "fwd", "cpu", table=table) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        gemm_table(str(bad))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"gpus": table}))
+    assert gemm_table(str(good)) == table
+
+
+def test_kernel_config_parses_gemm_tiles_and_rejects_unknown_choice():
+    cfg = KernelConfig.from_dict({"bms": [64] * 5, "base_gemm": "triton",
+                                  "gemm_bwd": {"bm": 64, "bn": 64, "bk": 64}})
+    assert cfg.gemm_bwd == GemmConfig(bm=64, bn=64, bk=64) and cfg.bms == (64,) * 5
+    hash(cfg)   # the launch wrapper keys its cache by the config
+    with pytest.raises(ValueError, match="base_gemm"):
+        KernelConfig(base_gemm="cutlass")
+
+
+@pytest.mark.parametrize("c", [GemmConfig(), GemmConfig(bm=128, bn=256, bk=64, stages=3),
+                               GemmConfig(bm=256, bn=128, bk=64, stages=5),
+                               GemmConfig(bm=128, bn=128, bk=128, stages=4)])
+def test_gemm_stages_fit_hopper_shared_memory(c):
+    st = c.fitted_stages()
+    assert 1 <= st <= c.stages
+    assert c.smem_bytes(st) <= SMEM_LIMIT_BYTES or st == 1
+    if st < c.stages:
+        assert c.smem_bytes(st + 1) > SMEM_LIMIT_BYTES
