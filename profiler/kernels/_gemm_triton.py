@@ -14,6 +14,9 @@ tile's end are computed from the next segment's rows and never stored. Psave (P_
 divided by 1 - p_i) and Q_i are the compact per-adapter buffers of ``_triton`` (row-major
 (len_i, r_i) at offset poff_i); B_i and A_i^T are rows roff_i .. roff_i + r_i of lora_B / lora_A.
 
+The main loop reads its operands through TMA tensor descriptors where the tensors allow it
+(16-byte aligned base and row strides), else through plain pointers.
+
 This replaces, per pass, one write of the LoRA term by ``_f2`` / ``_b2`` and one read of it by
 cuBLAS's ``addmm_`` (beta = 1): 2 x M x N x 2 bytes forward and 2 x M x K x 2 bytes backward.
 ``LORA=False`` gives the plain GEMM (for the comparison with cuBLAS).
@@ -77,10 +80,15 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                      BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, GROUP_M: tl.constexpr, BWD: tl.constexpr,
                      LORA: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-                     SEED_PTR: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+                     SEED_PTR: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                     USE_TMA: tl.constexpr, PREC: tl.constexpr):
     """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term; op(W) = W^T (W: NOUT x KRED) forward,
     W (KRED x NOUT) backward. Grid: n_mt row tiles (``mtiles``: adapter, m0, m1) x
-    cdiv(NOUT, BN) column tiles, in groups of GROUP_M row tiles (L2 reuse of W)."""
+    cdiv(NOUT, BN) column tiles, in groups of GROUP_M row tiles (L2 reuse of W). With USE_TMA,
+    XIN and W are tensor descriptors (Hopper's bulk tensor copies; blocks [BM, BK] and [BN, BK]
+    forward or [BK, BN] backward, out-of-range elements read as zero); else plain pointers.
+    The low-rank term is computed first and the main loop accumulates onto it, so only one
+    (BM, BN) fp32 accumulator is live at a time."""
     pid = tl.program_id(0)
     n_nt = tl.cdiv(NOUT, BN)
     width = GROUP_M * n_nt
@@ -93,50 +101,61 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
     m1 = tl.load(mtiles + mt * 3 + 2)
     rows = m0 + tl.arange(0, BM)
     cols = nt * BN + tl.arange(0, BN)
-    # clamped indices: the main loop loads without row/column masks (rows past m1 are not stored)
-    rl = tl.minimum(rows, M - 1).to(tl.int64)
-    cl = tl.minimum(cols, NOUT - 1).to(tl.int64)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(KRED, BK)):
-        ks = kb * BK + tl.arange(0, BK)
-        if EVEN_K:
-            x = tl.load(XIN + rl[:, None] * sxm + ks[None, :])
-            if BWD:
-                w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :])
-            else:
-                w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :]))
-        else:
-            km = ks < KRED
-            x = tl.load(XIN + rl[:, None] * sxm + ks[None, :], mask=km[None, :], other=0.0)
-            if BWD:
-                w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :], mask=km[:, None],
-                            other=0.0)
-            else:
-                w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :], mask=km[None, :],
-                                     other=0.0))
-        acc = _dot(x, w, acc, PREC)
     rmask = rows < m1
     cmask = cols < NOUT
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     if LORA:
         start = tl.load(meta_i + ad * 8)
         rank = tl.load(meta_i + ad * 8 + 2)
         roff = tl.load(meta_i + ad * 8 + 3)
         poff = tl.load(meta_i + ad * 8 + 4)
         bucket = tl.load(meta_i + ad * 8 + 5)
-        if BWD:  # dX_lora = mask(Q A^T) / (1 - p): its own accumulator, masked, then added
-            d = tl.zeros((BM, BN), dtype=tl.float32)
-            d = _epilogue(d, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff, poff,
-                          bucket, BUCKETS, PREC)
+        if BWD:  # dX_lora = mask(Q A^T) / (1 - p)
+            acc = _epilogue(acc, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff,
+                            poff, bucket, BUCKETS, PREC)
             if DROPOUT:
                 thresh = tl.load(meta_i + ad * 8 + 6)
                 inv_keep = tl.load(meta_f + ad * 2 + 1)
                 keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
-                d = tl.where(keep, d * inv_keep, 0.0)
-            acc += d
+                acc = tl.where(keep, acc * inv_keep, 0.0)
         else:  # Y_lora = s P B
             scale = tl.load(meta_f + ad * 2)
             acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
                             poff, bucket, BUCKETS, PREC)
+    if USE_TMA:
+        for kb in range(0, tl.cdiv(KRED, BK)):
+            x = XIN.load([m0, kb * BK])
+            if BWD:
+                w = W.load([kb * BK, nt * BN])
+            else:
+                w = W.load([nt * BN, kb * BK]).T
+            acc = _dot(x, w, acc, PREC)
+    else:
+        # clamped rows: loads need no row mask (rows past m1 are not stored); columns are
+        # clamped only when NOUT is not a multiple of BN (a clamp hides their contiguity)
+        rl = tl.minimum(rows, M - 1).to(tl.int64)
+        if EVEN_N:
+            cl = cols.to(tl.int64)
+        else:
+            cl = tl.minimum(cols, NOUT - 1).to(tl.int64)
+        for kb in range(0, tl.cdiv(KRED, BK)):
+            ks = kb * BK + tl.arange(0, BK)
+            if EVEN_K:
+                x = tl.load(XIN + rl[:, None] * sxm + ks[None, :])
+                if BWD:
+                    w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :])
+                else:
+                    w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :]))
+            else:
+                km = ks < KRED
+                x = tl.load(XIN + rl[:, None] * sxm + ks[None, :], mask=km[None, :], other=0.0)
+                if BWD:
+                    w = tl.load(W + ks.to(tl.int64)[:, None] * sw + cl[None, :],
+                                mask=km[:, None], other=0.0)
+                else:
+                    w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :], mask=km[None, :],
+                                         other=0.0))
+            acc = _dot(x, w, acc, PREC)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + rows.to(tl.int64)[:, None] * som + cols[None, :],

@@ -20,6 +20,7 @@ import os
 from typing import Optional
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import gemm_lora_kernel
 from .config import GemmConfig, KernelConfig, cdiv, launch
@@ -98,15 +99,30 @@ def _run(a, w, out, lo, ri, bias, mtiles, n_mt, plan, gc: GemmConfig, bwd: bool,
     lo = out if lo is None else lo      # unused placeholders when there is no LoRA term
     ri_stride = ri.stride(0) if ri is not None else 0
     ri = out if ri is None else ri
+    tma = cfg.gemm_tma and _tma_ok(a) and _tma_ok(w)
+    if tma:
+        a_op = TensorDescriptor.from_tensor(a, [gc.bm, gc.bk])
+        w_op = TensorDescriptor.from_tensor(w, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
+    else:
+        a_op, w_op = a, w
     launch(gemm_lora_kernel, grid, f"gemm_{'bwd' if bwd else 'fwd'}", plan.buckets if plan else 0,
-           cfg, a, w, out, lo, ri, bias if bias is not None else out,
+           cfg, a_op, w_op, out, lo, ri, bias if bias is not None else out,
            mtiles, plan.meta_i if plan else mtiles, plan.meta_f if plan else mtiles,
            M, nout, kred, a.stride(0), w.stride(0), out.stride(0), ri_stride,
            n_mt, seed if seed_ptr else int(seed),
            start_stages=gc.fitted_stages(),
            BUCKETS=plan.buckets if plan else 0, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
            BWD=bwd, LORA=lora, HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=seed_ptr,
-           EVEN_K=kred % gc.bk == 0, PREC=prec, num_warps=gc.warps)
+           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, PREC=prec,
+           num_warps=gc.warps)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can back a TMA descriptor: unit inner stride, 16-byte aligned base
+    and row stride (CUDA driver API, cuTensorMapEncodeTiled)."""
+    es = t.element_size()
+    return (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * es) % 16 == 0)
 
 
 def gemm_lora_forward(x, weight, psave, lora_B, bias, plan, gc: GemmConfig, out, prec: str) -> None:
