@@ -74,7 +74,7 @@ TUNE_CASES = [("4096x4096", "16x4"), ("4096x4096", "8-64"), ("4096x4096", "8-128
               ("4096x14336", "8+128")]
 QUICK = [("4096x4096", "16x4"), ("4096x4096", "8-64"), ("4096x4096", "8-128x8"),
          ("4096x14336", "8+128")]
-ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused"]
+ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused", "lorafusion", "grouped"]
 COLUMNS = ["layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch",
            "triton", "ratio_to_base", "eager_ratio_to_base", "ratio_to_floor", "base_tflops",
            "mix", "n_adapters", "M", "K", "N", "dropout", "lora_flops_pct", "driver", "cuda",
@@ -91,6 +91,9 @@ def parse_args(argv=None):
     ap.add_argument("--layers", default=None, help="comma list of layers, e.g. 4096x4096")
     ap.add_argument("--mixes", default=None, help=f"comma list of mixes from {list(MIXES)}")
     ap.add_argument("--impls", default=",".join(ALL_IMPLS), help="comma list (default: all)")
+    ap.add_argument("--lorafusion", default=None, metavar="PATH",
+                    help="LoRAFusion's source for impl lorafusion (default: env TLORA_LORAFUSION, "
+                         "else .ext/lorafusion; profiler/fetch_lorafusion.sh fills it)")
     ap.add_argument("--dropout", type=float, default=0.1, help="adapter-input dropout p")
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated per replay")
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed")
@@ -538,6 +541,12 @@ def main(argv=None):
     if "peft" in impls and not peft_available():
         print("peft: not installed here; skipping it", flush=True)
         impls.remove("peft")
+    if args.lorafusion:
+        os.environ["TLORA_LORAFUSION"] = os.path.abspath(args.lorafusion)
+    from tlora_sim.profiler.kernels.baselines import lorafusion_available
+    lf_absent = "lorafusion" in impls and not lorafusion_available()
+    if lf_absent:
+        impls.remove("lorafusion")
     cases = QUICK if args.quick else CASES
     if args.layers:
         keep = set(args.layers.split(","))
@@ -588,6 +597,8 @@ def main(argv=None):
         print(f"{layer} {mix}: " + " ".join(f"{k}={v['ms']:.3f}/{v['eager_ms']:.3f}"
                                            for k, v in last.items())
               + f"  ({time.time() - t0:.1f} s)", flush=True)
+    if lf_absent:
+        print(f"lorafusion: source absent (see --lorafusion); skipped on {len(cases)} cases", flush=True)
     text, res = summarize(rows)
     summary.update(res)
     summary["elapsed_s"] = time.time() - t_start

@@ -3,6 +3,7 @@
 #   bash bench/kernels_gpu.sh gemm  OUT   # 1. bf16 check of the epilogue GEMM path, then the
 #                                         #    cuBLAS-or-ours table (profiler/data/base_gemm.json)
 #   bash bench/kernels_gpu.sh bench OUT   # 2. the kernel benchmark, auto choice vs cuBLAS only
+#   bash bench/kernels_gpu.sh all OUT     # 1 then 2 (a shorter benchmark budget), one call
 set -euo pipefail
 what=${1:?gemm or bench}; out=${2:?output folder}
 mkdir -p "$out" /tmp/ns/tlora_sim
@@ -19,6 +20,11 @@ case "$what" in
     python3 bench/base_gemm.py --tokens 2048,8192,16384 --csv "$out/base_gemm.csv" \
       --table profiler/data/base_gemm.json
     cp profiler/data/base_gemm.json "$out/" ;;
+  all)
+    bash "$0" gemm "$out"
+    python3 bench/kernels.py --check --replays 20 --budget-s 380 \
+      --configs '[{}, {"base_gemm": "cublas"}]' \
+      --out "$out/kernel_bench.csv" --summary "$out/summary.json" ;;
   bench)
     python3 bench/kernels.py --check --replays 20 --budget-s 520 \
       --configs '[{}, {"base_gemm": "cublas"}]' \

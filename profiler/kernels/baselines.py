@@ -13,6 +13,11 @@ and one training step's gradients (dX, dA_i, dB_i; W frozen), through ``torch.au
              batched GEMMs (the LoRAFusion / vLLM style of sizing work for the largest rank).
 * ``peft``   Hugging Face PEFT's LoRA layer, each job alone (only where ``peft`` is installed).
 * ``fused``  ours: ``MultiLoRALinear`` (Triton kernels + cuBLAS base GEMMs).
+* ``lorafusion`` LoRAFusion's own Triton kernels (``lorafusion_ext.py``; only where their source
+             is present: ``lorafusion_available()``); mixes they cannot run raise
+             NotImplementedError at construction.
+* ``grouped`` ALTO style: grouped GEMMs over the adapters (``grouped.py``; torch._grouped_mm or
+             the labelled per-adapter fallback, ``GroupedImpl.implementation``).
 
 Adapters are given packed as in ``multi_lora_linear``: lora_A (sum r, K), lora_B (sum r, N);
 each implementation copies them into its own layout at construction, so all compute the same
@@ -25,9 +30,10 @@ from typing import List, Sequence
 import torch
 import torch.nn.functional as F
 
+from .lorafusion_ext import lorafusion_available  # noqa: F401 (re-exported for bench/kernels.py)
 from .multilora import MultiLoRALinear
 
-__all__ = ["IMPLS", "make_impl", "peft_available", "Impl"]
+__all__ = ["IMPLS", "make_impl", "peft_available", "Impl", "lorafusion_available"]
 
 
 def peft_available() -> bool:
@@ -251,7 +257,61 @@ class FusedImpl(Impl):
         return torch.autograd.grad(y, [x, self.gmod.lora_A, self.gmod.lora_B], dy)
 
 
-IMPLS = {c.name: c for c in (BaseImpl, AloneImpl, LoopImpl, PaddedImpl, PeftImpl, FusedImpl)}
+class LoRAFusionImpl(Impl):
+    """LoRAFusion's kernels (``lorafusion_ext.lorafusion_multi_lora_linear``): lora_A packed, lora_B
+    per adapter in their (N, r) layout, converted once here. Raises NotImplementedError (their
+    constraint) or ImportError (no source)."""
+    name = "lorafusion"
+
+    def __init__(self, weight, lora_A, lora_B, *a, **k):
+        super().__init__(weight, lora_A, lora_B, *a, **k)
+        from .lorafusion_ext import LoRAFusionPlan, lorafusion_b_layout
+
+        self.plan = LoRAFusionPlan(self.seg_lens, self.ranks, self.scales, self.p, self.K, self.N,
+                                   weight.device, weight.dtype)
+        self.A = lora_A.detach().clone().requires_grad_(True)
+        self.B = [b.requires_grad_(True) for b in lorafusion_b_layout(lora_B, self.ranks)]
+        self.implementation = self.plan.implementation()
+        self._seed = 0
+
+    def params(self):
+        return [self.A] + self.B
+
+    def step(self, x, dy):
+        from .lorafusion_ext import lorafusion_multi_lora_linear
+
+        self._seed += 1
+        y = lorafusion_multi_lora_linear(x, self.W, self.A, self.B, self.plan, seed=self._seed)
+        return torch.autograd.grad(y, [x, self.A] + self.B, dy)
+
+
+class GroupedImpl(Impl):
+    """ALTO style: the LoRA path as grouped GEMMs over the adapters (``grouped.py``), adapters
+    zero-padded to the largest rank (rounded up to 8) once here."""
+    name = "grouped"
+
+    def __init__(self, weight, lora_A, lora_B, *a, **k):
+        super().__init__(weight, lora_A, lora_B, *a, **k)
+        from .grouped import GroupedPlan, grouped_layout
+
+        self.plan = GroupedPlan(self.seg_lens, self.ranks, self.scales, self.p, self.K, self.N,
+                                weight.device, weight.dtype)
+        A3, B3 = grouped_layout(lora_A.detach(), lora_B.detach(), self.ranks, self.plan.R)
+        self.A3, self.B3 = A3.requires_grad_(True), B3.requires_grad_(True)
+        self.implementation = self.plan.implementation()
+
+    def params(self):
+        return [self.A3, self.B3]
+
+    def step(self, x, dy):
+        from .grouped import grouped_multi_lora_linear
+
+        y = grouped_multi_lora_linear(x, self.W, self.A3, self.B3, self.plan, training=self.p > 0)
+        return torch.autograd.grad(y, [x, self.A3, self.B3], dy)
+
+
+IMPLS = {c.name: c for c in (BaseImpl, AloneImpl, LoopImpl, PaddedImpl, PeftImpl, FusedImpl,
+                             LoRAFusionImpl, GroupedImpl)}
 
 
 def make_impl(name: str, weight, lora_A, lora_B, seg_lens, ranks, scales, dropout, **kw) -> Impl:

@@ -113,7 +113,7 @@ def _run(a, w, out, lo, ri, bias, mtiles, n_mt, plan, gc: GemmConfig, bwd: bool,
            start_stages=gc.fitted_stages(),
            BUCKETS=plan.buckets if plan else 0, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
            BWD=bwd, LORA=lora, HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=seed_ptr,
-           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, PREC=prec,
+           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, WS=tma and gc.ws, PREC=prec,
            num_warps=gc.warps)
 
 

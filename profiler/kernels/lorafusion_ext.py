@@ -221,6 +221,8 @@ class LoRAFusionPlan:
         for k in ("fused_multi_lora_xw_sb", "fused_multi_lora_dys_dyb", "fused_multi_lora_dyw_dsa"):
             mod = m[k]
             mod.MAX_NUM_BLOCK_M_SIZE = max(mod.MAX_NUM_BLOCK_M_SIZE, self.n_blocks)
+            if k == "fused_multi_lora_xw_sb":  # allocates its lists per call (no cached globals)
+                continue
             for g in ("GLOBAL_S_PTR_LIST", "GLOBAL_B_PTR_LIST", "GLOBAL_DS_PTR_LIST", "GLOBAL_A_PTR_LIST"):
                 t = getattr(mod, g, None)
                 if hasattr(mod, g) and (t is None or t.device != self.device or t.numel() < mod.MAX_NUM_BLOCK_M_SIZE):
