@@ -22,7 +22,7 @@ case "$what" in
     cp profiler/data/base_gemm.json "$out/" ;;
   all)
     bash "$0" gemm "$out"
-    python3 bench/kernels.py --check --replays 20 --budget-s 380 \
+    python3 bench/kernels.py --check --replays 20 --budget-s 330 \
       --configs '[{}, {"base_gemm": "cublas"}]' \
       --out "$out/kernel_bench.csv" --summary "$out/summary.json" ;;
   bench)

@@ -66,7 +66,7 @@ def test_epilogue_gemm_matches_reference(case, p):
     segs, ranks, K, N = CASES[case]
     t = _case(100 + case, segs, ranks, K, N)
     cfg = KernelConfig(base_gemm="triton", gemm_fwd=SMALL,
-                       gemm_bwd=GemmConfig(bm=32, bn=64, bk=32, ws=True))
+                       gemm_bwd=GemmConfig(bm=32, bn=64, bk=32))
     plan, (y, dx, dA, dB) = _run(t, segs, ranks, K, N, cfg, p, seed=11)
     assert choose_gemm(plan, "fwd", DEV) is not None and choose_gemm(plan, "bwd", DEV) is not None
     ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],

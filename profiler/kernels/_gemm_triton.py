@@ -81,13 +81,12 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                      BK: tl.constexpr, GROUP_M: tl.constexpr, BWD: tl.constexpr,
                      LORA: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
                      SEED_PTR: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                     USE_TMA: tl.constexpr, WS: tl.constexpr, PREC: tl.constexpr):
+                     USE_TMA: tl.constexpr, PREC: tl.constexpr):
     """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term; op(W) = W^T (W: NOUT x KRED) forward,
     W (KRED x NOUT) backward. Grid: n_mt row tiles (``mtiles``: adapter, m0, m1) x
     cdiv(NOUT, BN) column tiles, in groups of GROUP_M row tiles (L2 reuse of W). With USE_TMA,
     XIN and W are tensor descriptors (Hopper's bulk tensor copies; blocks [BM, BK] and [BN, BK]
     forward or [BK, BN] backward, out-of-range elements read as zero); else plain pointers.
-    WS: warp-specialised TMA main loop (producer and consumer warps, Triton's ``tl.range``).
     The low-rank term is computed first and the main loop accumulates onto it, so only one
     (BM, BN) fp32 accumulator is live at a time."""
     pid = tl.program_id(0)
@@ -124,7 +123,7 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
             acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
                             poff, bucket, BUCKETS, PREC)
     if USE_TMA:
-        for kb in tl.range(0, tl.cdiv(KRED, BK), warp_specialize=WS):
+        for kb in range(0, tl.cdiv(KRED, BK)):
             x = XIN.load([m0, kb * BK])
             if BWD:
                 w = W.load([kb * BK, nt * BN])

@@ -15,15 +15,13 @@ MAX_RANK = 256
 class GemmConfig:
     """Tiles of the base GEMM with the LoRA epilogue (``lora_gemm``): bm x bn output tiles, bk of
     the reduced dimension per step, ``group_m`` row tiles per L2 group (the grouped ordering of
-    Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options), ``ws``: warp
-    specialisation of the TMA main loop."""
+    Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options)."""
     bm: int = 128
     bn: int = 128
     bk: int = 64
     group_m: int = 8
     warps: int = 8
     stages: int = 3
-    ws: bool = False
 
     def smem_bytes(self, stages: "int | None" = None) -> int:
         """Shared memory (bytes) at ``stages`` (default: ``self.stages``) pipeline stages: stages

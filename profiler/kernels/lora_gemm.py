@@ -31,6 +31,7 @@ __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_fo
 TABLE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                           "base_gemm.json")
 _TABLE: dict = {}
+_BASE_TILES: dict = {}
 
 
 def gemm_table(path: str = TABLE_PATH) -> dict:
@@ -113,7 +114,7 @@ def _run(a, w, out, lo, ri, bias, mtiles, n_mt, plan, gc: GemmConfig, bwd: bool,
            start_stages=gc.fitted_stages(),
            BUCKETS=plan.buckets if plan else 0, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
            BWD=bwd, LORA=lora, HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=seed_ptr,
-           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, WS=tma and gc.ws, PREC=prec,
+           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, PREC=prec,
            num_warps=gc.warps)
 
 
@@ -154,8 +155,11 @@ def base_gemm(a: torch.Tensor, w: torch.Tensor, gc: GemmConfig, bwd: bool,
     M = a.shape[0]
     nout = w.shape[1] if bwd else w.shape[0]
     out = torch.empty(M, nout, dtype=a.dtype, device=a.device)
-    tiles = torch.tensor([(0, m0, min(m0 + gc.bm, M)) for m0 in range(0, M, gc.bm)],
-                         dtype=torch.int32, device=a.device)
+    key = (M, gc.bm, str(a.device))
+    if key not in _BASE_TILES:  # built once, so that later calls can be graph-captured
+        _BASE_TILES[key] = torch.tensor([(0, m0, min(m0 + gc.bm, M)) for m0 in range(0, M, gc.bm)],
+                                        dtype=torch.int32, device=a.device)
+    tiles = _BASE_TILES[key]
     _run(a, w, out, None, None, None, tiles, tiles.shape[0], None, gc, bwd, 0, False, False,
          KernelConfig(), prec)
     return out
