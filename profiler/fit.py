@@ -25,8 +25,14 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, correction_point, attention_ms, layer_ms, mix_features,
                           seq_groups, smoothmax)
 
+# LoRAFusion and the grouped GEMM size their LoRA work for the mix's largest rank (tiles of MAX_R;
+# adapters zero-padded to it): their extra term is max rank x tokens
 PLAN_FEATURES = {"loop": ("const", "adapters", "tokens", "rank_tokens", "ranks"),
-                 "fused": ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens")}
+                 "fused": ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens"),
+                 "lorafusion": ("const", "adapters", "tokens", "rank_tokens", "ranks", "max_rank_tokens"),
+                 "grouped": ("const", "adapters", "tokens", "rank_tokens", "ranks", "max_rank_tokens")}
+REQUIRED_FAMILIES = ("loop", "fused")
+OPTIONAL_FAMILIES = ("lorafusion", "grouped")  # fitted (and then measured) where their rows exist
 MEM_FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks")
 SIZE_BINS = ((1, 1, "1"), (2, 3, "2-3"), (4, 7, "4-7"), (8, 16, "8-16"), (17, 10**9, ">16"))
 
@@ -251,6 +257,20 @@ def _uniq(df: pd.DataFrame, col: str) -> list:
     return sorted({str(v) for v in df[col] if str(v)})
 
 
+def _terms(measured: list) -> dict:
+    """TERMS with the analytic plans narrowed to those this artifact did not measure."""
+    rest = [p for p in OPTIONAL_FAMILIES if p not in measured]
+    out = {}
+    for k, v in TERMS.items():
+        out[k] = [t for t in v if not t.startswith("plans lorafusion")]
+        if k == "analytic" and rest:
+            out[k].insert(2, f"plans {'/'.join(rest)} (fused x roofline ratio)")
+        if k == "measured" and len(rest) < len(OPTIONAL_FAMILIES):
+            out[k].append(f"plans {'/'.join(p for p in OPTIONAL_FAMILIES if p in measured)} on one GPU "
+                          "(their own kernels; several GPUs: fused x roofline ratio)")
+    return out
+
+
 def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: dict | None = None) -> dict:
     """Fit every model present in ``df`` (rows of one GPU type). Raises InputError."""
     d = df[df.gpu.astype(str).str.upper() == gpu.upper()]
@@ -258,7 +278,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
         raise InputError(f"no profile rows for GPU {gpu!r} (found: {', '.join(_uniq(df, 'gpu'))})")
     models = {}
     # the harness's per-call overhead does not depend on the model: measured on any of them
-    call_ms = {fam: call_overhead(d, fam) for fam in ("loop", "fused")}
+    call_ms = {fam: call_overhead(d, fam) for fam in REQUIRED_FAMILIES + OPTIONAL_FAMILIES}
     # a job alone (one adapter, eager LoRA) has its own harness overhead: on the H100 profile the
     # loop family's pooled value (0.64 ms) left `alone` full-model steps 14% slow (issue 17)
     alone_ms = call_overhead(d[d.plan == "alone"], "loop")
@@ -271,7 +291,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
         tab = Tables(model, gpu, entry)
         entry["plans"] = {}
         mix = dm[dm.kind == "mix"]
-        for fam in ("loop", "fused"):
+        for fam in REQUIRED_FAMILIES + OPTIONAL_FAMILIES:
             rows = mix[mix.plan.map(PLAN_FAMILY) == fam]
             if len(rows) < len(PLAN_FEATURES[fam]) + 1:
                 continue
@@ -282,7 +302,7 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
             if correction:
                 pe = add_correction(tab, pe, rows)
             entry["plans"][fam] = pe
-        if set(entry["plans"]) != {"loop", "fused"}:
+        if not set(REQUIRED_FAMILIES) <= set(entry["plans"]):
             raise InputError(f"model {model!r}: too few mix rows to fit both plan families "
                              f"(have {sorted(entry['plans'])})")
         entry["rows"] = {k: int(v) for k, v in dm.kind.value_counts().items()}
@@ -301,9 +321,13 @@ def fit_artifact(df: pd.DataFrame, gpu: str, correction: bool = False, heldout: 
     src["kernel_variants"] = _uniq(d[d.kind == "mix"], "kernel_variant")
     src["rows"] = int(len(d))
     src["measured"] = [min(_uniq(d, "timestamp") or [""]), max(_uniq(d, "timestamp") or [""])]
-    art = {"schema": SCHEMA, "version": 1, "gpu": gpu.upper(),
+    fams = {f for e in models.values() for f in e["plans"]}
+    # plans measured (each of its own family, fitted for at least one model; the cost model
+    # checks the model's entry too): the rest stay fused x roofline ratio (flagged)
+    measured = [p for p, f in PLAN_FAMILY.items() if f in fams]
+    art = {"schema": SCHEMA, "version": 1, "gpu": gpu.upper(), "measured_plans": measured,
            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "source": src, "ceilings": ceil, "heldout": heldout or {}, "terms": TERMS,
+           "source": src, "ceilings": ceil, "heldout": heldout or {}, "terms": _terms(measured),
            "conventions": {"layer_ms": "one decoder layer, forward + backward (dX, adapter grads), eager, median",
                            "dtype": "bf16 weights, activations and adapters; fp32 cross-entropy",
                            "dropout": 0.1, "lora_targets": "q,k,v,o,gate,up,down", "correction": bool(correction)},
@@ -333,7 +357,7 @@ def predict_rows(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
     for _, r in rows.iterrows():
         m = members_of(r)
         e = art["models"].get(r["model"])
-        if e is None:
+        if e is None or PLAN_FAMILY.get(r["plan"]) not in e["plans"]:
             continue
         pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False)
         out.append({"model": r["model"], "plan": r["plan"], "adapters": len(m), "mix": mix_key(m),

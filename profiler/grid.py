@@ -9,7 +9,11 @@ import zlib
 from tlora_sim.profiler.provenance import log, variant  # noqa: F401
 
 
-PLAN_IMPL = {"alone": "loop", "loop": "loop", "fused": "fused"}
+PLAN_IMPL = {"alone": "loop", "loop": "loop", "fused": "fused", "lorafusion": "lorafusion", "grouped": "grouped"}
+# plans measured on multi-adapter mixes only (one adapter: the same kernels as a mix of one; this keeps
+# the added GPU time of the seed systems' plans modest)
+MULTI_ONLY_PLANS = ("loop", "lorafusion", "grouped")
+DEFAULT_PLANS = "alone,loop,fused,lorafusion,grouped"
 RANKS = (2, 4, 8, 16, 32, 64, 128)
 BATCHES = (1, 2, 4, 8)
 SEQS = (512, 1024, 2048, 4096)
@@ -123,11 +127,11 @@ def precompile(mixes: list, device: str, workers: int = 8):
     """Warm Triton's on-disk cache for every rank-bucket set in ``mixes``, in parallel processes."""
     import multiprocessing as mp
 
-    from tlora_sim.profiler.kernels import multilora
+    from tlora_sim.profiler.kernels.config import bucket_of
 
     keys = {}
     for mem in mixes:
-        bk = tuple(sorted({multilora._bucket(r) for r, _, _ in mem}))
+        bk = tuple(sorted({bucket_of(r) for r, _, _ in mem}))
         keys.setdefault(bk, tuple(sorted({r for r, _, _ in mem})))
     t0 = time.time()
     try:

@@ -16,6 +16,15 @@ LoRA implementations (``impl``):
 * ``fused``  this project's fused multi-LoRA Triton kernels (``tlora_sim.profiler.kernels.multi_lora_linear``).
 * ``padded`` every adapter padded to the largest rank, two ``bmm`` per linear (a torch fallback,
              used and labelled as such only when the fused kernel does not run).
+* ``lorafusion`` LoRAFusion's own Triton kernels (``profiler/kernels/lorafusion_ext.py``; their
+             source from ``.ext/lorafusion`` or env ``TLORA_LORAFUSION``): lora_A packed, lora_B per
+             adapter in their (out, r) layout. Mixes their kernels cannot run raise
+             ``LoRAFusionUnsupported`` (a NotImplementedError) at construction.
+* ``grouped`` ALTO style: the LoRA path as grouped GEMMs over the adapters
+             (``profiler/kernels/grouped.py``; ``torch._grouped_mm``, or its labelled per-adapter
+             fallback), adapters zero-padded to the largest rank (rounded up to 8).
+
+``LoRASet.implementation`` names what ran (recorded in every profile row).
 
 ``attn`` selects the attention block: ``sdpa`` (real), ``skip`` (the attention block replaced by
 its query input: the layer minus attention, for the cost model's base curve).
@@ -159,6 +168,7 @@ class LoRASet:
         g = torch.Generator(device=dev).manual_seed(seed)
         self.params: list[torch.Tensor] = []
         self.A, self.B, self.plan = {}, {}, {}
+        self.implementation = impl
         if impl == "none":
             return
         R = sum(self.ranks)
@@ -177,6 +187,22 @@ class LoRASet:
                 self.A[name] = [A[o:o + r].clone().requires_grad_(True) for o, r in zip(offs, self.ranks)]
                 self.B[name] = [B[o:o + r].t().contiguous().requires_grad_(True) for o, r in zip(offs, self.ranks)]
                 self.params += self.A[name] + self.B[name]
+            elif impl == "lorafusion":
+                from tlora_sim.profiler.kernels.lorafusion_ext import LoRAFusionPlan, lorafusion_b_layout
+
+                self.plan[name] = LoRAFusionPlan(self.segs, self.ranks, self.scales, DROPOUT, din, dout, dev, dt)
+                self.A[name] = A.requires_grad_(True)
+                self.B[name] = [b.requires_grad_(True) for b in lorafusion_b_layout(B, self.ranks)]
+                self.params += [self.A[name]] + self.B[name]
+                self.implementation = self.plan[name].implementation()
+            elif impl == "grouped":
+                from tlora_sim.profiler.kernels.grouped import GroupedPlan, grouped_layout
+
+                self.plan[name] = GroupedPlan(self.segs, self.ranks, self.scales, DROPOUT, din, dout, dev, dt)
+                A3, B3 = grouped_layout(A, B, self.ranks, self.plan[name].R)
+                self.A[name], self.B[name] = A3.requires_grad_(True), B3.requires_grad_(True)
+                self.params += [self.A[name], self.B[name]]
+                self.implementation = self.plan[name].implementation()
             elif impl == "padded":
                 n, Rm = len(self.ranks), max(self.ranks)
                 Ap, Bp = A.new_zeros(n, Rm, din), B.new_zeros(n, dout, Rm)
@@ -202,6 +228,15 @@ class LoRASet:
 
             self._seed += 1
             return multi_lora_linear(h, W, self.A[name], self.B[name], self.plan[name], seed=self._seed)
+        if self.impl == "lorafusion":
+            from tlora_sim.profiler.kernels.lorafusion_ext import lorafusion_multi_lora_linear
+
+            self._seed += 1
+            return lorafusion_multi_lora_linear(h, W, self.A[name], self.B[name], self.plan[name], seed=self._seed)
+        if self.impl == "grouped":
+            from tlora_sim.profiler.kernels.grouped import grouped_multi_lora_linear
+
+            return grouped_multi_lora_linear(h, W, self.A[name], self.B[name], self.plan[name])
         y = F.linear(h, W)
         if self.impl == "loop":
             parts = [F.linear(F.linear(F.dropout(hi, DROPOUT, training=True), a) * s, b)

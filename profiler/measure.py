@@ -21,6 +21,9 @@ class Profiler:
         self.device, self.w, self.prov, self.quick, self.tiny = device, writer, prov, quick, tiny
         self.fused_ok: bool | None = None
         self.errors: list[str] = []
+        # rows of mixes a plan's kernels cannot run (LoRAFusion: largest rank < 16, ...): recorded
+        # with an error starting "not runnable", counted here by plan, not in ``errors``
+        self.not_runnable: dict[str, int] = {}
         self.target_ms = 300.0 if quick else 1000.0
         self.max_reps = 1 if tiny else (20 if quick else 60)
         self.min_reps = 1 if tiny else 5
@@ -373,6 +376,17 @@ class Profiler:
             return {"saved_bytes": "", "peak_bytes": ""}
 
     # -- mixes
+    def impl_variant(self, impl: str) -> str:
+        """The kernel variant recorded with a row: ``variant`` for ours, ``lorafusion@<sha12>`` (the
+        commit of their copied source) and ``grouped[...]`` (refined from the built LoRASet)."""
+        if impl == "lorafusion":
+            from tlora_sim.profiler.kernels.lorafusion_ext import source_sha
+
+            return f"lorafusion@{source_sha()[:12]}"
+        if impl == "grouped":
+            return "grouped"
+        return variant(impl, self.prov)
+
     def fused_impl(self) -> str:
         return "fused" if self.fused_ok is not False else "padded"
 
@@ -389,12 +403,19 @@ class Profiler:
         d = base.shape.hidden
         T = sum(b * s for _, b, s in members)
         info = dict(kind="stack" if stack else "mix", layers=max(stack, 1), model=model, plan=plan, impl=impl,
-                    kernel_variant=variant(impl, self.prov),
+                    kernel_variant=self.impl_variant(impl),
                     n_adapters=len(members), ranks=";".join(str(m[0]) for m in members),
                     batch_sizes=";".join(str(m[1]) for m in members),
                     seq_lens=";".join(str(m[2]) for m in members), tokens=T)
         try:
-            lora = LoRASet(base, members, impl)
+            try:
+                lora = LoRASet(base, members, impl)
+            except NotImplementedError as e:  # the plan's kernels cannot run this mix
+                self.not_runnable[plan] = self.not_runnable.get(plan, 0) + 1
+                log(f"{model} mix {plan} {mix_key(members)}: not runnable ({e})")
+                self.w.row(error=f"not runnable: {e}"[:300], **info)
+                return False
+            info["kernel_variant"] = lora.implementation if impl in ("lorafusion", "grouped") else info["kernel_variant"]
             sets = self._sets(T, d, d)
             opt = self._adamw(lora.params)
 

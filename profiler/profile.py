@@ -15,8 +15,13 @@ keeps what it measured):
 * ``head``   embedding lookup + final RMSNorm + LM head + fp32 cross-entropy, forward + dX.
 * ``mix``    the full decoder layer with a mix of adapters (``ranks``, ``batch_sizes``,
              ``seq_lens``: one entry per adapter) under plan ``alone`` (one adapter, eager torch
-             LoRA as PEFT runs it), ``loop`` (mLoRA style) or ``fused`` (our Triton kernel):
-             forward, backward (dX and adapter gradients) and the layer's AdamW step.
+             LoRA as PEFT runs it), ``loop`` (mLoRA style), ``fused`` (our Triton kernel),
+             ``lorafusion`` (LoRAFusion's own kernels, from ``.ext/lorafusion``) or ``grouped``
+             (ALTO-style grouped GEMMs): forward, backward (dX and adapter gradients) and the
+             layer's AdamW step. Mixes a plan cannot run are written with an error starting "not
+             runnable" and counted in the summary; ``lorafusion`` without its source is skipped
+             (counted too). The row's ``kernel_variant`` names the implementation
+             (``lorafusion@<their commit>[stages..]``, ``grouped[torch._grouped_mm,R=..]``).
 
 Timing (profiler/layer.py): CUDA events around each phase, a warm-up, then ``reps`` steps without
 host synchronisation between them (a training loop's steady state; eager, as trainers run),
@@ -31,6 +36,9 @@ Run (on the GPU machine, from the repository root)::
     python3 -m tlora_sim.profiler.profile --gpu-name auto --models llama3-8b,qwen3-8b,qwen2.5-32b,llama3-70b \\
         --quick --out OUT --budget-s 540 --e2e
     python3 -m tlora_sim.profiler.profile --device cpu --tiny --out /tmp/p   # a dry run on the CPU
+
+LoRAFusion's source is never committed: ``profiler/fetch_lorafusion.sh MIRROR`` copies it to
+``.ext/lorafusion`` (carry that folder to the GPU machine).
 """
 from __future__ import annotations
 
@@ -43,6 +51,7 @@ from pathlib import Path
 from tlora_sim.profiler.provenance import COLUMNS, ROOT, Writer, git_commit, kernel_hash, log, provenance, short_gpu_name, variant  # noqa: F401
 from tlora_sim.profiler.grid import BATCHES, MINI_MIXES, MODEL_WEIGHT, PLAN_IMPL, RANKS, SEQS, STACK_MIXES, T_MAX_FULL, T_MAX_QUICK, _precompile_one, mix_key, order_members, precompile, quick_mixes, spread, token_grid  # noqa: F401
 from tlora_sim.profiler.measure import Profiler  # noqa: F401
+from tlora_sim.profiler.grid import DEFAULT_PLANS, MULTI_ONLY_PLANS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``tlora-sim profile`` (also ``python3 -m tlora_sim.profiler.profile``)."""
     p.add_argument("--gpu-name", default="auto", help="GPU type recorded in the rows (auto: from the device name)")
@@ -54,7 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU tests): one tiny model, a few mixes")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="stop starting new measurements after this many seconds (0: 540 with --quick, else none)")
-    p.add_argument("--plans", default="alone,loop,fused", help="plans to measure")
+    p.add_argument("--plans", default=DEFAULT_PLANS,
+                   help="comma-separated plans to measure: alone, loop, fused, lorafusion (LoRAFusion's kernels; "
+                        "skipped, and counted, where their source is absent), grouped (ALTO-style grouped GEMM); "
+                        "lorafusion and grouped run on multi-adapter mixes only")
+    p.add_argument("--lorafusion", default=None, metavar="DIR",
+                   help="LoRAFusion's source (default: env TLORA_LORAFUSION, else .ext/lorafusion; "
+                        "profiler/fetch_lorafusion.sh fills it)")
     p.add_argument("--e2e", action="store_true", help="also run the full-model end-to-end check (profiler/e2e.py)")
     p.add_argument("--e2e-only", action="store_true", help="only the end-to-end check")
     p.add_argument("--no-precompile", action="store_true", help="compile the fused kernels lazily")
@@ -90,6 +105,22 @@ def run(args) -> int:
     w = Writer(out / f"profile_{gpu.lower()}.csv", prov)
     prof = Profiler(device, w, prov, quick=args.quick or args.tiny, tiny=args.tiny)
     plans = [p.strip() for p in args.plans.split(",") if p.strip()]
+    bad = [p for p in plans if p not in PLAN_IMPL]
+    if bad:
+        print(f"profile: unknown plan(s) {', '.join(bad)}; known: {', '.join(PLAN_IMPL)}", file=sys.stderr)
+        return 2
+    import os
+
+    if getattr(args, "lorafusion", None):
+        os.environ["TLORA_LORAFUSION"] = str(Path(args.lorafusion).resolve())
+    lf_info = None
+    skipped: dict[str, int] = {}
+    if "lorafusion" in plans:
+        from tlora_sim.profiler.kernels.lorafusion_ext import lorafusion_available, source_dir, source_sha
+
+        lf_info = {"available": lorafusion_available(), "dir": str(source_dir()), "source_sha": source_sha()}
+        log(f"LoRAFusion kernels: {'source ' + lf_info['source_sha'][:12] if lf_info['available'] else 'absent'} "
+            f"({lf_info['dir']})" + ("" if lf_info["available"] else "; plan lorafusion skipped"))
     log(f"profile {prov['profile_id']}: {prov['gpu_name']} driver {prov['driver']} torch {prov['torch']} "
         f"triton {prov['triton']} commit {prov['git_commit'][:12]} kernels {prov['kernel_hash']}; mode {mode}, "
         f"budget {budget:.0f} s")
@@ -107,7 +138,7 @@ def run(args) -> int:
             grids[sh.name] = dict(tokens=spread(token_grid(t_max)), seqs=list(SEQS),
                                   batches=[1, 2, 4, 8, 16, 32, 64], head=spread(token_grid(min(t_max, 16384))),
                                   t_max=t_max, mixes=quick_mixes(sh.name, t_max, nr, args.seed))
-    meta = {"provenance": prov, "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+    meta = {"provenance": prov, "args": {k: str(v) for k, v in vars(args).items() if k != "func"}, "lorafusion": lf_info,
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     e2e_done = not (args.e2e or args.e2e_only)
     from tlora_sim.profiler.layer import choose_gqa
@@ -154,8 +185,11 @@ def run(args) -> int:
                     log(f"{sh.name}: budget reached after {n_rows} mix rows")
                     break
                 for plan in plans:
-                    if (plan == "alone" and len(mem) != 1) or (plan == "loop" and len(mem) == 1):
+                    if (plan == "alone" and len(mem) != 1) or (plan in MULTI_ONLY_PLANS and len(mem) == 1):
                         continue  # one adapter in a loop is a job alone (the same code)
+                    if plan == "lorafusion" and not lf_info["available"]:
+                        skipped[plan] = skipped.get(plan, 0) + 1
+                        continue
                     n_rows += prof.mix(base, sh.name, mem, plan)
             log(f"{sh.name}: {n_rows} mix rows")
             if args.minimodel and i == 0:
@@ -184,11 +218,17 @@ def run(args) -> int:
     finally:
         meta["errors"] = prof.errors
         meta["fused_kernel_ok"] = prof.fused_ok
+        meta["not_runnable"] = dict(prof.not_runnable)
+        meta["skipped"] = dict(skipped)
         meta["rows"] = w.n
         meta["elapsed_s"] = round(time.time() - t_start, 1)
         (out / f"meta_{gpu.lower()}.json").write_text(json.dumps(meta, indent=1))
         w.close()
     log(f"done: {w.n} rows in {time.time() - t_start:.0f} s, {len(prof.errors)} errors -> {out}")
+    for what, counts in (("not runnable (rows written with the reason)", prof.not_runnable),
+                         ("skipped (no source; no rows)", skipped)):
+        if counts:
+            log(f"mixes {what}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0
 
 

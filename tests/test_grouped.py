@@ -70,3 +70,22 @@ def test_torch_dropout_path_keeps_expectation():
     torch.manual_seed(0)
     mean = sum(gp.grouped_multi_lora_linear(x, W, A3, B3, plan) for _ in range(200)) / 200
     assert (mean - full).abs().mean() < 0.15 * full.abs().mean()
+
+
+@pytest.mark.parametrize("segs", [[24, 24, 24], [10, 0, 31]])
+def test_bench_impl_computes_the_same_function(segs):
+    """``bench/kernels.py``'s ``grouped`` (baselines.GroupedImpl), an empty segment included."""
+    from tlora_sim.profiler.kernels.baselines import make_impl
+
+    g = torch.Generator().manual_seed(21)
+    ranks, K, N = [2, 8, 5], 32, 40
+    x, W = torch.randn(sum(segs), K, generator=g), torch.randn(N, K, generator=g) / 6
+    A, B = torch.randn(sum(ranks), K, generator=g) / 6, torch.randn(sum(ranks), N, generator=g) / 6
+    dy, sc = torch.randn(sum(segs), N, generator=g), [2.0, 1.0, 0.5]
+    ref = reference_forward_backward(x, W, A, B, segs, ranks, sc, dy)
+    im = make_impl("grouped", W, A, B, segs, ranks, sc, 0.0)
+    assert im.implementation.startswith("grouped[")
+    dx, dA3, dB3 = im.step(*im.inputs(x, dy))
+    dA, dB = gp.packed_grads(dA3, dB3, ranks)
+    for got, want in ((dx, ref["dx"]), (dA, ref["dA"]), (dB, ref["dB"])):
+        assert (got.double() - want).abs().max() <= 2e-5 * want.abs().max() + 1e-6

@@ -131,3 +131,23 @@ def test_available_is_false_for_a_missing_source(monkeypatch, tmp_path):
     monkeypatch.setattr(lf, "_MODS", {})
     assert lf.lorafusion_available() is False
     assert lf.source_sha() == "unknown"
+
+
+@needs_src
+@needs_interp
+def test_bench_impl_computes_the_same_function():
+    """``bench/kernels.py``'s ``lorafusion`` (baselines.LoRAFusionImpl), an empty segment included."""
+    from tlora_sim.profiler.kernels.baselines import make_impl
+
+    g = torch.Generator().manual_seed(21)
+    segs, ranks, K, N = [130, 0, 100], [16, 8, 4], 32, 40
+    x, W = torch.randn(sum(segs), K, generator=g), torch.randn(N, K, generator=g) / 6
+    A, B = torch.randn(sum(ranks), K, generator=g) / 6, torch.randn(sum(ranks), N, generator=g) / 6
+    dy, sc = torch.randn(sum(segs), N, generator=g), [2.0, 1.0, 0.5]
+    ref = reference_forward_backward(x, W, A, B, segs, ranks, sc, dy)
+    im = make_impl("lorafusion", W, A, B, segs, ranks, sc, 0.0)
+    assert im.implementation.startswith("lorafusion@") and "+pad" in im.implementation
+    dx, dA, *dB = im.step(*im.inputs(x, dy))
+    _close({"y": ref["y"], "dx": dx, "dA": dA, "dB": lf.packed_b_grad(dB)}, ref)
+    with pytest.raises(NotImplementedError):
+        make_impl("lorafusion", W, A, B, segs, [8, 4, 2], sc, 0.0)

@@ -189,3 +189,41 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     rows = [ln.split() for ln in out if ln.strip().startswith("llama3-8b") and len(ln.split()) >= 8]
     errors = [abs(float(r[6])) for r in rows]
     assert len(errors) == 12 and max(errors) <= 0.10
+
+
+def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
+    """Rows of plans ``lorafusion`` and ``grouped`` are fitted as their own families and listed in
+    ``measured_plans``; the cost model then predicts them from those fits (no ``analytic_plan``
+    flag). The shipped artifact (no such rows) keeps fused x roofline ratio, flagged."""
+    import json
+
+    import pandas as pd
+
+    from tlora_sim.profiler.fit import fit_artifact, read_rows
+    from tlora_sim.sim.costmodel.profiled import artifact_path as ap
+
+    mm = [Member(16, 2, 1024)] * 4
+    old = cm.predict("llama3-8b", "H100", mm, 1, "lorafusion")
+    assert "analytic_plan:lorafusion" in old.reasons and cm.describe()["measured_plans"] == ["alone", "loop", "fused"]
+    df = read_rows([ap("H100").with_name("profile_h100.csv")])
+    df = df[df.model.isin(["", "llama3-8b"])]
+    fused = df[(df.kind == "mix") & (df.plan == "fused") & (df.n_adapters > 1)]
+    extra = [fused.assign(plan="lorafusion", impl="lorafusion", kernel_variant="lorafusion@test",
+                          step_ms=fused.step_ms * 1.3),
+             fused.assign(plan="grouped", impl="grouped", kernel_variant="grouped[test]", step_ms=fused.step_ms * 0.9)]
+    art = fit_artifact(pd.concat([df] + extra, ignore_index=True), "H100")
+    assert art["measured_plans"] == ["alone", "loop", "fused", "lorafusion", "grouped"]
+    e = art["models"]["llama3-8b"]
+    assert {"lorafusion", "grouped"} <= set(e["plans"]) and e["variants"]["lorafusion"] == ["lorafusion@test"]
+    p = tmp_path / "costmodel_h100.json"
+    p.write_text(json.dumps(art))
+    new = ProfiledCostModel(load_artifact(p))
+    assert new.describe()["measured_plans"] == art["measured_plans"]
+    for plan, k in (("lorafusion", 1.3), ("grouped", 0.9)):
+        lay, _ = new.layer_ms("llama3-8b", [(16, 2, 1024)] * 4, plan)
+        ref, _ = new.layer_ms("llama3-8b", [(16, 2, 1024)] * 4, "fused")
+        assert abs(lay / (k * ref) - 1) < 0.15, (plan, lay, ref)
+        pr = new.predict("llama3-8b", "H100", mm, 1, plan)
+        assert not any(r.startswith("analytic_plan") for r in pr.reasons)
+        # several GPUs: still the flagged ratio (the multi-GPU planner fits loop/fused only)
+        assert f"analytic_plan:{plan}" in new.predict("llama3-8b", "H100", mm, 2, plan).reasons

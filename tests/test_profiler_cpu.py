@@ -28,7 +28,7 @@ def test_layer_forward_backward_tiny():
     assert seq_groups(members) == [(16, 0, 48), (32, 48, 32)]
     x = torch.randn(80, TINY.hidden, dtype=torch.bfloat16, requires_grad=True)
     outs = {}
-    for impl in ("none", "loop", "padded"):
+    for impl in ("none", "loop", "padded", "grouped"):
         lora = LoRASet(base, members, impl)
         y = layer_forward(base, lora, x)
         grads = torch.autograd.grad(y, [x] + lora.params, torch.randn_like(y))
@@ -44,14 +44,23 @@ def test_tiny_profile_writes_rows_with_provenance(tmp_path):
     kinds = {r["kind"] for r in rows}
     assert {"opt", "noattn", "attn", "head", "mix"} <= kinds
     assert set(rows[0]) == set(COLUMNS)
+    from tlora_sim.profiler.kernels.lorafusion_ext import lorafusion_available
+
+    lf = lorafusion_available()
+    not_runnable = [r for r in rows if r["error"].startswith("not runnable")]
+    # LoRAFusion needs a rank >= 16 in the mix: the tiny mix of ranks 2 and 8 is recorded, not dropped
+    assert [(r["plan"], r["ranks"]) for r in not_runnable] == ([("lorafusion", "2;8")] if lf else [])
+    rows = [r for r in rows if r not in not_runnable]
     for r in rows:
         assert not r["error"], r["error"]
         for c in PROVENANCE:
             assert r[c], (c, r)
         assert float(r["step_ms"]) > 0
     mix = [r for r in rows if r["kind"] == "mix"]
-    assert {r["plan"] for r in mix} == {"alone", "loop", "fused"}
+    assert {r["plan"] for r in mix} == {"alone", "loop", "fused", "grouped"} | ({"lorafusion"} if lf else set())
     for r in mix:
+        if r["plan"] in ("grouped", "lorafusion"):
+            assert int(r["n_adapters"]) > 1 and r["kernel_variant"].startswith(r["plan"])
         assert r["kernel_variant"], r
         if r["plan"] == "fused":
             assert r["kernel_variant"].startswith(("tlora-triton@", "torch-padded-bmm"))

@@ -10,7 +10,8 @@ tables and fitted coefficients of one decoder layer on one GPU:
   and number of sequences, interpolated the same way (one SDPA call per distinct length);
 * ``head``: embedding + final norm + LM head + fp32 cross-entropy, ms and peak bytes by tokens;
 * ``plans``: per plan family (``loop``, which ``alone`` shares: one adapter in a loop is a job
-  alone; ``fused``) the layer model ``smoothmax(gpu, host; p)``, where ``gpu`` = GPU part of l0 +
+  alone; ``fused``; and, where the artifact lists them in ``measured_plans``, ``lorafusion``
+  (LoRAFusion's own kernels) and ``grouped`` (ALTO-style grouped GEMM)) the layer model ``smoothmax(gpu, host; p)``, where ``gpu`` = GPU part of l0 +
   GPU part of attention + ``coef . features`` (adapter work: tokens, rank x tokens, ranks, ...) and
   ``host`` = ``cpu0 + cpu_n x adapters + cpu_g x sequence-length groups``, the launch time of the
   eager step (fitted to measured host times); ``call_ms`` is the profiling harness's per-call
@@ -30,8 +31,10 @@ micro-batches and ``N`` nano-batches::
 * analytic (``sim/costmodel/roofline.py``'s formulas): the all-reduce of adapter gradients and the
   all-gather of sharded frozen weights between GPUs; nano-batching (fused only: the base curve
   runs N times at tokens / N, the adapter term shrinks by N, the host time is paid N times);
-  plans that were not measured (``lorafusion``, ``grouped``) are the ``fused`` prediction times the
-  roofline's ratio of the two (flagged). No fixed per-step framework overhead is added: the
+  plans the artifact did not measure (``measured_plans``; the committed H100/H200 artifacts:
+  ``lorafusion``, ``grouped``) are the ``fused`` prediction times the roofline's ratio of the two
+  (flagged), and so are measured ``lorafusion``/``grouped`` on several GPUs (the multi-GPU planner
+  knows the loop and fused families only). No fixed per-step framework overhead is added: the
   measured eager steps include kernel-launch and Python time (data loading is not modelled).
 * ``alone`` with several members is the members' isolated steps one after another.
 
@@ -66,6 +69,7 @@ from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member, check_plan
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.models import get_model
+from tlora_sim.sim.costmodel.profiled_tables import adapter_tensors_per_linear, measured_plans, plan_measured  # noqa: F401
 from tlora_sim.sim.costmodel.profiled_tables import BUCKETS, FEATURES, LINEARS_PER_LAYER, MEASURED_PLANS, PLAN_FAMILY, SCHEMA, Tables, rank_bucket, correction_point, residual_correction, loglog_interp, log_table, roofline_head_ms, roofline_l0_ms, attention_ms, host_ms, layer_ms, mix_features, plan_term_ms, seq_groups, smoothmax  # noqa: F401
 
 # ------------------------------------------------------------------------------------ artifacts
@@ -209,7 +213,7 @@ class ProfiledCostModel:
         return {"name": self.name, "kind": "profiled", "artifact": a["id"], "version": a.get("version"),
                 "gpu": a["gpu"], "path": _rel(a.get("_path", "")), "sha256": a.get("_sha256"),
                 "created": a.get("created"), "source": a.get("source", {}), "heldout": a.get("heldout", {}),
-                "models": sorted(a["models"]), "measured_plans": list(MEASURED_PLANS),
+                "models": sorted(a["models"]), "measured_plans": list(measured_plans(a)),
                 "memory_convention": "per-layer activation checkpointing" if self.checkpointing
                 else "no checkpointing (all saved activations)",
                 "terms": a.get("terms", TERMS), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
@@ -353,7 +357,8 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
         return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons, parts[0].parallelism,
                           max(p.memory_bytes for p in parts))
-    if plan not in MEASURED_PLANS:  # lorafusion, grouped: fused x roofline ratio
+    if not plan_measured(art, model, plan) or (plan not in MEASURED_PLANS and (n > 1 or forced is not None)):
+        # not measured (lorafusion, grouped in the older artifacts): fused x roofline ratio
         base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro, ckpt, forced)
         ratio = (rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro)
                  / rf.step_time_s_of(model, gpu_name, members, n, "fused", nano, micro))
@@ -374,7 +379,7 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     t_gpu = sum(b * s for _, b, s in mix)
     lay, e_layer = layer_ms(tab, pe, mix, nano, plan=plan)
     head, e_head = tab.head(t_gpu)
-    n_tensors = 2 * LINEARS_PER_LAYER * m.layers * (1 if plan == "fused" else len(members))
+    n_tensors = LINEARS_PER_LAYER * m.layers * adapter_tensors_per_linear(plan, len(members))
     params = sum(m.lora_params(x.rank) for x in members)
     opt = _opt_ms(art, params, n_tensors)
     step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
@@ -390,7 +395,8 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
     ``art`` if the caller holds them (else built from ``art``)."""
     m, gpu = get_model(model), GPUS[gpu_name]
     entry = art["models"][model]
-    pe = entry["plans"][PLAN_FAMILY.get(plan, "fused")]
+    fam = PLAN_FAMILY.get(plan, "fused")
+    pe = entry["plans"][fam if fam in entry["plans"] else "fused"]
     mix = _per_gpu(tuple(members), n * micro)
     t_gpu = sum(b * s for _, b, s in mix)
     f = mix_features(mix)

@@ -23,7 +23,9 @@ from tlora_sim.sim.costmodel.models import get_model
 SCHEMA = "tlora-sim/costmodel/1"
 FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens", "max_rank_tokens")
 BUCKETS = (16, 32, 64, 128, 256)  # the fused kernel's rank buckets (profiler/kernels: tiles per bucket)
-PLAN_FAMILY = {"alone": "loop", "loop": "loop", "fused": "fused"}
+PLAN_FAMILY = {"alone": "loop", "loop": "loop", "fused": "fused", "lorafusion": "lorafusion", "grouped": "grouped"}
+#: plans measured by an artifact that does not say (``measured_plans`` absent: the artifacts fitted
+#: before LoRAFusion's kernels and the grouped GEMM were profiled)
 MEASURED_PLANS = ("alone", "loop", "fused")
 LINEARS_PER_LAYER = 7
 
@@ -276,3 +278,30 @@ def residual_correction(corr: dict, members) -> float:
     d2 = (((pts - x) / np.asarray(corr["scale"])) ** 2).sum(axis=1)
     w = np.exp(-0.5 * d2)
     return float(math.exp((w * np.asarray(corr["log_ratio"])).sum() / (w.sum() + corr["prior"])))
+
+
+# ------------------------------------------------------------------------------ measured plans
+def measured_plans(art: dict) -> tuple:
+    """The plans an artifact measured: its ``measured_plans`` (written by ``profiler/fit.py``),
+    else ``MEASURED_PLANS`` (alone, loop, fused)."""
+    got = art.get("measured_plans")
+    return tuple(got) if isinstance(got, (list, tuple)) else MEASURED_PLANS
+
+
+def plan_measured(art: dict, model: str, plan: str) -> bool:
+    """True if ``plan`` is measured for ``model``: listed by the artifact and its family fitted in
+    the model's entry. Otherwise the cost model predicts it as fused x the roofline's ratio."""
+    fam = PLAN_FAMILY.get(plan)
+    entry = art.get("models", {}).get(model)
+    return plan in measured_plans(art) and fam is not None and entry is not None and fam in entry.get("plans", {})
+
+
+def adapter_tensors_per_linear(plan: str, n_adapters: int) -> int:
+    """Adapter parameter tensors per linear layer under a plan (the optimizer's tensor count):
+    fused and grouped hold A and B packed (2), LoRAFusion A packed and one B per adapter (1 + n),
+    loop and alone two per adapter (2n)."""
+    if plan in ("fused", "grouped"):
+        return 2
+    if plan == "lorafusion":
+        return 1 + n_adapters
+    return 2 * n_adapters
