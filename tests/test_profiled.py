@@ -111,8 +111,12 @@ def test_extrapolation_is_flagged_and_roofline_shaped(cm, art):
     v1, e1 = tab.l0(hi)
     v2, e2 = tab.l0(2 * hi)
     assert not e1 and e2 and 1.8 < v2 / v1 < 2.2  # compute-bound: about linear in tokens
-    un = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
+    # a plan the artifact did not measure (the H200 one has no lorafusion rows) is flagged
+    h200 = ProfiledCostModel(load_artifact(artifact_path("H200")))
+    un = h200.predict("llama3-8b", "H200", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
     assert un.extrapolated and any(r.startswith("analytic_plan") for r in un.reasons)
+    measured = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
+    assert not measured.extrapolated    # the H100 artifact measured it (2026-11-25)
 
 
 def test_other_gpu_falls_back_to_roofline(cm):
@@ -194,7 +198,7 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
 def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
     """Rows of plans ``lorafusion`` and ``grouped`` are fitted as their own families and listed in
     ``measured_plans``; the cost model then predicts them from those fits (no ``analytic_plan``
-    flag). The shipped artifact (no such rows) keeps fused x roofline ratio, flagged."""
+    flag). An artifact without such rows (the H200 one) keeps fused x roofline ratio, flagged."""
     import json
 
     import pandas as pd
@@ -203,10 +207,11 @@ def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
     from tlora_sim.sim.costmodel.profiled import artifact_path as ap
 
     mm = [Member(16, 2, 1024)] * 4
-    old = cm.predict("llama3-8b", "H100", mm, 1, "lorafusion")
-    assert "analytic_plan:lorafusion" in old.reasons and cm.describe()["measured_plans"] == ["alone", "loop", "fused"]
+    h200 = ProfiledCostModel(load_artifact(ap("H200")))   # profiled before these plans were
+    old = h200.predict("llama3-8b", "H200", mm, 1, "lorafusion")
+    assert "analytic_plan:lorafusion" in old.reasons and h200.describe()["measured_plans"] == ["alone", "loop", "fused"]
     df = read_rows([ap("H100").with_name("profile_h100.csv")])
-    df = df[df.model.isin(["", "llama3-8b"])]
+    df = df[df.model.isin(["", "llama3-8b"]) & ~df.plan.isin(["lorafusion", "grouped"])]
     fused = df[(df.kind == "mix") & (df.plan == "fused") & (df.n_adapters > 1)]
     extra = [fused.assign(plan="lorafusion", impl="lorafusion", kernel_variant="lorafusion@test",
                           step_ms=fused.step_ms * 1.3),
