@@ -117,6 +117,8 @@ def test_extrapolation_is_flagged_and_roofline_shaped(cm, art):
     assert un.extrapolated and any(r.startswith("analytic_plan") for r in un.reasons)
     measured = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
     assert not measured.extrapolated    # the H100 artifact measured it (2026-11-25)
+    small = cm.predict("llama3-8b", "H100", [Member(8, 2, 1024), Member(4, 2, 1024)], 1, "lorafusion")
+    assert small.extrapolated and "lorafusion:max_rank<16" in small.reasons   # not runnable there
 
 
 def test_other_gpu_falls_back_to_roofline(cm):

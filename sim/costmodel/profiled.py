@@ -72,6 +72,11 @@ from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.profiled_tables import adapter_tensors_per_linear, measured_plans, plan_measured  # noqa: F401
 from tlora_sim.sim.costmodel.profiled_tables import BUCKETS, FEATURES, LINEARS_PER_LAYER, MEASURED_PLANS, PLAN_FAMILY, SCHEMA, Tables, rank_bucket, correction_point, residual_correction, loglog_interp, log_table, roofline_head_ms, roofline_l0_ms, attention_ms, host_ms, layer_ms, mix_features, plan_term_ms, seq_groups, smoothmax  # noqa: F401
 
+LORAFUSION_MIN_RANK = 16
+"""LoRAFusion's kernels size their tiles for the mix's largest rank, which must be a power of two
+>= 16 (profiler/kernels/lorafusion_ext.py); a measured ``lorafusion`` prediction for a mix whose
+largest rank is below this is flagged (reason ``lorafusion:max_rank<16``): no such mix was run."""
+
 # ------------------------------------------------------------------------------------ artifacts
 def data_dir() -> Path:
     """``profiler/data`` (package data; torch-free)."""
@@ -384,6 +389,8 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     opt = _opt_ms(art, params, n_tensors)
     step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
+    if plan == "lorafusion" and max(x.rank for x in members) < LORAFUSION_MIN_RANK:
+        reasons.append("lorafusion:max_rank<16")  # its kernels cannot run this mix: never measured
     return Prediction(step, bool(reasons), tuple(reasons), "dp1")
 
 
