@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 
+import torch
+
 MAX_RANK = 256
 
 
@@ -171,6 +173,14 @@ def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
             if type(e).__name__ != "OutOfResources" or stages <= 1:
                 raise
             stages -= 1
+
+
+def seed_args(seed) -> tuple:
+    """(seed argument, SEED_PTR) of the kernels: a mixed int seed (``mix_seed``), or the graph
+    path's counter tensor, which the kernels read and mix themselves."""
+    if isinstance(seed, torch.Tensor):
+        return seed, True
+    return int(seed), False
 
 
 def mix_seed(seed: int) -> int:

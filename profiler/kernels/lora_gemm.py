@@ -15,6 +15,7 @@ Forward ``Y = X W^T (+ bias) + s_i Psave_i B_i`` and backward ``dX = dY W + mask
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -23,7 +24,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import gemm_lora_kernel
-from .config import GemmConfig, KernelConfig, cdiv, launch
+from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
 
 __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
            "gemm_lora_backward", "base_gemm"]
@@ -91,31 +92,36 @@ def row_tiles(plan, bm: int, device) -> torch.Tensor:
     return t
 
 
-def _run(a, w, out, lo, ri, bias, mtiles, n_mt, plan, gc: GemmConfig, bwd: bool, seed,
-         dropout: bool, lora: bool, cfg: KernelConfig, prec: str):
+def _run(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=None, ri=None,
+         bias=None, seed=0, dropout: bool = False) -> None:
+    """One launch of ``gemm_lora_kernel`` over the row tiles ``mtiles``; with ``plan`` the LoRA
+    term of its adapters (``lo`` the compact P or Q, ``ri`` lora_B or lora_A) is added, without
+    it the plain GEMM runs."""
     M, kred = a.shape
     nout = out.shape[1]
-    grid = (n_mt * cdiv(nout, gc.bn),)
-    seed_ptr = isinstance(seed, torch.Tensor)
-    lo = out if lo is None else lo      # unused placeholders when there is no LoRA term
+    cfg = plan.cfg if plan is not None else KernelConfig()
+    sarg, sptr = seed_args(seed)
     ri_stride = ri.stride(0) if ri is not None else 0
-    ri = out if ri is None else ri
     tma = cfg.gemm_tma and _tma_ok(a) and _tma_ok(w)
     if tma:
         a_op = TensorDescriptor.from_tensor(a, [gc.bm, gc.bk])
         w_op = TensorDescriptor.from_tensor(w, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
     else:
         a_op, w_op = a, w
-    launch(gemm_lora_kernel, grid, f"gemm_{'bwd' if bwd else 'fwd'}", plan.buckets if plan else 0,
-           cfg, a_op, w_op, out, lo, ri, bias if bias is not None else out,
-           mtiles, plan.meta_i if plan else mtiles, plan.meta_f if plan else mtiles,
-           M, nout, kred, a.stride(0), w.stride(0), out.stride(0), ri_stride,
-           n_mt, seed if seed_ptr else int(seed),
+    buckets = plan.buckets if plan is not None else 0
+    meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)  # unused without
+    # the launch wrapper remembers the stages that fit per name: the tiles decide them, so they
+    # are part of the name
+    launch(gemm_lora_kernel, (mtiles.shape[0] * cdiv(nout, gc.bn),),
+           f"gemm_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}", buckets, cfg,
+           a_op, w_op, out, out if lo is None else lo, out if ri is None else ri,
+           out if bias is None else bias, mtiles, *meta,
+           M, nout, kred, a.stride(0), w.stride(0), out.stride(0), ri_stride, mtiles.shape[0], sarg,
            start_stages=gc.fitted_stages(),
-           BUCKETS=plan.buckets if plan else 0, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
-           BWD=bwd, LORA=lora, HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=seed_ptr,
-           EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma, PREC=prec,
-           num_warps=gc.warps)
+           BUCKETS=buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
+           BWD=bwd, LORA=plan is not None, HAS_BIAS=bias is not None, DROPOUT=dropout,
+           SEED_PTR=sptr, EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma,
+           PREC=prec, num_warps=gc.warps)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -129,11 +135,9 @@ def _tma_ok(t: torch.Tensor) -> bool:
 def gemm_lora_forward(x, weight, psave, lora_B, bias, plan, gc: GemmConfig, out, prec: str) -> None:
     """out (M, N) = x (M, K) weight^T (+ bias) + s_i psave_i lora_B_i, for every token row of
     ``plan`` (psave: the compact P of ``_f2``, already / (1 - p_i)). Raises Triton's errors."""
-    mt = row_tiles(plan, gc.bm, x.device)
-    if plan.n_tokens == 0:
-        return
-    _run(x, weight, out, psave, lora_B, bias, mt, mt.shape[0], plan, gc, False, 0, False, True,
-         plan.cfg, prec)
+    if plan.n_tokens:
+        _run(x, weight, out, row_tiles(plan, gc.bm, x.device), gc, False, prec, plan=plan,
+             lo=psave, ri=lora_B, bias=bias)
 
 
 def gemm_lora_backward(dy, weight, q, lora_A, plan, gc: GemmConfig, seed, dropout: bool, out,
@@ -141,11 +145,9 @@ def gemm_lora_backward(dy, weight, q, lora_A, plan, gc: GemmConfig, seed, dropou
     """out (M, K) = dy (M, N) weight (N, K) + mask_i(q_i lora_A_i) / (1 - p_i) (q: the compact
     Q = s dY B^T of ``_b1``; mask and 1/(1-p) only with ``dropout``; ``seed`` the mixed int seed
     or the counter tensor of the graph path)."""
-    mt = row_tiles(plan, gc.bm, dy.device)
-    if plan.n_tokens == 0:
-        return
-    _run(dy, weight, out, q, lora_A, None, mt, mt.shape[0], plan, gc, True, seed, dropout, True,
-         plan.cfg, prec)
+    if plan.n_tokens:
+        _run(dy, weight, out, row_tiles(plan, gc.bm, dy.device), gc, True, prec, plan=plan,
+             lo=q, ri=lora_A, seed=seed, dropout=dropout)
 
 
 def base_gemm(a: torch.Tensor, w: torch.Tensor, gc: GemmConfig, bwd: bool,
@@ -159,7 +161,5 @@ def base_gemm(a: torch.Tensor, w: torch.Tensor, gc: GemmConfig, bwd: bool,
     if key not in _BASE_TILES:  # built once, so that later calls can be graph-captured
         _BASE_TILES[key] = torch.tensor([(0, m0, min(m0 + gc.bm, M)) for m0 in range(0, M, gc.bm)],
                                         dtype=torch.int32, device=a.device)
-    tiles = _BASE_TILES[key]
-    _run(a, w, out, None, None, None, tiles, tiles.shape[0], None, gc, bwd, 0, False, False,
-         KernelConfig(), prec)
+    _run(a, w, out, _BASE_TILES[key], gc, bwd, prec)
     return out

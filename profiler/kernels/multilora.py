@@ -20,7 +20,7 @@ import torch
 
 from . import _triton as K_
 from .config import (MAX_RANK, SMEM_LIMIT_BYTES, KernelConfig, cdiv, keep_threshold,  # noqa: F401
-                     launch, mix_seed, smem_bytes, stages_for)
+                     launch, mix_seed, seed_args, smem_bytes, stages_for)
 from .lora_gemm import choose_gemm, gemm_lora_backward, gemm_lora_forward
 from .plan import LoRAPlan, build_plan
 
@@ -38,11 +38,6 @@ def _prec(dtype: torch.dtype) -> str:
 def _gbuf_numel(plan: LoRAPlan) -> int:
     """fp32 workspace of the backward: dA (sum_r x K), dB (sum_r x N), Q (compact, p_size)."""
     return plan.sum_r * (plan.in_features + plan.out_features) + plan.p_size
-
-
-def _seed_args(seed) -> tuple:
-    """(seed argument, SEED_PTR) of the kernels: a mixed int, or the graph path's counter tensor."""
-    return (seed, True) if isinstance(seed, torch.Tensor) else (int(seed), False)
 
 
 def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed, dropout_on: bool,
@@ -65,7 +60,7 @@ def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed, dropout_on: boo
     ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=dev)
     dropout = dropout_on and plan.has_dropout
     prec = _prec(x.dtype)
-    sarg, sptr = _seed_args(seed)
+    sarg, sptr = seed_args(seed)
     launch(K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
         x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
         plan.p_size, plan.ksplit, plan.kb_per, sarg,
@@ -115,12 +110,13 @@ def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn,
         Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1)
     n_kb = cdiv(Kf, cfg.bk)
+    sarg, sptr = seed_args(seed)
     launch(K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
         x, lora_A, q, dxl if write_dx else x, gA, plan.chunks,
         plan.meta_i, meta_f, Kf, x.stride(0), lora_A.stride(0),
-        dxl.stride(0) if write_dx else 0, n_kb, _seed_args(seed)[0],
+        dxl.stride(0) if write_dx else 0, n_kb, sarg,
         BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
-        DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec, SEED_PTR=_seed_args(seed)[1],
+        DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec, SEED_PTR=sptr,
         num_warps=cfg.warps_b2)
     return dxl, q
 
