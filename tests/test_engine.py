@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,8 @@ from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
 
 
 class Scripted:
-    """A test policy: ``script(snapshot) -> actions``; records every snapshot it saw."""
+    """A test policy: ``script(snapshot) -> actions``; records every snapshot it saw (with its queue
+    copied: an engine snapshot's queue is readable only while the policy decides)."""
 
     name = "scripted"
     plan = "fused"
@@ -25,7 +27,7 @@ class Scripted:
         self.seen = []
 
     def decide(self, snap):
-        self.seen.append(snap)
+        self.seen.append(dataclasses.replace(snap, queue=tuple(snap.queue)))
         return list(self.script(snap))
 
 
@@ -331,3 +333,22 @@ def test_pause_by_size_prices_a_rebuild_by_the_members_after_it():
     assert res.records[1].finish_s == approx(50.0 + 5.0 + 400 * t2, rel=1e-11)
     with pytest.raises(ValueError):
         Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), pause_by_size={2: -1.0})
+
+
+def test_snapshot_queue_is_read_in_place_and_only_while_deciding():
+    """An engine snapshot's queue reads the engine's own queue (no copy per decision, issue 20):
+    arrival order by iteration and by index, and any read after ``decide`` returns raises."""
+    jobs = reindex([make_job(i, submit=5.0, job_id=f"q{i}") for i in range(5)])
+    kept = []
+
+    def script(snap):
+        assert [j.index for j in snap.queue] == [0, 1, 2, 3, 4] and len(snap.queue) == 5
+        assert snap.queue[-1].index == 4 and [j.index for j in snap.queue[1:3]] == [1, 2]
+        kept.append(snap.queue)
+        return [StartGroup((j.index,), snap.free.take(1), "alone") for j in snap.queue]
+
+    run_engine(jobs, type("Keep", (Scripted,), {"decide": lambda self, s: list(self.script(s))})(script), "1x8xH100")
+    with pytest.raises(RuntimeError, match="after the decision returned"):
+        len(kept[0])
+    with pytest.raises(RuntimeError, match="after the decision returned"):
+        kept[0][0]

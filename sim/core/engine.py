@@ -34,7 +34,7 @@ from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, Inva
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
-from tlora_sim.sim.core.snapshot import AddMembers, GroupView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
+from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -198,7 +198,7 @@ class Engine:
     # ---- policy ----------------------------------------------------------------------------
     def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
         """The read-only view handed to the policy (group views built on first access)."""
-        return Snapshot(self.env.now, tuple(self.queue.values()), _LazyViews(self), self.free.copy(), self.cluster,
+        return Snapshot(self.env.now, QueueView(self.queue), _LazyViews(self), self.free.copy(), self.cluster,
                         self.cost_model, self._kinds, changed)
 
     def _view(self, g: "_Group", now: float) -> GroupView:
@@ -221,10 +221,11 @@ class Engine:
         self._dirty.clear()
         actions = self.policy.decide(snap)
         snap.groups.freeze()  # the engine changes from here on
+        qlen = len(snap.queue)
+        snap.queue.freeze()
         dt = time.perf_counter() - t0
         self._decision_time += dt
         self._decisions += 1
-        qlen = len(snap.queue)
         b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0])
         b[0] += 1
         b[1] += dt

@@ -7,7 +7,7 @@ decisions over a read-only snapshot"). The engine validates and applies the acti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.costmodel.interface import CostModel, Member
@@ -53,6 +53,46 @@ class GroupView:
     def adapters(self) -> tuple[Member, ...]:
         """The members as cost-model members."""
         return tuple(j.member for j in self.members)
+
+
+class QueueView(Sequence):
+    """``Snapshot.queue`` of an engine snapshot: the waiting jobs in arrival order, read from the
+    engine's queue without copying it (issue 20: a decision that reads the first few jobs costs the
+    same with 10 or 10,000 waiting). Iteration and ``len`` read the engine's dict; the first index
+    or slice makes one tuple. Valid while the policy decides: the engine calls ``freeze`` once
+    ``decide`` returns, after which any read raises (a policy must copy what it keeps)."""
+
+    __slots__ = ("_jobs", "_tuple")
+
+    def __init__(self, jobs: Mapping[int, Job]) -> None:
+        self._jobs: Mapping[int, Job] | None = jobs  # job index -> job, arrival order; not mutated while deciding
+        self._tuple: tuple[Job, ...] | None = None
+
+    def _live(self) -> Mapping[int, Job]:
+        if self._jobs is None:
+            raise RuntimeError("Snapshot.queue read after the decision returned; copy what you keep")
+        return self._jobs
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._live().values())
+
+    def __getitem__(self, i):
+        if self._tuple is None:
+            self._tuple = tuple(self._live().values())
+        elif self._jobs is None:
+            self._live()
+        return self._tuple[i]
+
+    def __bool__(self) -> bool:
+        return bool(self._live())
+
+    def freeze(self) -> None:
+        """Detach from the engine (called when ``decide`` returns)."""
+        self._jobs = None
+        self._tuple = None
 
 
 @dataclass(frozen=True)
