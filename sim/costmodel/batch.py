@@ -16,6 +16,9 @@ worst 2e-15 over the shipped H100 and H200 artifacts; ``tests/test_fused_batch.p
 < 1e-12). Callers use the
 batch only to *refuse* candidates that miss a threshold by more than ``REL_MARGIN`` (1e-9, three
 orders above that bound) and ask the scalar model about everything else, so no decision changes.
+
+Groups on several GPUs: ``batch_multigpu.PlannerBatch``, a lower bound of the planner's step built
+on this class's rows (``fill_row``) and layer (``layer_rows``).
 """
 
 from __future__ import annotations
@@ -107,28 +110,41 @@ class FusedBatch:
         ``MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
         out = np.zeros(WIDTH)
         n = self.n
+        return out if self.fill_row(out, [(x.rank, x.batch_size / n, x.seq_len) for x in members]) else None
+
+    def seq_column(self, seq_len: int) -> int | None:
+        """The row column of sequences of ``seq_len`` tokens (numbered as this instance meets
+        lengths); None when ``MAX_SEQ_LENS`` other lengths already have columns."""
+        c = self.seq_col.get(seq_len)
+        if c is None:
+            if len(self.seqs) >= MAX_SEQ_LENS:
+                return None
+            c = self.seq_col[seq_len] = N_FIXED + len(self.seqs)
+            self.seqs.append(int(seq_len))
+        return c
+
+    def fill_row(self, out: np.ndarray, mix) -> bool:
+        """Add the features of a per-GPU ``mix`` of (rank, sequences, seq_len) into ``out`` (a
+        zeroed row of shape (``WIDTH``,), e.g. a view into a wider array): ``row`` with the
+        sequences given. False (``out`` then partly written) if a sequence length has no column."""
         lp = self.m.lora_dims_per_rank
         a = t_sum = rt = r_sum = brt = p_sum = 0.0
         max_r = 0
-        for x in members:
-            b = x.batch_size / n
-            t = b * x.seq_len
+        for r, b, s in mix:
+            t = b * s
             a += 1.0
             t_sum += t
-            rt += x.rank * t
-            r_sum += x.rank
-            brt += rank_bucket(x.rank) * t
-            p_sum += x.rank * lp
-            max_r = max(max_r, x.rank)
-            c = self.seq_col.get(x.seq_len)
+            rt += r * t
+            r_sum += r
+            brt += rank_bucket(r) * t
+            p_sum += r * lp
+            max_r = max(max_r, r)
+            c = self.seq_column(s)
             if c is None:
-                if len(self.seqs) >= MAX_SEQ_LENS:
-                    return None
-                c = self.seq_col[x.seq_len] = N_FIXED + len(self.seqs)
-                self.seqs.append(int(x.seq_len))
+                return False
             out[c] += b
         out[:N_FIXED] = (a, t_sum, rt, r_sum, brt, p_sum, max_r)
-        return out
+        return True
 
     @staticmethod
     def merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -148,8 +164,18 @@ class FusedBatch:
         if not len(rows):
             return np.zeros(0)
         N = nano if isinstance(nano, np.ndarray) else float(nano)
-        k, T, P = rows[:, ADAPTERS], rows[:, TOKENS], rows[:, LORA_PARAMS]
-        m = self.m
+        lay = self.layer_rows(rows, N)
+        opt_const, per_mparam = self._opt
+        return (self.m.layers * lay + self._head_ms(rows[:, TOKENS])) / 1e3 \
+            + (opt_const + per_mparam * rows[:, LORA_PARAMS] / 1e6) / 1e3
+
+    def layer_rows(self, rows: np.ndarray, N: np.ndarray | float, gpu_scale: np.ndarray | float = 1.0,
+                   host_scale: np.ndarray | float = 1.0) -> np.ndarray:
+        """One decoder layer, forward + backward (ms), shape (P,), of each row of ``rows`` (shape
+        (P, ``WIDTH``)) at ``N`` nano-batches (shape (P,) or a float): ``profiled_tables.layer_ms``
+        of the ``fused`` plan inside a model, vectorised, with its ``gpu_scale`` (GPU part, e.g.
+        1 / tp) and ``host_scale`` (host part), each shape (P,) or a float."""
+        k, T = rows[:, ADAPTERS], rows[:, TOKENS]
         # layer: GPU part (base curve, attention, adapter term) and host part (sim.profiled.layer_ms)
         gpu_ms = self._l0g(T / N) * N
         if self.seqs:
@@ -171,9 +197,10 @@ class FusedBatch:
         cpu0, cpu_n, cpu_g, call_ms = self._host
         host = cpu0 + cpu_n * k + cpu_g * groups
         host = np.maximum(host - call_ms, 0.5 * host)
-        lay = _smoothmax(gpu_ms + term, N * host, self._p)
-        opt_const, per_mparam = self._opt
-        return (m.layers * lay + self._head_ms(T)) / 1e3 + (opt_const + per_mparam * P / 1e6) / 1e3
+        gpu = gpu_ms + term
+        if not (isinstance(gpu_scale, float) and gpu_scale == 1.0):
+            gpu = gpu_scale * gpu
+        return _smoothmax(gpu, host_scale * N * host, self._p)
 
     def _gemm_rate(self, t: np.ndarray) -> np.ndarray:
         scale = self.gpu.matmul_flops / rf.H100_MATMUL_FLOPS
