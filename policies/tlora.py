@@ -64,7 +64,7 @@ MAX_PROBES = 8
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, group_features, group_memo, job_shape, refused  # noqa: F401
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, batch_refusals, group_features, group_memo, job_shape, refused  # noqa: F401
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.traces.errors import InputError
@@ -333,7 +333,7 @@ class TLoRA(JoinSearch, QueueWalk):
                 feats = self._features(tab.batch, proto) if tab.batch is not None else None
                 iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
                 tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano,
-                        None if feats is None else feats[0])
+                        None if feats is None else feats[0], tuple(j.member for j in proto.members))
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp
@@ -439,10 +439,11 @@ class TLoRA(JoinSearch, QueueWalk):
         if src.size and tab.batch is not None:
             known = tab.known[at[src]] & tab.known[at[dst]]
             s, d = at[src[known]], at[dst[known]]
-            t = tab.batch.step_times(tab.batch.merge(tab.rows[d], tab.rows[s]), tab.nano[d])
-            refuse = refused(t, np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
-                              tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain,
-                              tab.batch.REL_MARGIN)
+            mem = tab.members
+            refuse = batch_refusals(tab.batch, tab.batch.merge(tab.rows[d], tab.rows[s]), tab.nano[d],
+                                    np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
+                                    tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain,
+                                    lambda i: mem[d[i]] + mem[s[i]])
             keep = np.ones(src.size, bool)
             keep[np.flatnonzero(known)[refuse]] = False
             src, dst = src[keep], dst[keep]
@@ -463,9 +464,11 @@ class TLoRA(JoinSearch, QueueWalk):
             return None
         row, iso = feats
         step, bound = d.step_time_s(snap, self.plan), d.slowdown_bound_s(snap, self.plan)
-        t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), d.nano_batches)
-        refuse = refused(t, np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
-                          tab.rate[at] + iso / step - freed_value + self.config.min_gain, tab.batch.REL_MARGIN)
+        into = tuple(j.member for j in d.members)
+        refuse = batch_refusals(tab.batch, tab.batch.merge(tab.rows[at], row), d.nano_batches,
+                                np.minimum(tab.bound[at], bound), tab.iso[at] + iso,
+                                tab.rate[at] + iso / step - freed_value + self.config.min_gain,
+                                lambda i: into + tab.members[at[i]])
         return ~(refuse & tab.known[at])
 
     def _batch(self, snap: Snapshot, kind: tuple) -> Any:

@@ -15,6 +15,10 @@ from tlora_sim.sim.core.jobs import Job
 ARRAY_MIN = 32
 """Fewest running groups of a kind for which the join search reads the kind's table and screens
 with the batch cost model (below, a scan with the memoised ``merge_ok`` answers is cheaper)."""
+SCREEN_MIN_MULTI = 1
+"""``ARRAY_MIN`` and ``tlora_join.SCREEN_MIN`` for a multi-GPU kind: there one scalar question runs the
+planner (every parallelism plan, ~40x a batch row of ``PlannerBatch``), so even one group is
+screened with the batch first."""
 AFTER_RUNNING = 1 << 62
 """Rank of the first group planned in a decision, after every running group (whose rank is its id,
 in start order) in the join-target order."""
@@ -24,12 +28,15 @@ class KindTable:
     """The running groups of one kind as arrays, one slot per group, kept up to date as groups
     change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
     time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
-    (``alive``), and the batch cost model's feature rows (``known``: the slot's row describes its
-    group). ``slot`` maps group id -> slot."""
+    (``alive``), the batch cost model's feature rows (``known``: the slot's row describes its
+    group), and each slot's cost-model members (``members``, for a batch whose ``local`` plan is
+    placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot."""
 
     def __init__(self, batch: Any, capacity: int = 16):
         self.batch = batch
         self.slot: dict[int, int] = {}
+        self.multi = hasattr(batch, "local_step_times")  # a multi-GPU batch (``PlannerBatch``)
+        self.members: list[tuple] = []
         self._free: list[int] = []
         self._alloc(capacity)
 
@@ -49,10 +56,12 @@ class KindTable:
             self._free = list(range(cap - 1, -1, -1))
         for name, arr in new.items():
             setattr(self, name, arr)
+        self.members += [()] * (cap - len(self.members))
 
     def put(self, gid: int, size: int, step: float, bound: float, iso: float, nano: int,
-            row: np.ndarray | None) -> None:
-        """Write group ``gid``'s state (a new group takes a free slot)."""
+            row: np.ndarray | None, members: tuple = ()) -> None:
+        """Write group ``gid``'s state (a new group takes a free slot; ``members``: its cost-model
+        members)."""
         i = self.slot.get(gid)
         if i is None:
             if not self._free:
@@ -62,6 +71,7 @@ class KindTable:
         self.rate[i] = iso / step
         self.gid[i], self.alive[i] = gid, True
         self.known[i] = row is not None
+        self.members[i] = members
         if row is not None:
             self.rows[i] = row
 
@@ -116,3 +126,24 @@ def refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np
     over = step_s > bound_s * (1 + 1e-12) * (1 + margin)
     short = (need > 0) & (iso_s / step_s * (1 + margin) < need * (1 - margin))
     return over | short
+
+
+def batch_refusals(batch: Any, rows: np.ndarray, nano, bound_s, iso_s, need, members_of) -> np.ndarray:
+    """Which merged candidates (feature ``rows``, shape (P, W), at nano-batch counts ``nano``) the
+    batch cost model refuses for certain (``refused``; ``bound_s``, ``iso_s``, ``need``: scalars
+    or shape (P,)). A one-GPU batch (``FusedBatch``) gives the step time itself. A multi-GPU
+    batch (``PlannerBatch``) gives the fastest of the planner's row-additive plans; the
+    candidates refused by that are checked against the ``local`` plan too (its placement is per
+    member: ``members_of(i)`` gives candidate ``i``'s cost-model members), so the bound used is
+    the minimum over every plan the planner may return, below its step time, and a refusal stays
+    certain."""
+    t = batch.step_times(rows, nano)
+    ref = refused(t, bound_s, iso_s, need, batch.REL_MARGIN)
+    local = getattr(batch, "local_step_times", None)
+    if local is not None and ref.any():
+        at = np.flatnonzero(ref)
+        pick = (lambda v: v[at] if np.ndim(v) else v)
+        tl = local([members_of(i) for i in at.tolist()], pick(nano) if isinstance(nano, np.ndarray) else nano)
+        ref[at] = refused(np.minimum(t[at], tl), pick(np.asarray(bound_s)), pick(np.asarray(iso_s)),
+                          pick(np.asarray(need)), batch.REL_MARGIN)
+    return ref

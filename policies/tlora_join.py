@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, KindTable, group_memo, job_shape, refused
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, SCREEN_MIN_MULTI, KindTable, batch_refusals, group_memo, \
+    job_shape
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Snapshot
 
@@ -107,12 +108,18 @@ class JoinSearch:
             if ok is None:
                 ask.append((gid, answers))
         tab = self._tables.get(kind)
-        if len(ask) >= SCREEN_MIN and tab is not None and tab.batch is not None \
+        if tab is not None and tab.batch is not None and len(ask) >= (SCREEN_MIN_MULTI if tab.multi else SCREEN_MIN) \
                 and (row := self._job_row(tab.batch, job)) is not None:
             # the batch cost model's certain refusals need no ``merge_ok`` (as in ``_join_order_table``)
             at = tab.slots([gid for gid, _ in ask])
             out = tab.known[at] & self._batch_refuses(tab, at, row, job, bonus)
-            ask = [a for a, r in zip(ask, out.tolist()) if not r]
+            keep = []
+            for a, r in zip(ask, out.tolist()):
+                if r:
+                    a[1][jkey] = False  # kept: merge_ok's answer, as certain
+                else:
+                    keep.append(a)
+            ask = keep
         for gid, answers in ask:
             if answers.setdefault(jkey, accepts(plan.group(gid))):
                 return False
@@ -175,7 +182,7 @@ class JoinSearch:
         tab = self._tables.get(kind)
         if tab is None or not tab.slot:
             return []
-        if len(tab.slot) < ARRAY_MIN:
+        if len(tab.slot) < (SCREEN_MIN_MULTI if tab.multi and tab.batch is not None else ARRAY_MIN):
             return self._join_order_scan(snap, plan, kind, bound_job)
         return self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
 
@@ -224,10 +231,11 @@ class JoinSearch:
         """Which of the groups in the kind's table slots ``at`` (rows known) the batch cost model
         refuses ``job`` (feature ``row``; ``bonus``: its value apart) by more than its margin
         (``tlora_index.refused``): ``merge_ok`` would refuse them."""
-        t = tab.batch.step_times(tab.batch.merge(tab.rows[at], row), tab.nano[at])
-        return refused(t, np.minimum(tab.bound[at], job.max_slowdown * job.isolated_step_time_s),
-                       tab.iso[at] + job.isolated_step_time_s, tab.rate[at] + bonus + self.config.min_gain,
-                       tab.batch.REL_MARGIN)
+        extra = (job.member,)
+        return batch_refusals(tab.batch, tab.batch.merge(tab.rows[at], row), tab.nano[at],
+                              np.minimum(tab.bound[at], job.max_slowdown * job.isolated_step_time_s),
+                              tab.iso[at] + job.isolated_step_time_s, tab.rate[at] + bonus + self.config.min_gain,
+                              lambda i: tab.members[at[i]] + extra)
 
     def _slack(self, snap: Snapshot, g: PlannedGroup, bound_job: float) -> float:
         """Residual capacity (s) left in ``g`` for a job whose own bound is ``bound_job`` (s):

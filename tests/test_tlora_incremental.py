@@ -98,21 +98,21 @@ def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_
     """Run the workload under ``fast`` and ``slow`` (``array_min``: kinds with at least that many
     groups take the table path), assert identical job records and timelines, and return how many
     candidates the batch screen refused."""
-    import tlora_sim.policies.tlora as tlora_module
+    import tlora_sim.policies.tlora_index as index_module
     import tlora_sim.policies.tlora_join as join_module
 
     if array_min is not None:
         monkeypatch.setattr(join_module, "ARRAY_MIN", array_min)
     screened = []
-    real = tlora_module.refused
+    real = index_module.refused
 
     def counting(*a):
         r = real(*a)
         screened.append(int(r.sum()))
         return r
 
-    for module in (tlora_module, join_module):  # the join search and consolidation both screen
-        monkeypatch.setattr(module, "refused", counting)
+    # the join search, the kept-answer prescreen and consolidation all screen through batch_refusals
+    monkeypatch.setattr(index_module, "refused", counting)
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy=policy, cluster=spec, seed=0,
                                                     cost_model=cost_model))
     a = run_engine(jobs, fast, spec, cost_model=model)
@@ -209,3 +209,35 @@ def test_lookahead_joins_on_hand_built_snapshots_match_the_brute_force_search():
                                  g.placement) if g.group_id in adds else g for g in groups]
             queue = [j for j in queue if not any(j.index in v for v in adds.values())]
     assert joined >= 20, joined
+
+
+def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
+    """Multi-GPU groups only, profiled model: the planner's batch lower bound (``PlannerBatch``)
+    refuses joins and merges unasked, and the simulation equals the brute-force reading's."""
+    import tlora_sim.policies.tlora_index as index_module
+    from conftest import reindex
+    from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch
+
+    spec = "4x8xH100"
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=900,seed=4,load=0.9,gpus=32",
+                                                    policy="tlora", cluster=spec, seed=0, cost_model="profiled"))
+    jobs = reindex([j for j in jobs if j.num_gpus > 1])
+    assert len(jobs) > 50, "the generator must give multi-GPU jobs"
+    real, screened = index_module.batch_refusals, []
+
+    def counting(batch, *a):
+        r = real(batch, *a)
+        if isinstance(batch, PlannerBatch):
+            screened.append(int(r.sum()))
+        return r
+
+    monkeypatch.setattr(index_module, "batch_refusals", counting)
+    for mod in ("tlora", "tlora_join"):
+        monkeypatch.setattr(f"tlora_sim.policies.{mod}.batch_refusals", counting)
+    ref = Reference(TLoRAConfig(tick_s=300.0))
+    a = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, cost_model=model)
+    b = run_engine(jobs, ref, spec, cost_model=model)
+    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
+           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
+    assert a.timeline == b.timeline
+    assert ref.joins > 0 and sum(screened) > 0, "multi-GPU joins must happen and the batch must refuse some"

@@ -206,11 +206,13 @@ class ProfiledCostModel:
 
     # -- protocol
     def batch(self, model: str, gpu: str, n_gpus: int):
-        """The vectorised ``fused`` step time for this kind of group (``sim/costmodel/batch.py``),
-        or None where it does not apply (see ``FusedBatch.of``)."""
+        """The vectorised ``fused`` step time for this kind of group, or None where it does not
+        apply: one GPU, ``FusedBatch`` (``sim/costmodel/batch.py``); several, ``PlannerBatch``
+        (``sim/costmodel/batch_multigpu.py``: a lower bound of the planner's step, for refusals)."""
         from tlora_sim.sim.costmodel.batch import FusedBatch  # batch imports this module
+        from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch
 
-        return FusedBatch.of(self, model, gpu, n_gpus)
+        return (FusedBatch if n_gpus == 1 else PlannerBatch).of(self, model, gpu, n_gpus)
 
     def describe(self) -> dict:
         """Identity, provenance, held-out error and extrapolation counters (config.json)."""
