@@ -33,6 +33,23 @@ def cm(art):
     return ProfiledCostModel(art)
 
 
+def _unmeasured_copy(tmp_path, plans=("lorafusion", "grouped"), drop_fits=False) -> ProfiledCostModel:
+    """The shipped H100 artifact as one fitted before ``plans`` were measured: a copy whose
+    ``measured_plans`` lacks them (and, with ``drop_fits``, whose models lack their families too).
+    Built here rather than taken from a shipped file, which may measure every plan."""
+    import json
+
+    a = json.loads(ART.read_text())
+    a["measured_plans"] = [p for p in a.get("measured_plans", ["alone", "loop", "fused"]) if p not in plans]
+    if drop_fits:
+        for e in a["models"].values():
+            for fam in plans:
+                e["plans"].pop(fam, None)
+    p = tmp_path / "costmodel_h100_unmeasured.json"
+    p.write_text(json.dumps(a))
+    return ProfiledCostModel(load_artifact(p))
+
+
 def test_import_needs_no_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
             "import tlora_sim.sim.costmodel.profiled, tlora_sim.sim.cli.costmodel, tlora_sim.profiler.fit\n"
@@ -97,7 +114,7 @@ def test_interpolation_exact_at_grid_points(art):
         assert min(m0, m1) <= v <= max(m0, m1)
 
 
-def test_extrapolation_is_flagged_and_roofline_shaped(cm, art):
+def test_extrapolation_is_flagged_and_roofline_shaped(cm, art, tmp_path):
     inside = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "fused")
     assert not inside.extrapolated and inside.reasons == ()
     big = cm.predict("llama3-8b", "H100", [Member(16, 8, 4096)] * 16, 1, "fused")  # 524k tokens on one GPU
@@ -111,9 +128,8 @@ def test_extrapolation_is_flagged_and_roofline_shaped(cm, art):
     v1, e1 = tab.l0(hi)
     v2, e2 = tab.l0(2 * hi)
     assert not e1 and e2 and 1.8 < v2 / v1 < 2.2  # compute-bound: about linear in tokens
-    # a plan the artifact did not measure (the H200 one has no lorafusion rows) is flagged
-    h200 = ProfiledCostModel(load_artifact(artifact_path("H200")))
-    un = h200.predict("llama3-8b", "H200", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
+    # a plan the artifact does not list in measured_plans is flagged, even where its family is fitted
+    un = _unmeasured_copy(tmp_path).predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
     assert un.extrapolated and any(r.startswith("analytic_plan") for r in un.reasons)
     measured = cm.predict("llama3-8b", "H100", [Member(16, 2, 1024)] * 4, 1, "lorafusion")
     assert not measured.extrapolated    # the H100 artifact measured it (2026-11-25)
@@ -163,8 +179,9 @@ def test_validate_last_line(capsys):
 
 @pytest.mark.skipif(not artifact_path("H200").is_file(), reason="no shipped H200 artifact")
 def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
-    """The H200 artifact (two quick profiles on an H200): default for H200, its provenance names
-    the H200, held-out error within the targets (median <= 5%, p90 <= 10%) when refitted from the
+    """The H200 artifact (four quick profiles on H200s, the last two with ``lorafusion`` and
+    ``grouped``): default for H200, its provenance names the H200, every plan measured for every
+    model, held-out error within the targets (median <= 5%, p90 <= 10%) when refitted from the
     shipped rows, and every full Llama-3-8B step of the e2e CSV within 10%."""
     import argparse
 
@@ -173,10 +190,14 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     cm = default_cost_model("H200")
     assert cm.name == "profiled"
     d = cm.describe()
-    assert d["gpu"] == "H200" and d["source"]["gpu_name"] == ["NVIDIA H200"] and len(d["source"]["profile_id"]) == 2
+    assert d["gpu"] == "H200" and d["source"]["gpu_name"] == ["NVIDIA H200"] and len(d["source"]["profile_id"]) == 4
     assert d["heldout"]["median_ape"] <= 0.05 and d["heldout"]["p90_ape"] <= 0.10
     mm = [Member(16, 2, 1024)] * 4
     assert not cm.predict("llama3-8b", "H200", mm, 1, "fused").extrapolated
+    assert d["measured_plans"] == ["alone", "loop", "fused", "lorafusion", "grouped"]
+    for model in ("llama3-8b", "qwen3-8b", "qwen2.5-32b", "llama3-70b"):
+        for plan in ("lorafusion", "grouped"):   # measured on the H200 (2026-11-25)
+            assert not cm.predict(model, "H200", mm, 1, plan).extrapolated, (model, plan)
     # the H200 is faster than the H100 on a GPU-bound mix (more bandwidth, same compute)
     big = [Member(16, 8, 4096)] * 4
     assert cm.step_time_s("llama3-8b", "H200", big, 1, "fused") < default_cost_model("H100").step_time_s(
@@ -200,7 +221,8 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
 def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
     """Rows of plans ``lorafusion`` and ``grouped`` are fitted as their own families and listed in
     ``measured_plans``; the cost model then predicts them from those fits (no ``analytic_plan``
-    flag). An artifact without such rows (the H200 one) keeps fused x roofline ratio, flagged."""
+    flag). An artifact without such rows (here a copy of the H100 one with them taken out) keeps
+    fused x roofline ratio, flagged."""
     import json
 
     import pandas as pd
@@ -209,9 +231,11 @@ def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
     from tlora_sim.sim.costmodel.profiled import artifact_path as ap
 
     mm = [Member(16, 2, 1024)] * 4
-    h200 = ProfiledCostModel(load_artifact(ap("H200")))   # profiled before these plans were
-    old = h200.predict("llama3-8b", "H200", mm, 1, "lorafusion")
-    assert "analytic_plan:lorafusion" in old.reasons and h200.describe()["measured_plans"] == ["alone", "loop", "fused"]
+    before = _unmeasured_copy(tmp_path, drop_fits=True)   # as if profiled before these plans were
+    for plan in ("lorafusion", "grouped"):
+        old = before.predict("llama3-8b", "H100", mm, 1, plan)
+        assert old.extrapolated and f"analytic_plan:{plan}" in old.reasons
+    assert before.describe()["measured_plans"] == ["alone", "loop", "fused"]
     df = read_rows([ap("H100").with_name("profile_h100.csv")])
     df = df[df.model.isin(["", "llama3-8b"]) & ~df.plan.isin(["lorafusion", "grouped"])]
     fused = df[(df.kind == "mix") & (df.plan == "fused") & (df.n_adapters > 1)]
