@@ -15,10 +15,6 @@ from tlora_sim.sim.core.jobs import Job
 ARRAY_MIN = 32
 """Fewest running groups of a kind for which the join search reads the kind's table and screens
 with the batch cost model (below, a scan with the memoised ``merge_ok`` answers is cheaper)."""
-SCREEN_MIN_MULTI = 1
-"""``ARRAY_MIN`` and ``tlora_join.SCREEN_MIN`` for a multi-GPU kind: there one scalar question runs the
-planner (every parallelism plan, ~40x a batch row of ``PlannerBatch``), so even one group is
-screened with the batch first."""
 AFTER_RUNNING = 1 << 62
 """Rank of the first group planned in a decision, after every running group (whose rank is its id,
 in start order) in the join-target order."""
@@ -35,7 +31,6 @@ class KindTable:
     def __init__(self, batch: Any, capacity: int = 16):
         self.batch = batch
         self.slot: dict[int, int] = {}
-        self.multi = hasattr(batch, "local_step_times")  # a multi-GPU batch (``PlannerBatch``)
         self.members: list[tuple] = []
         self._free: list[int] = []
         self._alloc(capacity)

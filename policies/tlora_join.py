@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, SCREEN_MIN_MULTI, KindTable, batch_refusals, group_memo, \
-    job_shape
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, KindTable, batch_refusals, group_memo, job_shape
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Snapshot
 
@@ -108,7 +107,7 @@ class JoinSearch:
             if ok is None:
                 ask.append((gid, answers))
         tab = self._tables.get(kind)
-        if tab is not None and tab.batch is not None and len(ask) >= (SCREEN_MIN_MULTI if tab.multi else SCREEN_MIN) \
+        if tab is not None and tab.batch is not None and len(ask) >= SCREEN_MIN \
                 and (row := self._job_row(tab.batch, job)) is not None:
             # the batch cost model's certain refusals need no ``merge_ok`` (as in ``_join_order_table``)
             at = tab.slots([gid for gid, _ in ask])
@@ -182,7 +181,7 @@ class JoinSearch:
         tab = self._tables.get(kind)
         if tab is None or not tab.slot:
             return []
-        if len(tab.slot) < (SCREEN_MIN_MULTI if tab.multi and tab.batch is not None else ARRAY_MIN):
+        if len(tab.slot) < ARRAY_MIN:
             return self._join_order_scan(snap, plan, kind, bound_job)
         return self._join_order_table(snap, plan, job, kind, tab, bound_job, bonus)
 
