@@ -36,9 +36,10 @@ changes; a join answer for a job shape stands until its kind changes; merged ste
 per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
 answers again. The running groups of each kind are also kept as arrays (``KindTable``, updated
 as groups change), so the pairs a tick must examine are found with array operations, and under the
-profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``) evaluates every
-such pair, or every join candidate of a large kind, in one call: candidates it refuses by more
-than its error margin are refused without asking ``merge_ok``, which decides the rest as before.
+profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``; on
+several GPUs ``batch_multigpu``'s lower bound of the planner's step) evaluates every such pair,
+or every join candidate of a large kind, in one call: candidates it refuses by more than its error
+margin are refused without asking ``merge_ok``, which decides the rest as before.
 All of it is exact: the decisions are those of examining everything
 (``tests/test_tlora_incremental.py`` compares whole simulations against the brute-force reading
 under both cost models, and the replay benchmark's output hashes match those from before the
