@@ -65,7 +65,7 @@ MAX_PROBES = 8
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, KindTable, batch_refusals, group_features, group_memo, job_shape, refused  # noqa: F401
+from tlora_sim.policies.tlora_index import AFTER_RUNNING, PAIR_SCREEN_MIN, KindTable, batch_refusals, group_features, group_memo, job_shape, refused  # noqa: F401
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.traces.errors import InputError
@@ -437,7 +437,7 @@ class TLoRA(JoinSearch, QueueWalk):
                 & (step[None, :] < np.minimum(bound[:, None], bound[None, :])) & (stamp[None, :] > since[:, None]))
         np.fill_diagonal(mask, False)
         src, dst = np.nonzero(mask)
-        if src.size and tab.batch is not None:
+        if src.size >= (PAIR_SCREEN_MIN if tab.multi else 1) and tab.batch is not None:
             known = tab.known[at[src]] & tab.known[at[dst]]
             s, d = at[src[known]], at[dst[known]]
             mem = tab.members
