@@ -31,8 +31,8 @@ micro-batches and ``N`` nano-batches::
 * analytic (``sim/costmodel/roofline.py``'s formulas): the all-reduce of adapter gradients and the
   all-gather of sharded frozen weights between GPUs; nano-batching (fused only: the base curve
   runs N times at tokens / N, the adapter term shrinks by N, the host time is paid N times);
-  plans the artifact did not measure (``measured_plans``; the committed H100/H200 artifacts:
-  ``lorafusion``, ``grouped``) are the ``fused`` prediction times the roofline's ratio of the two
+  plans the artifact did not measure (``measured_plans``; the committed H100 and H200 artifacts
+  measure all five) are the ``fused`` prediction times the roofline's ratio of the two
   (flagged), and so are measured ``lorafusion``/``grouped`` on several GPUs (the multi-GPU planner
   knows the loop and fused families only). No fixed per-step framework overhead is added: the
   measured eager steps include kernel-launch and Python time (data loading is not modelled).
