@@ -1,7 +1,14 @@
 """Issue 19's summary of a kernel benchmark run (bench/kernels.py): per mix, the fused step
-against the frozen base layer and against the best baseline, and the targets met."""
+against the frozen base layer and against the best baseline, and the targets met.
+
+``bench/kernels.py`` prints it at the end of a run; to summarise a CSV it wrote earlier::
+
+    python bench/kernel_summary.py profiler/data/kernel_bench_h100_2026-11-25-b.csv [--json OUT]
+"""
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import math
 import statistics
@@ -70,3 +77,39 @@ def summarize(rows):
         lines.append("targets: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                                for k, v in t.items()}))
     return "\n".join(lines), res
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a ``bench/kernels.py`` CSV, with ``ms``, ``eager_ms`` and ``M`` as numbers (an
+    empty cell: NaN).
+
+    Raises:
+        SystemExit: a file without the columns layer, mix, impl, ms, eager_ms (names the file).
+    """
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    need = {"layer", "mix", "impl", "ms", "eager_ms"}
+    if rows and not need <= rows[0].keys():
+        raise SystemExit(f"{path}: not a bench/kernels.py CSV (missing {', '.join(sorted(need - rows[0].keys()))})")
+    for r in rows:
+        for k in ("ms", "eager_ms", "M"):
+            if k in r:
+                r[k] = float(r[k]) if r[k] not in ("", None) else float("nan")
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Summarise a bench/kernels.py CSV: per mix, fused against the "
+                                             "frozen base layer and the best baseline; issue 19's targets.")
+    ap.add_argument("csv", help="kernel benchmark CSV (bench/kernels.py --out)")
+    ap.add_argument("--json", help="also write the per-mix comparison and targets as JSON here")
+    args = ap.parse_args(argv)
+    text, res = summarize(read_rows(args.csv))
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
