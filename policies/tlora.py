@@ -65,7 +65,7 @@ MAX_PROBES = 8
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, PAIR_SCREEN_MIN, KindTable, batch_refusals, group_features, group_memo, job_shape, refused  # noqa: F401
+from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, batch_refusals, group_features
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.traces.errors import InputError
@@ -334,7 +334,8 @@ class TLoRA(JoinSearch, QueueWalk):
                 feats = self._features(tab.batch, proto) if tab.batch is not None else None
                 iso = feats[1] if feats is not None else sum(j.isolated_step_time_s for j in proto.members)
                 tab.put(gid, len(proto.members), step, proto._cached[2], iso, nano,
-                        None if feats is None else feats[0], tuple(j.member for j in proto.members))
+                        None if feats is None else feats[0],
+                        tuple(j.member for j in proto.members) if tab.multi else ())
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp

@@ -80,14 +80,9 @@ class QueueView(Sequence):
         return iter(self._live().values())
 
     def __getitem__(self, i):
-        if self._tuple is None:
+        if self._tuple is None:  # also after ``freeze``, which clears it: ``_live`` raises then
             self._tuple = tuple(self._live().values())
-        elif self._jobs is None:
-            self._live()
         return self._tuple[i]
-
-    def __bool__(self) -> bool:
-        return bool(self._live())
 
     def freeze(self) -> None:
         """Detach from the engine (called when ``decide`` returns)."""

@@ -103,10 +103,11 @@ class PlannerBatch:
             fsdp = 0.0
             if p.kind == "fsdp":
                 cg = sum(coll.time_ms("all_gather", 2.0 * i * o, n, self._net)[0] for _, i, o in m.linear_shapes)
-                fsdp = 1 * L * cg
+                fsdp = L * cg  # one micro-batch
             sync = self._sync_ms if (replicas > 1 or p.kind == "tp") else 0.0
             J.append((shapes.index((self.ds.index(p.dp), p.tp)), self.ds.index(p.dp), L,
-                      (1 + p.pp - 1) * L if p.kind == "pp" else L, 2 * LINEARS_PER_LAYER * L, replicas, fsdp,
+                      p.pp * L if p.kind == "pp" else L,  # GPipe: (micro + pp - 1) stage times, micro = 1
+                      2 * LINEARS_PER_LAYER * L, replicas, fsdp,
                       p.tp if p.kind == "tp" else 1, sync))
         cols = list(zip(*J))
         self._j_shape, self._j_k = np.array(cols[0]), np.array(cols[1])
@@ -157,7 +158,7 @@ class PlannerBatch:
         if got is None:
             got = np.zeros(self.WIDTH)
             for k, d in enumerate(self.ds):
-                if not self.fb.fill_row(got[k * SUB:(k + 1) * SUB], [(x.rank, math.ceil(x.batch_size / d) / 1,
+                if not self.fb.fill_row(got[k * SUB:(k + 1) * SUB], [(x.rank, math.ceil(x.batch_size / d),
                                                                       x.seq_len)]):
                     return None
             if len(self._sub) >= 1 << 16:
@@ -218,7 +219,7 @@ class PlannerBatch:
                 comm[j] = nn[self._j_k[j]] * (cms[a] + self._per_tensor_ms * tensors[j])
         comm += self._j_fsdp
         for q, (j, _, _, Lj) in enumerate(self._tp, start=len(self._ar)):
-            comm[j] += 1 * 4 * Lj * cms[q]
+            comm[j] += 4 * Lj * cms[q]  # one micro-batch
         comm += self._j_sync
         return (compute + opt + comm) / 1e3
 
@@ -276,7 +277,7 @@ class PlannerBatch:
         lay = fb.layer_rows(X, nn, 1.0, np.repeat(np.array(hs), counts))
         compute = L * lay + fb._head_ms(X[:, TOKENS])
         oc, opm, opt_t = self._optc
-        total = compute + (oc + opm * (X[:, LORA_PARAMS] * L / L) / 1e6 + opt_t * (2 * LINEARS_PER_LAYER * L)) + 0.0
+        total = compute + (oc + opm * (X[:, LORA_PARAMS] * L / L) / 1e6 + opt_t * (2 * LINEARS_PER_LAYER * L))
         out[owners] = np.maximum.reduceat(total, starts) / 1e3
         return out
 
@@ -285,7 +286,7 @@ class PlannerBatch:
         got = self._one.get(x)
         if got is None:
             got = np.zeros(SUB)
-            if not self.fb.fill_row(got, [(x.rank, x.batch_size / 1, x.seq_len)]):
+            if not self.fb.fill_row(got, [(x.rank, x.batch_size, x.seq_len)]):
                 return None
             if len(self._one) >= 1 << 16:
                 self._one.clear()
