@@ -155,20 +155,21 @@ _STAGES_SEEN: dict = {}  # (kernel name, constexpr args) -> stages that launched
 
 
 def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
-           start_stages: "int | None" = None, **kwargs) -> None:
+           start_stages: "int | None" = None, **kwargs):
     """Launch ``kernel[grid](*args, **kwargs)`` with ``stages_for(name, buckets, cfg)`` pipeline stages
     (or ``start_stages``, for kernels whose stages the caller sized, e.g. the base GEMM); if the GPU
     still reports too little shared memory (Triton's ``OutOfResources``), retry with one stage fewer
-    (down to 1) and remember what launched for this kernel and configuration."""
+    (down to 1) and remember what launched for this kernel and configuration. Returns what Triton's
+    launch returns: the ``CompiledKernel`` that ran (None under the interpreter)."""
     key = (name, buckets, cfg, kwargs.get("PREC"))  # what decides the tiles' shared memory
     stages = _STAGES_SEEN.get(key)
     if stages is None:
         stages = start_stages if start_stages is not None else stages_for(name, buckets, cfg)
     while True:
         try:
-            kernel[grid](*args, num_stages=stages, **kwargs)
+            compiled = kernel[grid](*args, num_stages=stages, **kwargs)
             _STAGES_SEEN[key] = stages
-            return
+            return compiled
         except Exception as e:  # noqa: BLE001 - only Triton's resource error is retried
             if type(e).__name__ != "OutOfResources" or stages <= 1:
                 raise
