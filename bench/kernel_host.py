@@ -56,6 +56,9 @@ def parse_args(argv=None):
                     help="launches per single-launch timing (0: skip those timings)")
     ap.add_argument("--only-launches", action="store_true",
                     help="only the single-launch timings (on each case's plan)")
+    ap.add_argument("--gap", action="store_true",
+                    help="also: one graph per step replayed from a Python loop (wall, stream) and "
+                         "the one-graph GPU time over 100 replays, for base and plain")
     ap.add_argument("--dump-triton", action="store_true",
                     help="write the installed Triton's launch-path source to OUT/triton_src.txt")
     ap.add_argument("--out", required=True, help="folder for kernel_host.json / kernel_host.txt")
@@ -99,6 +102,27 @@ def wall_and_stream(step, sets, n):
     wall = (time.perf_counter() - t0) * 1e3 / n
     stream = statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(n))
     return wall, stream
+
+
+def single_graphs(step, sets, n):
+    """(wall ms, median stream ms) per step of a Python loop replaying one CUDA graph per step
+    (one graph per input set): the eager loop without the host's launch path."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for a in sets:
+                step(*a)
+    torch.cuda.current_stream().wait_stream(s)
+    _sync()
+    gs = []
+    for a in sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step(*a)
+        gs.append(g)
+    return wall_and_stream(lambda i: gs[i].replay(), [(i,) for i in range(len(gs))], n)
 
 
 def profile_text(step, sets, n, top=35):
@@ -279,6 +303,12 @@ def run_case(layer, mix, args, report):
                            "wall_ms": wall, "stream_ms": stream, "wall_over_gpu": wall / gpu}
         print(f"{layer} {mix} {p:<6} gpu {gpu:.3f} host {hmed:.3f} (mean {hmean:.3f}) wall "
               f"{wall:.3f} stream {stream:.3f} wall/gpu {wall / gpu:.2f}", flush=True)
+        if args.gap and p in ("base", "plain"):
+            gw, gs = single_graphs(step, sets, args.steps)
+            g100 = KB.time_graph(step, sets, 100)
+            res["paths"][p].update(graph1_wall_ms=gw, graph1_stream_ms=gs, gpu100_ms=g100)
+            print(f"{layer} {mix} {p:<6} one graph per step: wall {gw:.3f} stream {gs:.3f}; "
+                  f"gpu over 100 replays {g100:.3f}", flush=True)
     x, dy = fsets[0]
     mod = fused.mod
     if "plain" in paths:  # forward and backward host time separately

@@ -467,3 +467,15 @@ def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
     tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
              mask=(rows < M)[:, None] & (cols < K)[None, :])
+
+
+# ------------------------------------------------------------------------------ gradient cast
+@triton.jit
+def _cast2_kernel(G, DA, DB, n_a, n_all, BLOCK: tl.constexpr):
+    """The adapters' gradients out of the fp32 workspace in one launch: DA[i] = G[i] for
+    i < n_a, DB[i - n_a] = G[i] for n_a <= i < n_all, converted to DA's / DB's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_all
+    v = tl.load(G + offs, mask=m, other=0.0)
+    tl.store(DA + offs, v.to(DA.dtype.element_ty), mask=m & (offs < n_a))
+    tl.store(DB + (offs - n_a), v.to(DB.dtype.element_ty), mask=m & (offs >= n_a))

@@ -55,14 +55,24 @@ def _spec(v, dns: bool):
     return type(v)
 
 
+try:  # Triton >= 3.4 keeps its launch hooks in knobs.runtime (3.6: HookChain objects, never None)
+    from triton import knobs as _knobs
+    _RT = _knobs.runtime
+except Exception:  # noqa: BLE001 - an older Triton: no hooks to honour here
+    _RT = None
+
+
+def _hook_set(h) -> bool:
+    """Whether launch hook ``h`` would do anything: None or an empty HookChain does not."""
+    return h is not None and bool(getattr(h, "calls", True))
+
+
 def _hooks_installed() -> bool:
-    try:
-        from triton import knobs
-        rt = knobs.runtime
-        return (getattr(rt, "launch_enter_hook", None) is not None
-                or getattr(rt, "launch_exit_hook", None) is not None)
-    except Exception:  # an older Triton without knobs: no hooks to honour here
+    """Whether a launch enter/exit hook (e.g. the Proton profiler's) is installed: then every
+    launch goes through Triton's normal path, which builds the hooks' launch metadata."""
+    if _RT is None:
         return False
+    return _hook_set(_RT.launch_enter_hook) or _hook_set(_RT.launch_exit_hook)
 
 
 def _stream_fn() -> Callable[[], int]:
@@ -72,11 +82,18 @@ def _stream_fn() -> Callable[[], int]:
     return lambda: get_raw(cur())
 
 
+STREAM = [_stream_fn]
+"""Factory of the stream getter a bound launch uses (a list, so that tests can replace it)."""
+
+
 class BoundLaunch:
     """One launch of ``kernel`` over ``grid`` with ``static`` arguments (name -> value: ints,
     constexprs, the plan's device tensors) and ``options`` (num_warps, ...) bound; ``dynamic``
     names the arguments given per call, in order. ``name``, ``buckets``, ``cfg`` and
     ``start_stages`` are ``config.launch``'s (pipeline stages and their shared-memory fallback).
+    ``checked``: indices of the dynamic values whose specialisation is re-checked on every direct
+    call (default: all); leave out only values whose dtype and alignment cannot change (buffers
+    the caller allocates itself, fixed-offset views of them, the plan's own tensors).
 
     ``bl(*values)`` launches with the dynamic arguments ``values``. Raises what Triton raises
     (compilation errors, ``OutOfResources`` below one stage) and TypeError on a wrong number of
@@ -84,11 +101,11 @@ class BoundLaunch:
     host-overhead benchmark)."""
 
     __slots__ = ("kernel", "grid", "name", "buckets", "cfg", "dynamic", "static", "options",
-                 "start_stages", "_fast", "_dns", "n_direct", "n_normal")
+                 "start_stages", "checked", "_fast", "_dns", "n_direct", "n_normal")
 
     def __init__(self, kernel, grid: Sequence[int], name: str, buckets: int, cfg,
                  dynamic: Sequence[str], static: dict, options: Optional[dict] = None,
-                 start_stages: Optional[int] = None):
+                 start_stages: Optional[int] = None, checked: Optional[Sequence[int]] = None):
         g = tuple(int(v) for v in grid) + (1, 1)
         self.kernel, self.grid = kernel, g[:3]
         self.name, self.buckets, self.cfg = name, buckets, cfg
@@ -100,6 +117,7 @@ class BoundLaunch:
             if getattr(p, "do_not_specialize", False):
                 dns.add(getattr(p, "name", None))
         self._dns = tuple(n in dns for n in self.dynamic)
+        self.checked = tuple(range(len(self.dynamic)) if checked is None else checked)
         self._fast = None
         self.n_direct = self.n_normal = 0
 
@@ -112,8 +130,8 @@ class BoundLaunch:
             run, function, meta, template, slots, specs, stream = f
             ok = not _hooks_installed()
             if ok:
-                for v, s, d in zip(values, specs, self._dns):
-                    if _spec(v, d) != s:
+                for i in self.checked:
+                    if _spec(values[i], self._dns[i]) != specs[i]:
                         ok = False
                         break
             if ok:
@@ -139,7 +157,7 @@ class BoundLaunch:
                           start_stages=self.start_stages, **kw, **self.options)
         self.n_normal += 1
         self._fast = None
-        if compiled is None or not direct_launch_enabled() or not torch.cuda.is_available():
+        if compiled is None or not direct_launch_enabled():
             return
         try:
             self._fast = self._bind(compiled, kw, values)
@@ -160,4 +178,4 @@ class BoundLaunch:
         run = compiled.run
         function = compiled.function
         meta = compiled.packed_metadata
-        return (run, function, meta, template, slots, specs, _stream_fn())
+        return (run, function, meta, template, slots, specs, STREAM[0]())

@@ -25,9 +25,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import gemm_lora_kernel
 from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
+from .fastlaunch import BoundLaunch
 
 __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
-           "gemm_lora_backward", "base_gemm"]
+           "gemm_lora_backward", "base_gemm", "bound_gemm", "tma_desc"]
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                           "base_gemm.json")
@@ -122,6 +123,40 @@ def _run(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=
            BWD=bwd, LORA=plan is not None, HAS_BIAS=bias is not None, DROPOUT=dropout,
            SEED_PTR=sptr, EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0, USE_TMA=tma,
            PREC=prec, num_warps=gc.warps)
+
+
+def tma_desc(t: torch.Tensor, gc: GemmConfig, bwd: bool, is_a: bool) -> TensorDescriptor:
+    """The TMA descriptor of ``gemm_lora_kernel``'s operand ``t``: the activations (``is_a``,
+    blocks bm x bk) or the weight (bk x bn blocks backward, bn x bk forward)."""
+    if is_a:
+        return TensorDescriptor.from_tensor(t, [gc.bm, gc.bk])
+    return TensorDescriptor.from_tensor(t, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
+
+
+def bound_gemm(plan, gc: GemmConfig, bwd: bool, prec: str, a: torch.Tensor, w: torch.Tensor,
+               ri: torch.Tensor, has_bias: bool = False, dropout: bool = False,
+               seed_is_tensor: bool = False):
+    """(``BoundLaunch``, uses TMA) of ``gemm_lora_kernel`` with the LoRA term over ``plan``'s row
+    tiles, for a (M, KRED) and w laid out as given (``_run``'s launch with everything but the
+    step's operands bound). Dynamic arguments, in order: XIN, W (TMA descriptors when it uses
+    TMA, else the tensors), OUT, LO (P or Q), RI (lora_B or lora_A), BIAS, seed."""
+    M, kred = a.shape
+    nout = w.shape[1] if bwd else w.shape[0]
+    cfg = plan.cfg
+    mtiles = row_tiles(plan, gc.bm, a.device)
+    tma = cfg.gemm_tma and _tma_ok(a) and _tma_ok(w)
+    static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
+                  KRED=kred, sxm=a.stride(0), sw=w.stride(0), som=nout, sri=ri.stride(0),
+                  n_mt=mtiles.shape[0], BUCKETS=plan.buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk,
+                  GROUP_M=gc.group_m, BWD=bwd, LORA=True, HAS_BIAS=has_bias, DROPOUT=dropout,
+                  SEED_PTR=seed_is_tensor, EVEN_K=kred % gc.bk == 0, EVEN_N=nout % gc.bn == 0,
+                  USE_TMA=tma, PREC=prec)
+    bl = BoundLaunch(gemm_lora_kernel, (mtiles.shape[0] * cdiv(nout, gc.bn),),
+                     f"gemm_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}", plan.buckets, cfg,
+                     ("XIN", "W", "OUT", "LO", "RI", "BIAS", "seed"), static,
+                     dict(num_warps=gc.warps), start_stages=gc.fitted_stages(),
+                     checked=() if tma else (0, 1))
+    return bl, tma
 
 
 def _tma_ok(t: torch.Tensor) -> bool:

@@ -13,129 +13,38 @@ Shapes and units used throughout:
 from __future__ import annotations
 
 import math
-import os
+import random
 from typing import Optional, Sequence
 
 import torch
 
 from . import _triton as K_
 from .config import (MAX_RANK, SMEM_LIMIT_BYTES, KernelConfig, cdiv, keep_threshold,  # noqa: F401
-                     launch, mix_seed, seed_args, smem_bytes, stages_for)
-from .lora_gemm import choose_gemm, gemm_lora_backward, gemm_lora_forward
+                     mix_seed, smem_bytes, stages_for)
 from .plan import LoRAPlan, build_plan
+from .program import backward_program, forward_program, gbuf_numel, prec_of
 
 __all__ = ["KernelConfig", "LoRAPlan", "build_plan", "multi_lora_linear", "MultiLoRALinear",
            "keep_threshold", "mix_seed", "dropout_keep_mask_triton", "MAX_RANK"]
 
 
-def _prec(dtype: torch.dtype) -> str:
-    """Dot mode: fp32 inputs exact ("ieee"); under the CPU interpreter, bf16/fp16 dots in fp32."""
-    if dtype == torch.float32:
-        return "ieee"
-    return "interp" if os.environ.get("TRITON_INTERPRET") == "1" else "tf32"
-
-
-def _gbuf_numel(plan: LoRAPlan) -> int:
-    """fp32 workspace of the backward: dA (sum_r x K), dB (sum_r x N), Q (compact, p_size)."""
-    return plan.sum_r * (plan.in_features + plan.out_features) + plan.p_size
-
-
-def _lora_forward(x, lora_A, lora_B, bias, plan: LoRAPlan, seed, dropout_on: bool,
-                  need_grads: bool, write_y: bool = True):
-    """Run _f1 and _f2: returns (y, psave, gbuf). With ``write_y`` y holds the LoRA term (+ bias)
-    and then receives x W^T (cuBLAS); without, _f2 only saves P and the caller's GEMM writes y.
-    With ``need_grads`` _f2 also zeroes gbuf, which the backward accumulates into."""
-    M, Kf = x.shape
-    Nf = plan.out_features
-    cfg = plan.cfg
-    dev = x.device
-    y = torch.empty(M, Nf, dtype=x.dtype, device=dev)
-    psave = torch.empty(max(plan.p_size, 1), dtype=x.dtype, device=dev)
-    g_numel = _gbuf_numel(plan) if need_grads else 0
-    gbuf = torch.empty(max(g_numel, 1), dtype=torch.float32, device=dev)
-    if plan.n_tiles == 0:  # every segment empty (then M == 0)
-        if g_numel:
-            gbuf.zero_()
-        return y, psave, gbuf
-    ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=dev)
-    dropout = dropout_on and plan.has_dropout
-    prec = _prec(x.dtype)
-    sarg, sptr = seed_args(seed)
-    launch(K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
-        x, lora_A, ppart, plan.tiles, plan.meta_i, Kf, x.stride(0), lora_A.stride(0),
-        plan.p_size, plan.ksplit, plan.kb_per, sarg,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
-        SEED_PTR=sptr, num_warps=cfg.warps_f1)
-    has_bias = bias is not None and write_y
-    ngroups = plan.ngroups if write_y else 1
-    launch(K_._f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
-        ppart, psave, lora_B, y, bias if has_bias else y, gbuf, g_numel, plan.tiles,
-        plan.meta_i, plan.meta_f if dropout else _nodrop_meta_f(plan), Nf, y.stride(0),
-        lora_B.stride(0), plan.p_size, plan.ksplit, ngroups, plan.ng_per,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn, HAS_BIAS=has_bias, ZERO_G=g_numel > 0, PREC=prec,
-        WRITE_Y=write_y, num_warps=cfg.warps_f2)
-    return y, psave, gbuf
-
-
-def _nodrop_meta_f(plan: LoRAPlan) -> torch.Tensor:
-    return plan.meta_f_nodrop
-
-
-def _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan: LoRAPlan, seed,
-                   dropout_on: bool, write_dx: bool):
-    """Run _b1 and _b2: returns (dX_lora (M, K) or None, Q); gbuf (zeroed) receives dA^T
-    (sum_r x K), dB (sum_r x N) and, on the way, Q = s dY B^T (compact, fp32 in gbuf when
-    N-split, else in dy's dtype)."""
-    M, Kf = x.shape
-    Nf = plan.out_features
-    cfg = plan.cfg
-    dev = x.device
-    dxl = torch.empty(M, Kf, dtype=x.dtype, device=dev) if write_dx else None
-    if plan.n_tiles == 0:
-        return dxl, gbuf
-    dropout = dropout_on and plan.has_dropout
-    meta_f = plan.meta_f if dropout else _nodrop_meta_f(plan)
-    gA = gbuf[: plan.sum_r * Kf]
-    gB = gbuf[plan.sum_r * Kf: plan.sum_r * (Kf + Nf)]
-    q_atomic = plan.nsplit > 1
-    # Q: fp32 sums of N-split partials in the zeroed workspace, else one bf16/fp16 store
-    q = gbuf[plan.sum_r * (Kf + Nf):] if q_atomic else torch.empty(
-        max(plan.p_size, 1), dtype=x.dtype, device=dev)
-    prec = _prec(x.dtype)
-    n_nb = cdiv(Nf, cfg.bn)
-    n_q = plan.n_tiles * plan.nsplit
-    launch(K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
-        dy, lora_B, psave, q, gB, plan.tiles, plan.chunks, plan.meta_i, meta_f, Nf,
-        dy.stride(0), lora_B.stride(0), plan.nsplit, plan.nb_per, n_q, n_nb,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn,
-        Q_ATOMIC=q_atomic, PREC=prec, num_warps=cfg.warps_b1)
-    n_kb = cdiv(Kf, cfg.bk)
-    sarg, sptr = seed_args(seed)
-    launch(K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
-        x, lora_A, q, dxl if write_dx else x, gA, plan.chunks,
-        plan.meta_i, meta_f, Kf, x.stride(0), lora_A.stride(0),
-        dxl.stride(0) if write_dx else 0, n_kb, sarg,
-        BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(), BK=cfg.bk,
-        DROPOUT=dropout, WRITE_DX=write_dx, PREC=prec, SEED_PTR=sptr,
-        num_warps=cfg.warps_b2)
-    return dxl, q
+_prec = prec_of
+_gbuf_numel = gbuf_numel
 
 
 class _MultiLoRAFunction(torch.autograd.Function):
     """y = x W^T + bias + s_i drop(x_i) A_i B_i per segment; gradients dX, dA_i, dB_i (and dW,
-    dbias only if asked: the base is meant to be frozen)."""
+    dbias only if asked: the base is meant to be frozen). The launches are the plan's cached
+    ``program`` (bound once per input layout)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_A, lora_B, plan, seed, dropout_on):
-        need_grads = any(ctx.needs_input_grad[i] for i in (0, 3, 4))
-        gc = choose_gemm(plan, "fwd", x.device)
-        y, psave, gbuf = _lora_forward(x, lora_A, lora_B, bias, plan, seed, dropout_on,
-                                       need_grads, write_y=gc is None)
-        if gc is None:
-            y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
-        else:  # our GEMM, with s P B (+ bias) in its epilogue
-            gemm_lora_forward(x, weight, psave, lora_B, bias, plan, gc, y, _prec(x.dtype))
-        ctx.plan, ctx.seed, ctx.dropout_on = plan, seed, dropout_on
+        nig = ctx.needs_input_grad
+        need_grads = nig[0] or nig[3] or nig[4]
+        dropout = dropout_on and plan.has_dropout
+        prog = forward_program(plan, x, lora_A, lora_B, bias, seed, dropout, need_grads)
+        y, psave, gbuf = prog.run(x, weight, bias, lora_A, lora_B, seed)
+        ctx.plan, ctx.seed, ctx.dropout = plan, seed, dropout
         ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf)
         ctx.has_bias = bias is not None
         return y
@@ -143,32 +52,15 @@ class _MultiLoRAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, lora_A, lora_B, psave, gbuf = ctx.saved_tensors
-        plan = ctx.plan
-        dy = dy.contiguous()
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
         need_x, need_w, need_b, need_A, need_B = ctx.needs_input_grad[:5]
-        gc = choose_gemm(plan, "bwd", x.device) if need_x else None
-        dx = None
+        dx = dA = dB = None
         if need_A or need_B or need_x:
-            dxl, q = _lora_backward(dy, x, lora_A, lora_B, psave, gbuf, plan, ctx.seed,
-                                    ctx.dropout_on, need_x and gc is None)
-            if need_x and gc is None:
-                dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
-            elif need_x:  # our GEMM, with mask(Q A^T) / (1 - p) in its epilogue
-                dx = torch.empty_like(x)
-                gemm_lora_backward(dy, weight, q, lora_A, plan, gc, ctx.seed,
-                                   ctx.dropout_on and plan.has_dropout, dx, _prec(x.dtype))
-        dA = dB = None
-        if need_A or need_B:
-            Kf = x.shape[1]
-            ng = plan.sum_r * (Kf + plan.out_features)
-            gA = gbuf[: plan.sum_r * Kf].view(plan.sum_r, Kf)
-            gB = gbuf[plan.sum_r * Kf: ng].view(plan.sum_r, plan.out_features)
-            if lora_A.dtype != torch.float32:  # one cast launch for both
-                g = gbuf[:ng].to(lora_A.dtype)
-                gA = g[: plan.sum_r * Kf].view(plan.sum_r, Kf)
-                gB = g[plan.sum_r * Kf:].view(plan.sum_r, plan.out_features)
-            dA = gA if need_A else None
-            dB = gB if need_B else None
+            prog = backward_program(ctx.plan, x, dy, lora_A, lora_B, ctx.seed, ctx.dropout,
+                                    need_x)
+            dx, dA, dB = prog.run(dy, x, weight, lora_A, lora_B, psave, gbuf, ctx.seed,
+                                  need_A, need_B)
         dW = dy.t() @ x if need_w else None
         db = dy.sum(0) if (need_b and ctx.has_bias) else None
         return dx, dW, db, dA, dB, None, None, None
@@ -216,6 +108,22 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tenso
         seed = mix_seed(seed)
     return _MultiLoRAFunction.apply(x, weight, bias, lora_A, lora_B, plan, seed,
                                     bool(dropout_on))
+
+
+def _module_step(mod, x, plan: LoRAPlan, seed, dropout_on: bool) -> torch.Tensor:
+    """``multi_lora_linear`` for ``MultiLoRALinear.forward``: the full argument check runs once
+    per (plan, input shape, dtype, device, parameter tensors), later steps skip it."""
+    key = (id(plan), x.shape, x.dtype, x.device, id(mod.weight), id(mod.lora_A), id(mod.lora_B),
+           id(mod.bias))
+    if key != mod._checked:
+        _check(x, mod.weight, mod.bias, mod.lora_A, mod.lora_B, plan)
+        mod._checked = key
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if not isinstance(seed, torch.Tensor):
+        seed = mix_seed(seed)
+    return _MultiLoRAFunction.apply(x, mod.weight, mod.bias, mod.lora_A, mod.lora_B, plan, seed,
+                                    dropout_on)
 
 
 def dropout_keep_mask_triton(M: int, K: int, seed: int, p: float, device) -> torch.Tensor:
@@ -284,7 +192,10 @@ class MultiLoRALinear(torch.nn.Module):
         self.kernel_config = kernel_config
         self.seg_lens: Optional[tuple] = None
         self._plans: dict = {}
+        self._last_plan: tuple = (None, None, None)   # (seg_lens object, device, plan)
+        self._checked: tuple = ()
         self._gen = torch.Generator().manual_seed(0)
+        self._rng = random.Random(0)  # the plain path's per-step dropout seeds
         self.cuda_graph = bool(cuda_graph)
         self.graph_cache: dict = {}   # graphed.graphed_forward's graphs, by input key
         self._counters: dict = {}
@@ -303,12 +214,16 @@ class MultiLoRALinear(torch.nn.Module):
 
     def plan_for(self, seg_lens: Sequence[int], device) -> LoRAPlan:
         """The cached launch plan of this segment layout on ``device`` (built on first use)."""
+        last = self._last_plan
+        if seg_lens is last[0] and device == last[1] and isinstance(seg_lens, tuple):
+            return last[2]  # the same (immutable) segments object as the last step
         key = (tuple(int(v) for v in seg_lens), str(device))
         plan = self._plans.get(key)
         if plan is None:
             plan = build_plan(key[0], self.ranks, self.scales, self.dropout, self.in_features,
                               self.out_features, device, self.kernel_config)
             self._plans[key] = plan
+        self._last_plan = (seg_lens, device, plan)
         return plan
 
     def forward(self, x: torch.Tensor, seg_lens: Optional[Sequence[int]] = None,
@@ -316,20 +231,20 @@ class MultiLoRALinear(torch.nn.Module):
         seg_lens = seg_lens if seg_lens is not None else self.seg_lens
         if seg_lens is None:
             raise ValueError("no segments: pass seg_lens or call set_segments()")
+        flat = x.dim() == 2  # 2-D input: no reshape (and no view nodes in the backward)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if flat else x.reshape(-1, self.in_features)
         plan = self.plan_for(seg_lens, x.device)
         if (self.cuda_graph and seed is None and x2.is_cuda and self.training
                 and torch.is_grad_enabled()):
             from .graphed import graphed_forward
             y = graphed_forward(self, x2, plan, multi_lora_linear)
-            return y.reshape(*lead, self.out_features)
+            return y if flat else y.reshape(*lead, self.out_features)
         if seed is None:
-            seed = int(torch.randint(0, 2 ** 31 - 1, (), generator=self._gen))
-        y = multi_lora_linear(x2, self.weight, self.lora_A, self.lora_B, plan, self.bias,
-                              seed=seed, dropout_on=self.training)
+            seed = self._rng.randrange(2 ** 31 - 1)
+        y = _module_step(self, x2, plan, seed, self.training)
         self.last_seed = seed
-        return y.reshape(*lead, self.out_features)
+        return y if flat else y.reshape(*lead, self.out_features)
 
     def seed_counter(self, device) -> torch.Tensor:
         """The graph path's dropout-seed counter on ``device``: a 0-d int64 tensor, started at a

@@ -1,0 +1,253 @@
+"""The launches of one fused multi-LoRA training step, prepared once per plan (profiler/KERNELS.md,
+"Host overhead").
+
+A ``ForwardProgram`` / ``BackwardProgram`` holds, for one ``LoRAPlan`` and one input layout (dtype,
+device, strides, dropout on or off, int or counter seed, which gradients are needed, bias), every
+Triton launch of that pass as a ``fastlaunch.BoundLaunch`` (grid, sizes, splits, the plan's device
+tables and the constexprs bound once), the choice between cuBLAS and ``lora_gemm``'s GEMM, and the
+sizes of the step's buffers. A step then allocates its outputs, launches with only the step's
+tensors and seed as arguments, and recomputes nothing the plan already knows. Programs are cached
+on the plan (``plan.extra``). The forward's fp32 partial sums of P (``ppart``) are a workspace
+kept by the program and reused by every step: programs assume the steps of one plan run on one
+CUDA stream (or on the CPU), in order.
+
+Math and buffers: ``multilora`` (``_gbuf_numel``, the kernels' docstrings in ``_triton``).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _triton as K_
+from .config import cdiv
+from .fastlaunch import BoundLaunch
+from .lora_gemm import bound_gemm, choose_gemm, gemm_lora_backward, gemm_lora_forward, tma_desc
+
+__all__ = ["ForwardProgram", "BackwardProgram", "forward_program", "backward_program",
+           "gbuf_numel", "prec_of"]
+
+
+def prec_of(dtype: torch.dtype) -> str:
+    """Dot mode: fp32 inputs exact ("ieee"); under the CPU interpreter, bf16/fp16 dots in fp32."""
+    import os
+    if dtype == torch.float32:
+        return "ieee"
+    return "interp" if os.environ.get("TRITON_INTERPRET") == "1" else "tf32"
+
+
+def gbuf_numel(plan) -> int:
+    """fp32 workspace of the backward: dA (sum_r x K), dB (sum_r x N), Q (compact, p_size)."""
+    return plan.sum_r * (plan.in_features + plan.out_features) + plan.p_size
+
+
+def _wdesc_of(prog, weight, bwd: bool):
+    """The weight's TMA descriptor, cached by the program while the weight stays where it is."""
+    wd = prog._wd
+    if wd is None or wd[0] != weight.data_ptr():
+        wd = prog._wd = (weight.data_ptr(), tma_desc(weight, prog.gc, bwd, False))
+    return wd[1]
+
+
+class ForwardProgram:
+    """The forward of ``plan`` for x's layout: ``run`` returns (y (M, N), psave (P, compact),
+    gbuf (the backward's zeroed fp32 workspace, or a 1-element dummy without ``need_grads``))."""
+
+    def __init__(self, plan, x, lora_A, lora_B, bias, seed_is_tensor: bool, dropout: bool,
+                 need_grads: bool):
+        cfg = plan.cfg
+        M, Kf = x.shape
+        Nf = plan.out_features
+        self.plan, self.dtype, self.device = plan, x.dtype, x.device
+        self.y_shape = (M, Nf)
+        self.p_numel = max(plan.p_size, 1)
+        self.g_numel = gbuf_numel(plan) if need_grads else 0
+        self.gc = choose_gemm(plan, "fwd", x.device)
+        self.write_y = self.gc is None
+        self.dropout, self.seed_is_tensor = dropout, seed_is_tensor
+        self.has_bias = bias is not None
+        self.prec = prec = prec_of(x.dtype)
+        self.empty = plan.n_tiles == 0
+        self.gemm = self._wd = None
+        if self.empty:
+            return
+        self.ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32,
+                                 device=x.device)
+        self.f1 = BoundLaunch(
+            K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
+            ("X", "A", "Ppart", "seed"),
+            dict(tiles=plan.tiles, meta_i=plan.meta_i, K=Kf, sxm=x.stride(0),
+                 sam=lora_A.stride(0), part_stride=plan.p_size, ksplit=plan.ksplit,
+                 kb_per=plan.kb_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk,
+                 DROPOUT=dropout, PREC=prec, SEED_PTR=seed_is_tensor),
+            dict(num_warps=cfg.warps_f1), checked=(0,))
+        ngroups = plan.ngroups if self.write_y else 1
+        self.f2 = BoundLaunch(
+            K_._f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
+            ("Ppart", "Psave", "B", "Y", "bias", "G"),
+            dict(g_numel=self.g_numel, tiles=plan.tiles, meta_i=plan.meta_i,
+                 meta_f=plan.meta_f if dropout else plan.meta_f_nodrop, N=Nf, syn=Nf,
+                 sbm=lora_B.stride(0), part_stride=plan.p_size, ksplit=plan.ksplit,
+                 ngroups=ngroups, nb_per=plan.ng_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
+                 BN=cfg.bn, HAS_BIAS=self.has_bias and self.write_y, ZERO_G=self.g_numel > 0,
+                 PREC=prec, WRITE_Y=self.write_y),
+            dict(num_warps=cfg.warps_f2), checked=())
+
+    def run(self, x, weight, bias, lora_A, lora_B, seed):
+        """One forward: (y, psave, gbuf). Shapes as in ``multi_lora_linear``."""
+        y = torch.empty(self.y_shape, dtype=self.dtype, device=self.device)
+        psave = torch.empty(self.p_numel, dtype=self.dtype, device=self.device)
+        gbuf = torch.empty(max(self.g_numel, 1), dtype=torch.float32, device=self.device)
+        if self.empty:  # every segment empty (then M == 0)
+            if self.g_numel:
+                gbuf.zero_()
+            return y, psave, gbuf
+        self.f1(x, lora_A, self.ppart, seed)
+        self.f2(self.ppart, psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
+        if self.gc is None:
+            y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
+        else:
+            self._gemm(x, weight, psave, lora_B, bias, y)
+        return y, psave, gbuf
+
+    def _wdesc(self, weight):
+        return _wdesc_of(self, weight, False)
+
+    def _gemm(self, x, weight, psave, lora_B, bias, y):
+        """Our GEMM with s P B (+ bias) in its epilogue, bound at the first step."""
+        if self.gemm is None:
+            self.gemm = bound_gemm(self.plan, self.gc, False, self.prec, x, weight, lora_B,
+                                   has_bias=self.has_bias)
+        bl, tma = self.gemm
+        if not tma:
+            bl(x, weight, y, psave, lora_B, bias if self.has_bias else y, 0)
+        elif x.data_ptr() & 15:  # TMA needs a 16-byte aligned base: the generic launch
+            gemm_lora_forward(x, weight, psave, lora_B, bias, self.plan, self.gc, y, self.prec)
+        else:
+            bl(tma_desc(x, self.gc, False, True), self._wdesc(weight), y,
+               psave, lora_B, bias if self.has_bias else y, 0)
+
+
+class BackwardProgram:
+    """The backward of ``plan`` for the forward's layout: ``run`` returns (dX or None, dA, dB)."""
+
+    def __init__(self, plan, x, dy, lora_A, lora_B, seed_is_tensor: bool, dropout: bool,
+                 need_x: bool):
+        cfg = plan.cfg
+        M, Kf = x.shape
+        Nf = plan.out_features
+        self.plan, self.dtype, self.device = plan, x.dtype, x.device
+        self.need_x = need_x
+        self.gc = choose_gemm(plan, "bwd", x.device) if need_x else None
+        self.write_dx = need_x and self.gc is None
+        self.dropout = dropout
+        self.prec = prec = prec_of(x.dtype)
+        self.x_shape = (M, Kf)
+        self.ga_end = plan.sum_r * Kf
+        self.gb_end = plan.sum_r * (Kf + Nf)
+        self.a_shape, self.b_shape = (plan.sum_r, Kf), (plan.sum_r, Nf)
+        self.q_atomic = plan.nsplit > 1
+        self.p_numel = max(plan.p_size, 1)
+        self.empty = plan.n_tiles == 0
+        self.gemm = self._wd = None
+        meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
+        if not self.empty:
+            n_nb = cdiv(Nf, cfg.bn)
+            n_q = plan.n_tiles * plan.nsplit
+            self.b1 = BoundLaunch(
+                K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
+                ("DY", "B", "Psave", "Q", "GB"),
+                dict(tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
+                     N=Nf, sdm=dy.stride(0), sbm=lora_B.stride(0), nsplit=plan.nsplit,
+                     nb_per=plan.nb_per, n_q=n_q, n_nb=n_nb, BUCKETS=plan.buckets,
+                     **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn, Q_ATOMIC=self.q_atomic,
+                     PREC=prec),
+                dict(num_warps=cfg.warps_b1), checked=(0,))
+            n_kb = cdiv(Kf, cfg.bk)
+            self.b2 = BoundLaunch(
+                K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
+                ("X", "A", "Q", "DXL", "GA", "seed"),
+                dict(chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f, K=Kf,
+                     sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
+                     n_kb=n_kb, BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(),
+                     BK=cfg.bk, DROPOUT=dropout, WRITE_DX=self.write_dx, PREC=prec,
+                     SEED_PTR=seed_is_tensor),
+                dict(num_warps=cfg.warps_b2), checked=(0,))
+        self.cast = BoundLaunch(
+            K_._cast2_kernel, (max(1, cdiv(self.gb_end, 1024)),), "cast", 0, cfg,
+            ("G", "DA", "DB"), dict(n_a=self.ga_end, n_all=self.gb_end, BLOCK=1024),
+            dict(num_warps=4), start_stages=1, checked=())
+
+    def run(self, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool, need_B: bool):
+        """One backward: (dX (M, K) or None, dA (sum_r, K) or None, dB (sum_r, N) or None)."""
+        dx = None
+        if not self.empty:
+            dxl = (torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
+                   if self.write_dx else x)
+            # Q: fp32 sums of N-split partials in the zeroed workspace, else one bf16/fp16 store
+            q = (gbuf[self.gb_end:] if self.q_atomic
+                 else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
+            self.b1(dy, lora_B, psave, q, gbuf[self.ga_end:self.gb_end])
+            self.b2(x, lora_A, q, dxl, gbuf, seed)  # dA^T at offset 0 of the workspace
+            if self.write_dx:
+                dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
+            elif self.need_x:
+                dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
+                self._gemm(dy, weight, q, lora_A, seed, dx)
+        elif self.need_x:
+            dx = torch.zeros(self.x_shape, dtype=self.dtype, device=self.device)
+        if not (need_A or need_B):
+            return dx, None, None
+        if lora_A.dtype == torch.float32 and lora_B.dtype == torch.float32:
+            dA = gbuf[: self.ga_end].view(self.a_shape)
+            dB = gbuf[self.ga_end: self.gb_end].view(self.b_shape)
+        else:  # one launch converts both out of the fp32 workspace
+            dA = torch.empty(self.a_shape, dtype=lora_A.dtype, device=self.device)
+            dB = torch.empty(self.b_shape, dtype=lora_B.dtype, device=self.device)
+            if self.gb_end:
+                self.cast(gbuf, dA, dB)
+        return dx, (dA if need_A else None), (dB if need_B else None)
+
+    def _wdesc(self, weight):
+        return _wdesc_of(self, weight, True)
+
+    def _gemm(self, dy, weight, q, lora_A, seed, dx):
+        """Our GEMM with mask(Q A^T) / (1 - p) in its epilogue, bound at the first step."""
+        if self.gemm is None:
+            self.gemm = bound_gemm(self.plan, self.gc, True, self.prec, dy, weight, lora_A,
+                                   dropout=self.dropout,
+                                   seed_is_tensor=isinstance(seed, torch.Tensor))
+        bl, tma = self.gemm
+        if not tma:
+            bl(dy, weight, dx, q, lora_A, dx, seed)
+        elif dy.data_ptr() & 15:  # TMA needs a 16-byte aligned base: the generic launch
+            gemm_lora_backward(dy, weight, q, lora_A, self.plan, self.gc, seed, self.dropout, dx,
+                               self.prec)
+        else:
+            bl(tma_desc(dy, self.gc, True, True), self._wdesc(weight), dx, q,
+               lora_A, dx, seed)
+
+
+def _key(x, lora_A, lora_B, seed, dropout: bool, extra) -> tuple:
+    return (x.dtype, x.device, x.stride(0), lora_A.stride(0), lora_B.stride(0),
+            isinstance(seed, torch.Tensor), dropout) + extra
+
+
+def forward_program(plan, x, lora_A, lora_B, bias, seed, dropout: bool,
+                    need_grads: bool) -> ForwardProgram:
+    """The cached ``ForwardProgram`` of ``plan`` for these inputs (built on first use)."""
+    key = ("fwdprog",) + _key(x, lora_A, lora_B, seed, dropout, (need_grads, bias is not None))
+    p = plan.extra.get(key)
+    if p is None:
+        p = plan.extra[key] = ForwardProgram(plan, x, lora_A, lora_B, bias,
+                                             isinstance(seed, torch.Tensor), dropout, need_grads)
+    return p
+
+
+def backward_program(plan, x, dy, lora_A, lora_B, seed, dropout: bool,
+                     need_x: bool) -> BackwardProgram:
+    """The cached ``BackwardProgram`` of ``plan`` for these inputs (built on first use)."""
+    key = ("bwdprog",) + _key(x, lora_A, lora_B, seed, dropout, (need_x, dy.stride(0)))
+    p = plan.extra.get(key)
+    if p is None:
+        p = plan.extra[key] = BackwardProgram(plan, x, dy, lora_A, lora_B,
+                                              isinstance(seed, torch.Tensor), dropout, need_x)
+    return p

@@ -1,0 +1,159 @@
+"""The direct launch of ``profiler/kernels/fastlaunch.BoundLaunch`` (profiler/KERNELS.md, "Host
+overhead"), on the CPU: a stand-in kernel records what Triton's normal launch and the compiled
+kernel's launcher would receive, so the argument order, the fallbacks and the re-binding are
+checked without a GPU; the real kernels' results through both paths are checked by
+tests/test_kernels.py (interpreter: normal path) and ``bench/kernels.py --check`` (GPU: direct).
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from tlora_sim.profiler.kernels import fastlaunch  # noqa: E402
+from tlora_sim.profiler.kernels.fastlaunch import BoundLaunch  # noqa: E402
+
+
+def _fn(X, Y, n, seed, stride, BLOCK: "tl.constexpr" = 64, MODE: "tl.constexpr" = "a"):
+    pass
+
+
+class _Param:
+    def __init__(self, name, dns):
+        self.name, self.do_not_specialize = name, dns
+
+
+class _Compiled:
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+        self.function, self.packed_metadata = "FUNC", "META"
+
+    def run(self, *a):
+        if self.fail:
+            raise TypeError("launcher takes another form")
+        self.calls.append(a)
+
+
+class _Kernel:
+    """Stands in for a ``triton.JITFunction``: ``kernel[grid](*args, **kw)`` records a normal
+    launch and returns its compiled kernel."""
+
+    def __init__(self, fail=False):
+        self.signature = inspect.signature(_fn)
+        self.params = [_Param(n, n == "seed") for n in self.signature.parameters]
+        self.compiled = _Compiled(fail)
+        self.normal = []
+
+    def __getitem__(self, grid):
+        def go(*a, **kw):
+            self.normal.append((grid, a, kw))
+            return self.compiled
+        return go
+
+
+@pytest.fixture(autouse=True)
+def _direct_on(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("TLORA_DIRECT_LAUNCH", raising=False)
+    monkeypatch.setitem(fastlaunch._DISABLED, "off", False)
+    monkeypatch.setattr(fastlaunch, "STREAM", [lambda: (lambda: 1234)])
+    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: False)
+
+
+def _bl(k, checked=None):
+    return BoundLaunch(k, (6,), "t", 0, None, ("X", "Y", "seed"),
+                       dict(n=10, stride=32, MODE="b"), dict(num_warps=4), start_stages=2,
+                       checked=checked)
+
+
+def test_first_call_is_a_normal_launch_then_direct_with_the_full_argument_list():
+    k = _Kernel()
+    bl = _bl(k)
+    x, y = torch.zeros(8), torch.zeros(8)
+    bl(x, y, 5)
+    assert bl.n_normal == 1 and bl.n_direct == 0 and not k.compiled.calls
+    grid, a, kw = k.normal[0]
+    assert grid == (6, 1, 1) and kw["num_stages"] == 2 and kw["num_warps"] == 4
+    assert kw["X"] is x and kw["n"] == 10 and kw["MODE"] == "b"
+    x2, y2 = torch.ones(8), torch.ones(8)
+    bl(x2, y2, 99)
+    assert bl.n_direct == 1 and len(k.normal) == 1
+    c = k.compiled.calls[0]
+    # grid, stream, function, packed metadata, launch metadata and hooks (none), then every
+    # parameter in signature order, defaults filled in
+    assert c[:9] == (6, 1, 1, 1234, "FUNC", "META", None, None, None)
+    assert c[9] is x2 and c[10] is y2 and c[11:] == (10, 99, 32, 64, "b")
+
+
+def test_a_changed_specialisation_goes_back_to_the_normal_launch():
+    k = _Kernel()
+    bl = _bl(k)
+    x = torch.zeros(16)
+    bl(x, x, 1)
+    bl(x[1:], x, 2)               # 4-byte offset: no longer 16-byte aligned
+    assert bl.n_normal == 2 and bl.n_direct == 0
+    bl(x[1:], x, 3)               # bound again for that alignment
+    assert bl.n_direct == 1
+    bl(x.to(torch.float64), x, 3)  # another dtype
+    assert bl.n_normal == 3
+    bl(x, x, 2 ** 40)              # a seed that no longer fits 32 bits (do_not_specialize: width only)
+    assert bl.n_normal == 4
+
+
+def test_unchecked_values_are_not_inspected():
+    k = _Kernel()
+    bl = _bl(k, checked=(0,))
+    x = torch.zeros(16)
+    bl(x, x, 1)
+    bl(x, x[1:], 2)               # Y is declared fixed by the caller: stays direct
+    assert bl.n_direct == 1
+
+
+def test_hooks_and_the_interpreter_use_the_normal_launch(monkeypatch):
+    k = _Kernel()
+    bl = _bl(k)
+    x = torch.zeros(8)
+    bl(x, x, 1)
+    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: True)
+    bl(x, x, 1)
+    assert bl.n_direct == 0 and bl.n_normal == 2
+    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not fastlaunch.direct_launch_enabled()
+    bl2 = _bl(k)
+    bl2(x, x, 1)
+    bl2(x, x, 1)
+    assert bl2.n_direct == 0 and bl2.n_normal == 2
+
+
+def test_a_refused_call_form_disables_the_direct_launch():
+    k = _Kernel(fail=True)
+    bl = _bl(k)
+    x = torch.zeros(8)
+    bl(x, x, 1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        bl(x, x, 1)              # direct call refused: this launch goes the normal way
+    assert any("direct Triton launch refused" in str(m.message) for m in w)
+    assert bl.n_normal == 2 and bl.n_direct == 0 and len(k.normal) == 2
+    assert not fastlaunch.direct_launch_enabled()
+
+
+def test_wrong_number_of_values_raises():
+    bl = _bl(_Kernel())
+    with pytest.raises(TypeError):
+        bl(torch.zeros(1))
+
+
+def test_hook_detection_reads_triton_hook_chains():
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+    assert not fastlaunch._hook_set(None)
+    assert not fastlaunch._hook_set(Chain([]))
+    assert fastlaunch._hook_set(Chain([print]))
+    assert fastlaunch._hook_set(print)  # a plain callable (older Triton)
