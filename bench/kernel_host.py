@@ -125,6 +125,42 @@ def single_graphs(step, sets, n):
     return wall_and_stream(lambda i: gs[i].replay(), [(i,) for i in range(len(gs))], n)
 
 
+def parts_ms(mod, x, dy, n):
+    """Host ms (median, GPU idle before each call) of the pieces of a plain step of ``mod``
+    (a MultiLoRALinear) on x, dy: the forward program alone, the backward program alone (no
+    autograd), and an autograd step of a trivial custom Function on the same tensors (what
+    the autograd engine costs any custom layer)."""
+    import torch
+
+    from tlora_sim.profiler.kernels.config import mix_seed
+    from tlora_sim.profiler.kernels.program import backward_program, forward_program
+
+    plan = mod.plan_for(mod.seg_lens, x.device)
+    W, A, B = mod.weight, mod.lora_A.detach(), mod.lora_B.detach()
+    x = x.detach()
+    seed = mix_seed(3)
+    fp = forward_program(plan, x, A, B, None, seed, plan.has_dropout, True)
+    bp = backward_program(plan, x, dy, A, B, seed, plan.has_dropout, True)
+    y, psave, gbuf = fp.run(x, W, None, A, B, seed)
+    out = {"fwd_program_ms": host_times(lambda: fp.run(x, W, None, A, B, seed), [()], n)[0],
+           "bwd_program_ms": host_times(lambda: bp.run(dy, x, W, A, B, psave, gbuf, seed,
+                                                       True, True), [()], n)[0]}
+
+    class _Id(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    xr = x.clone().requires_grad_(True)
+    out["engine_floor_ms"] = host_times(
+        lambda: torch.autograd.grad(_Id.apply(xr), [xr], dy[:, : x.shape[1]]), [()], n)[0]
+    return out
+
+
 def profile_text(step, sets, n, top=35):
     """cProfile of n steps (synchronised after each, so that the queue never blocks a launch):
     the top functions by own time and by cumulative time."""
@@ -318,6 +354,9 @@ def run_case(layer, mix, args, report):
         fh, _ = host_times(fwd_only, [()], args.steps)
         res["paths"]["plain"]["host_fwd_ms"] = fh
         print(f"{layer} {mix} plain forward-only host {fh:.3f} ms", flush=True)
+        res["parts"] = parts_ms(mod, x, dy, args.steps)
+        print(f"{layer} {mix} plain parts (host ms): "
+              + json.dumps({k: round(v, 4) for k, v in res["parts"].items()}), flush=True)
         if not args.no_profile:
             report.append(f"########## {layer} {mix}: plain path\n"
                           + profile_text(fused.step, fsets, args.steps))

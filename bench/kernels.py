@@ -10,10 +10,12 @@ fused (ours). Two times per row:
                different fresh random input sets in turn, so nothing is served from L2 across
                steps), median over ``--replays`` replays, divided by the number of sets.
 * ``eager_ms`` the step as an eager training loop pays it: wall time of many steps with one
-               synchronisation at the end, median of 3 repeats. For ``fused`` this is
+               synchronisation at the end, median of 3 repeats, on each implementation's default
+               path (for ``fused``: ``MultiLoRALinear``'s plain launch path, the default;
+               ``eager_plain_ms`` repeats it). ``eager_graph_ms``: the same loop through
                ``MultiLoRALinear(cuda_graph=True)`` (forward and backward replayed from CUDA
-               graphs); ``eager_plain_ms`` is the same loop on the uncaptured launch path
-               (equal to ``eager_ms`` for the other implementations).
+               graphs), ``fused`` only. Before 2026-11-25-c, ``eager_ms`` of ``fused`` was the
+               CUDA-graph path.
 
 ``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
 (the faster of an 8192^3 product and the base layer's own GPU time) plus the fewest LoRA bytes
@@ -78,7 +80,7 @@ ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused", "lorafusion", "
 COLUMNS = ["layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch",
            "triton", "ratio_to_base", "eager_ratio_to_base", "ratio_to_floor", "base_tflops",
            "mix", "n_adapters", "M", "K", "N", "dropout", "lora_flops_pct", "driver", "cuda",
-           "date", "kernel_config", "eager_plain_ms"]
+           "date", "kernel_config", "eager_plain_ms", "eager_graph_ms"]
 
 
 def parse_args(argv=None):
@@ -418,9 +420,9 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             if args.profile and name in ("base", "fused") and DEV == "cuda":
                 profile_step(impl, sets, label)
             ms = time_graph(impl.step, sets, args.replays)
-            ems = time_eager(getattr(impl, "eager_step", impl.step), sets, args.eager_ms, ms)
-            plain_ems = (time_eager(impl.step, sets, args.eager_ms, ms)
-                         if hasattr(impl, "eager_step") else ems)
+            ems = time_eager(impl.step, sets, args.eager_ms, ms)
+            graph_ems = (time_eager(impl.eager_step, sets, args.eager_ms, ms)
+                         if hasattr(impl, "eager_step") else "")
         except Exception as e:  # record and go on: one failing baseline must not stop the run
             print(f"  {layer} {mix} {label}: FAILED {e!r}", flush=True)
             continue
@@ -433,7 +435,8 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             base_ms, base_eager = ms, ems
         rows.append({
             "layer": layer, "ranks": _fmt(ranks), "tokens": _fmt(segs), "impl": label,
-            "ms": round(ms, 5), "eager_ms": round(ems, 5), "eager_plain_ms": round(plain_ems, 5),
+            "ms": round(ms, 5), "eager_ms": round(ems, 5), "eager_plain_ms": round(ems, 5),
+            "eager_graph_ms": round(graph_ems, 5) if graph_ems != "" else "",
             "device": vers["device"], "torch": vers["torch"], "triton": vers["triton"],
             "mix": mix, "n_adapters": len(ranks), "M": M, "K": K, "N": N,
             "dropout": args.dropout, "lora_flops_pct": round(100 * lora_flops / (4 * M * K * N), 3),

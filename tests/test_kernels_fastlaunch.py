@@ -157,3 +157,39 @@ def test_hook_detection_reads_triton_hook_chains():
     assert not fastlaunch._hook_set(Chain([]))
     assert fastlaunch._hook_set(Chain([print]))
     assert fastlaunch._hook_set(print)  # a plain callable (older Triton)
+
+
+def test_triton_36_launcher_is_called_without_its_python_wrapper(monkeypatch):
+    import triton
+
+    class Runner:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __init__(self):
+            self.raw = []
+
+        def launch(self, *a):
+            self.raw.append(a)
+
+        def __call__(self, *a):
+            raise AssertionError("the Python __call__ should be skipped")
+
+    k = _Kernel()
+    k.compiled.run = Runner()
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    bl = _bl(k)
+    x = torch.zeros(8)
+    bl(x, x, 1)
+    bl(x, x, 7)
+    a = k.compiled.run.raw[0]
+    # grid, stream, function, cooperative, PDL, no scratch, packed metadata, no launch
+    # metadata or hooks, then the kernel's arguments
+    assert a[:13] == (6, 1, 1, 1234, "FUNC", False, True, None, None, "META", None, None, None)
+    assert a[13] is x and a[16] == 7
+    k2 = _Kernel()
+    k2.compiled.run = Runner()
+    k2.compiled.run.global_scratch_size = 128   # scratch to allocate: Triton's own __call__
+    assert fastlaunch._raw_launcher(k2.compiled.run) is None
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert fastlaunch._raw_launcher(Runner()) is None

@@ -76,10 +76,29 @@ def _hooks_installed() -> bool:
 
 
 def _stream_fn() -> Callable[[], int]:
-    """The raw current CUDA stream of the current device, as Triton's driver reads it."""
+    """The raw current CUDA stream of the current device, as Triton's driver reads it
+    (``torch.cuda.current_device`` without its Python wrapper)."""
     get_raw = torch._C._cuda_getCurrentRawStream
-    cur = torch.cuda.current_device
+    cur = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
     return lambda: get_raw(cur())
+
+
+def _raw_launcher(runner):
+    """(C launch function, cooperative flag, PDL flag) of Triton 3.6's CUDA launcher object
+    (``CudaLauncher``), to skip its Python ``__call__``: for a kernel without global or profile
+    scratch memory that only forwards to ``runner.launch(gx, gy, gz, stream, function,
+    cooperative, pdl, None, None, *args)`` (``launch``: the C launcher, or Triton's wrapper that
+    expands host tensor descriptors). None where the launcher is not that shape (then the bound
+    launch calls ``runner`` itself, as Triton does)."""
+    import triton
+    if not triton.__version__.startswith("3.6"):
+        return None
+    try:
+        if runner.global_scratch_size or runner.profile_scratch_size:
+            return None
+        return runner.launch, runner.launch_cooperative_grid, runner.launch_pdl
+    except AttributeError:
+        return None
 
 
 STREAM = [_stream_fn]
@@ -127,7 +146,7 @@ class BoundLaunch:
                             f"{self.dynamic}, got {len(values)}")
         f = self._fast
         if f is not None:
-            run, function, meta, template, slots, specs, stream = f
+            fn, mid, template, slots, specs, stream = f
             ok = not _hooks_installed()
             if ok:
                 for i in self.checked:
@@ -140,7 +159,7 @@ class BoundLaunch:
                     args[i] = v
                 gx, gy, gz = self.grid
                 try:
-                    run(gx, gy, gz, stream(), function, meta, None, None, None, *args)
+                    fn(gx, gy, gz, stream(), *mid, *args)
                 except TypeError as e:  # a launcher with another call form: never again
                     _DISABLED["off"] = True
                     self._fast = None
@@ -166,8 +185,11 @@ class BoundLaunch:
             self._fast = None
 
     def _bind(self, compiled, kw: dict, values):
-        """(run, function, packed metadata, full argument list, dynamic slots, their specs,
-        stream function) of ``compiled``, the kernel the normal launch just ran with ``kw``."""
+        """(launch function, its arguments between the stream and the kernel's, the kernel's full
+        argument list, dynamic slots, their specs, stream function) of ``compiled``, the kernel
+        the normal launch just ran with ``kw``: Triton 3.6's call ``compiled.run(gx, gy, gz,
+        stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``
+        with no launch metadata or hooks, or its C launcher directly (``_raw_launcher``)."""
         sig = self.kernel.signature  # inspect.Signature of the kernel's Python function
         ba = sig.bind(**kw)
         ba.apply_defaults()
@@ -178,4 +200,10 @@ class BoundLaunch:
         run = compiled.run
         function = compiled.function
         meta = compiled.packed_metadata
-        return (run, function, meta, template, slots, specs, STREAM[0]())
+        raw = _raw_launcher(run)
+        if raw is not None:
+            fn, coop, pdl = raw
+            mid = (function, coop, pdl, None, None, meta, None, None, None)
+        else:
+            fn, mid = run, (function, meta, None, None, None)
+        return (fn, mid, template, slots, specs, STREAM[0]())

@@ -66,7 +66,7 @@ class ForwardProgram:
         self.has_bias = bias is not None
         self.prec = prec = prec_of(x.dtype)
         self.empty = plan.n_tiles == 0
-        self.gemm = self._wd = None
+        self.gemm = self._wd = self._wt = None
         if self.empty:
             return
         self.ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32,
@@ -102,8 +102,11 @@ class ForwardProgram:
             return y, psave, gbuf
         self.f1(x, lora_A, self.ppart, seed)
         self.f2(self.ppart, psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
-        if self.gc is None:
-            y.addmm_(x, weight.t())  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
+        if self.gc is None:  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
+            wt = self._wt
+            if wt is None or wt[0] is not weight or wt[1] != weight.data_ptr():
+                wt = self._wt = (weight, weight.data_ptr(), weight.t())  # W^T view, kept
+            y.addmm_(x, wt[2])
         else:
             self._gemm(x, weight, psave, lora_B, bias, y)
         return y, psave, gbuf
