@@ -161,6 +161,26 @@ def parts_ms(mod, x, dy, n):
     return out
 
 
+def launch_counts(mod) -> dict:
+    """Direct and normal launches so far of every bound launch in ``mod``'s cached programs:
+    {"<program> <kernel>": [direct, normal]} (a normal launch after the first means the
+    direct path was refused, e.g. a changed alignment)."""
+    from tlora_sim.profiler.kernels.fastlaunch import BoundLaunch
+    out = {}
+    for plan in mod._plans.values():
+        for key, prog in plan.extra.items():
+            if not isinstance(key, tuple) or not str(key[0]).endswith("prog"):
+                continue
+            for name, v in vars(prog).items():
+                bl = v[0] if isinstance(v, tuple) and v and isinstance(v[0], BoundLaunch) else v
+                if isinstance(bl, BoundLaunch):
+                    k = f"{key[0]} {name}"
+                    c = out.setdefault(k, [0, 0])
+                    c[0] += bl.n_direct
+                    c[1] += bl.n_normal
+    return out
+
+
 def profile_text(step, sets, n, top=35):
     """cProfile of n steps (synchronised after each, so that the queue never blocks a launch):
     the top functions by own time and by cumulative time."""
@@ -354,6 +374,8 @@ def run_case(layer, mix, args, report):
         fh, _ = host_times(fwd_only, [()], args.steps)
         res["paths"]["plain"]["host_fwd_ms"] = fh
         print(f"{layer} {mix} plain forward-only host {fh:.3f} ms", flush=True)
+        res["launch_counts"] = launch_counts(mod)
+        print(f"{layer} {mix} plain launches (direct, normal): {res['launch_counts']}", flush=True)
         res["parts"] = parts_ms(mod, x, dy, args.steps)
         print(f"{layer} {mix} plain parts (host ms): "
               + json.dumps({k: round(v, 4) for k, v in res["parts"].items()}), flush=True)
