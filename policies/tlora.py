@@ -151,6 +151,7 @@ class TLoRA(JoinSearch, QueueWalk):
         self._last_tick = float("-inf")
         self._last_now = float("-inf")
         self._queue_table = QueueTable()
+        self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
 
     # ---- predicates (pure) -------------------------------------------------------------------
     @staticmethod

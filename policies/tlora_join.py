@@ -31,6 +31,13 @@ with the batch cost model together (below, asking ``merge_ok`` of each is cheape
 class JoinSearch:
     """The join-search half of ``TLoRA`` (a mixin: it reads the policy's config, memos and index)."""
 
+    def _kind_base(self, kind: tuple) -> int:
+        """The decision stamp of the last change to ``kind``'s running groups as grouping sees
+        them (-1 if it has none): a join answer that depends only on those groups stands while
+        this is unchanged and nothing of the kind is planned."""
+        recent = self._recent.get(kind)
+        return next(reversed(recent.values())) if recent else -1
+
     def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
         """The running or planned group with the most residual capacity that ``job`` may join
         (ties: the earliest in start/plan order). Groups are tried in order of residual capacity
@@ -45,7 +52,7 @@ class JoinSearch:
         # shape are asked about again and again while they wait)
         kv = plan.kind_version.get(kind, 0)
         recent = self._recent.get(kind)
-        base = next(reversed(recent.values())) if recent else -1  # the running groups' last change
+        base = self._kind_base(kind)  # the running groups' last change
         valid = (plan.serial, kv) if kv else base
         hit = self._target_memo.get((kind, jkey))
         if hit is not None and hit[0] == valid:

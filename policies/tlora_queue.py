@@ -10,6 +10,11 @@ make most of that walk unnecessary, without changing a decision:
   plan, which changes only when a job is placed. So after admission closes the walk visits one
   head per shape, the first of that shape in queue order, and revisits the shapes that found
   nothing only after a placement (from the next job of the shape after it);
+* across decisions, a shape that found no target (unable to start alone) keeps that answer while
+  its kind's running groups are unchanged and nothing of the kind is planned
+  (``QueueTable.no_target_at``, the stamp ``TLoRA._kind_base``): the walk leaves such shapes
+  out with one array comparison, so a decision costs nothing per queued shape of a kind that did
+  not change (``TLoRA._join_target`` would answer None from its memo);
 * the order itself is a sort of numbers the policy already has per job (submit time, isolated
   runtime, tolerated slowdown, index), done by ``numpy.lexsort`` over arrays kept per job index
   instead of a Python sort over ``Job`` objects.
@@ -53,6 +58,10 @@ class QueueTable:
         self.kind_key: list[tuple] = []
         self.shape_ids: dict[tuple, int] = {}
         self.shape_key: list[tuple] = []
+        #: per shape id: the stamp of its kind's running groups (``TLoRA._join_target``'s ``base``)
+        #: at which the shape, unable to start alone, last found no join target with nothing of
+        #: its kind planned; -2 if never (stamps are >= -1)
+        self.no_target_at = np.zeros(0, np.int64)
 
     def _grow(self, need: int) -> None:
         cap = max(need, 2 * self.cap, 1024)
@@ -75,6 +84,10 @@ class QueueTable:
         if s is None:
             s = self.shape_ids[shape] = len(self.shape_key)
             self.shape_key.append(shape)
+            if s >= len(self.no_target_at):
+                grown = np.full(max(1024, 2 * len(self.no_target_at)), -2, np.int64)
+                grown[: len(self.no_target_at)] = self.no_target_at
+                self.no_target_at = grown
         self.submit[i] = j.submit_time_s
         self.runtime[i] = j.isolated_runtime_s
         self.slowdown[i] = j.max_slowdown
@@ -136,10 +149,11 @@ class QueueOrder:
             got = self._kinds[k] = np.flatnonzero(self.kind == k).tolist()
         return got
 
-    def first_of_shapes(self, start: int) -> list[tuple[int, int]]:
-        """(first position >= ``start``, shape id) for every shape present from ``start`` on."""
+    def first_of_shapes(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first position >= ``start``, shape id), two arrays ordered by shape id, for every
+        shape present from ``start`` on."""
         ids, first = np.unique(self.shape[start:], return_index=True)
-        return list(zip((first + start).tolist(), ids.tolist()))
+        return first + start, ids
 
     def shape_positions(self, s: int) -> np.ndarray:
         """Positions of shape id ``s``, ascending."""
@@ -210,13 +224,18 @@ class QueueWalk:
         shape_key, kind_key = q.table.shape_key, q.table.kind_key
         grouping = self.config.grouping
 
-        def target_of(head: Job, key: tuple, kind: tuple, can_start: bool):
-            """``head``'s join target, unless its shape ``key`` found none since ``kind`` last changed."""
+        nt = q.table.no_target_at
+
+        def target_of(head: Job, key: tuple, kind: tuple, can_start: bool, s: int):
+            """``head``'s join target, unless its shape ``key`` (id ``s``) found none since
+            ``kind`` last changed."""
             if no_target.get(key) == kind_version.get(kind, 0):
                 return None
             target = self._join_target(snap, plan, head, can_start)
             if target is None:
-                no_target[key] = kind_version.get(kind, 0)
+                kv = no_target[key] = kind_version.get(kind, 0)
+                if not kv and not can_start:
+                    nt[s] = self._kind_base(kind)
             return target
 
         n, p = len(q), 0
@@ -232,7 +251,8 @@ class QueueWalk:
                     return  # admission closed, and without grouping nothing else can be placed
                 plan.start(head)
                 continue
-            target = target_of(head, shape_key[q.shape[p - 1]] + (can_start,), kind_key[q.kind[p - 1]], can_start)
+            s = int(q.shape[p - 1])
+            target = target_of(head, shape_key[s] + (can_start,), kind_key[q.kind[p - 1]], can_start, s)
             if target is None:
                 if not can_start:
                     break  # admission closes
@@ -263,12 +283,25 @@ class QueueWalk:
 
         heap: list[tuple[int, int]] = []
         dormant: dict[tuple, list[int]] = {}  # kind -> shapes that found no target at its version
-        for first, s in q.first_of_shapes(p):
+        first, ids = q.first_of_shapes(p)
+        # asleep: shapes whose last answer, unable to start alone, was "no target" when their kind's
+        # running groups were as they are now and nothing of the kind is planned in this decision:
+        # ``_join_target`` would answer None from its memo, so they are not asked (a vectorised
+        # test: a decision then costs nothing per queued shape of a kind that did not change)
+        kinds_of = q.kind[first]
+        quiet = np.full(len(kind_key), -3, np.int64)
+        for k in np.unique(kinds_of).tolist():
+            if not kind_version.get(kind_key[k], 0):
+                quiet[k] = self._kind_base(kind_key[k])
+        asleep = nt[ids] == quiet[kinds_of]
+        asleep_ids, asleep_kinds = ids[asleep], kinds_of[asleep]
+        self.shapes_asleep += len(asleep_ids)
+        for first_p, s in zip(first[~asleep].tolist(), ids[~asleep].tolist()):
             kind = shape_key[s][2], shape_key[s][1]
             if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0):
                 dormant.setdefault(kind, []).append(s)
             else:
-                heap.append((first, s))
+                heap.append((first_p, s))
         heapq.heapify(heap)
         while heap:
             p, s = heapq.heappop(heap)
@@ -279,7 +312,7 @@ class QueueWalk:
                     heapq.heappush(heap, (nxt, s))
                 continue
             kind = shape_key[s][2], shape_key[s][1]
-            target = target_of(head, shape_key[s] + (False,), kind, False)
+            target = target_of(head, shape_key[s] + (False,), kind, False, s)
             if target is None:
                 dormant.setdefault(kind, []).append(s)
                 continue
@@ -287,7 +320,13 @@ class QueueWalk:
             placed.add(head.index)
             self._join_followers(snap, plan, q, target, q.kind[p], cursor, placed, False)
             # the kind changed: its shapes are asked again from here on
-            for d in dormant.pop(kind, []) + [s]:
+            woken = dormant.pop(kind, []) + [s]
+            if len(asleep_ids):
+                sel = asleep_kinds == q.kind[p]
+                if sel.any():
+                    woken += asleep_ids[sel].tolist()
+                    asleep_kinds[sel] = -1
+            for d in woken:
                 nxt = next_of(d, p)
                 if nxt is not None:
                     heapq.heappush(heap, (nxt, d))

@@ -48,10 +48,11 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
     cfg = TLoRAConfig(tick_s=300.0, ordering=ordering)
-    plain = Plain(cfg)
-    a = run_engine(jobs, TLoRA(cfg), spec, cost_model=model, check=False)
+    plain, indexed = Plain(cfg), TLoRA(cfg)
+    a = run_engine(jobs, indexed, spec, cost_model=model, check=False)
     b = run_engine(jobs, plain, spec, cost_model=model, check=False)
     assert plain.max_queue >= 50, "the workload must build a long queue"
+    assert indexed.shapes_asleep > 0, "shapes whose kind did not change must be left unasked"
     assert plain.joins_from_queue > 0, "queued jobs must join running groups"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
