@@ -16,6 +16,14 @@ import statistics
 BASELINES = ("alone", "loop", "padded", "peft", "lorafusion", "grouped")
 
 
+def _num(v) -> float:
+    """A CSV cell as a number (absent or empty: NaN)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def summarize(rows):
     """Per-mix comparison and issue 19's targets; returns (text, dict). ``rows``: the dicts
     bench/kernels.py writes (one per layer, mix and implementation). With ``--configs`` the first
@@ -49,6 +57,7 @@ def summarize(rows):
                              "speedup_vs_best": best / f["ms"], "eager_vs_loop": ev,
                              "ranks_differ": differ, "tokens": int(f.get("M") or 0),
                              "eager_over_gpu": f["eager_ms"] / f["ms"],
+                             "eager_graph_over_gpu": _num(f.get("eager_graph_ms")) / f["ms"],
                              "beats_padded": (d["padded"]["ms"] > f["ms"]) if "padded" in d
                              else None})
     m = res["mixes"]
@@ -63,6 +72,10 @@ def summarize(rows):
             "median_eager_vs_loop": med(x["eager_vs_loop"] for x in m),
             "max_eager_over_gpu_2048": max((x["eager_over_gpu"] for x in m if x["tokens"] >= 2048),
                                            default=float("nan")),
+            "max_eager_graph_over_gpu_2048": max((x["eager_graph_over_gpu"] for x in m
+                                                  if x["tokens"] >= 2048
+                                                  and not math.isnan(x["eager_graph_over_gpu"])),
+                                                 default=float("nan")),
             "beats_padded_all_differing": all(x["beats_padded"] for x in m
                                               if x["ranks_differ"] and x["beats_padded"]
                                               is not None),

@@ -8,14 +8,16 @@ fused (ours). Two times per row:
 
 * ``ms``       GPU time: the step captured in a CUDA graph (each replay runs it on ``--sets``
                different fresh random input sets in turn, so nothing is served from L2 across
-               steps), median over ``--replays`` replays, divided by the number of sets.
-* ``eager_ms`` the step as an eager training loop pays it: wall time of many steps with one
-               synchronisation at the end, median of 3 repeats, on each implementation's default
+               steps), median over 3 rounds of ``--replays`` replays, divided by the number of
+               sets. The rounds alternate with the eager repeats below (one per round), so that
+               both times see the same GPU clocks.
+* ``eager_ms`` the step as an eager training loop pays it: wall time of >= ``--eager-ms`` ms of
+               steps with one synchronisation at the end, median of 3 repeats, on each implementation's default
                path (for ``fused``: ``MultiLoRALinear``'s plain launch path, the default;
                ``eager_plain_ms`` repeats it). ``eager_graph_ms``: the same loop through
                ``MultiLoRALinear(cuda_graph=True)`` (forward and backward replayed from CUDA
-               graphs), ``fused`` only. Before 2026-11-25-c, ``eager_ms`` of ``fused`` was the
-               CUDA-graph path.
+               graphs), ``fused`` only. In the CSVs before kernel_bench_h100_2026-11-25-c, ``eager_ms``
+               of ``fused`` was the CUDA-graph path.
 
 ``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
 (the faster of an 8192^3 product and the base layer's own GPU time) plus the fewest LoRA bytes
@@ -184,13 +186,9 @@ def measure_ceilings():
     return rate, bw
 
 
-def time_graph(step, sets, replays):
+def _capture(step, sets):
+    """One CUDA graph of ``step`` over every input set in turn (warmed up on a side stream)."""
     import torch
-    if DEV == "cpu":
-        t0 = time.perf_counter()
-        for a in sets:
-            step(*a)
-        return (time.perf_counter() - t0) * 1e3 / len(sets)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -205,13 +203,52 @@ def time_graph(step, sets, replays):
             step(*a)
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def _replay_ms(g, replays):
+    """Event times (ms) of ``replays`` replays of graph g."""
+    import torch
     ev = [(torch.cuda.Event(True), torch.cuda.Event(True)) for _ in range(replays)]
     for e0, e1 in ev:
         e0.record(); g.replay(); e1.record()
     torch.cuda.synchronize()
-    ms = statistics.median(e0.elapsed_time(e1) for e0, e1 in ev) / len(sets)
+    return [e0.elapsed_time(e1) for e0, e1 in ev]
+
+
+def time_graph(step, sets, replays):
+    if DEV == "cpu":
+        t0 = time.perf_counter()
+        for a in sets:
+            step(*a)
+        return (time.perf_counter() - t0) * 1e3 / len(sets)
+    g = _capture(step, sets)
+    ms = statistics.median(_replay_ms(g, replays)) / len(sets)
     del g
     return ms
+
+
+def time_graph_and_eager(step, eager_steps, sets, replays, target_ms, rounds=3):
+    """(GPU ms, [eager ms of each of ``eager_steps``]) measured interleaved, so that both see
+    the same GPU clocks: ``rounds`` rounds of (``replays`` graph replays of ``step``, then one
+    eager repeat of each eager step); GPU ms = median replay / sets, eager = median repeat
+    (each repeat: wall time of >= ``target_ms`` ms of steps, one synchronisation)."""
+    if DEV == "cpu":
+        ms = time_graph(step, sets, replays)
+        return ms, [time_eager(f, sets, target_ms, ms) for f in eager_steps]
+    g = _capture(step, sets)
+    for f in eager_steps:
+        for a in sets:
+            f(*a)
+    _sync()
+    reps, eager = [], [[] for _ in eager_steps]
+    for _ in range(rounds):
+        reps += _replay_ms(g, replays)
+        est = statistics.median(reps) / len(sets)
+        for j, f in enumerate(eager_steps):
+            eager[j].append(_eager_repeat(f, sets, target_ms, est))
+    del g
+    return statistics.median(reps) / len(sets), [statistics.median(e) for e in eager]
 
 
 def _sync():
@@ -220,21 +257,22 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _eager_repeat(step, sets, target_ms, est_ms):
+    """Wall ms per step of one eager repeat: >= target_ms of steps, one synchronisation."""
+    iters = 1 if DEV == "cpu" else max(2, int(math.ceil(target_ms / max(est_ms * len(sets), 1e-3))))
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        for a in sets:
+            step(*a)
+    _sync()
+    return (time.perf_counter() - t0) * 1e3 / (iters * len(sets))
+
+
 def time_eager(step, sets, target_ms, est_ms):
-    import torch
     for a in sets:
         step(*a)
     _sync()
-    iters = 1 if DEV == "cpu" else max(2, int(math.ceil(target_ms / max(est_ms * len(sets), 1e-3))))
-    reps = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            for a in sets:
-                step(*a)
-        _sync()
-        reps.append((time.perf_counter() - t0) * 1e3 / (iters * len(sets)))
-    return statistics.median(reps)
+    return statistics.median(_eager_repeat(step, sets, target_ms, est_ms) for _ in range(3))
 
 
 def make_weights(K, N, ranks, gen):
@@ -419,10 +457,11 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             sets = [impl.inputs(x, dy) for x, dy in sets_xy]
             if args.profile and name in ("base", "fused") and DEV == "cuda":
                 profile_step(impl, sets, label)
-            ms = time_graph(impl.step, sets, args.replays)
-            ems = time_eager(impl.step, sets, args.eager_ms, ms)
-            graph_ems = (time_eager(impl.eager_step, sets, args.eager_ms, ms)
-                         if hasattr(impl, "eager_step") else "")
+            eager_fns = [impl.step] + ([impl.eager_step] if hasattr(impl, "eager_step") else [])
+            ms, ems_all = time_graph_and_eager(impl.step, eager_fns, sets, args.replays,
+                                               args.eager_ms)
+            ems = ems_all[0]
+            graph_ems = ems_all[1] if len(ems_all) > 1 else ""
         except Exception as e:  # record and go on: one failing baseline must not stop the run
             print(f"  {layer} {mix} {label}: FAILED {e!r}", flush=True)
             continue

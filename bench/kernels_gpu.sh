@@ -26,7 +26,7 @@ case "$what" in
       --configs '[{}, {"base_gemm": "cublas"}]' \
       --out "$out/kernel_bench.csv" --summary "$out/summary.json" ;;
   bench)
-    python3 bench/kernels.py --check --replays 20 --budget-s 520 \
+    python3 bench/kernels.py --check --replays 20 --budget-s 490 \
       --configs '[{}, {"base_gemm": "cublas"}]' \
       --out "$out/kernel_bench.csv" --summary "$out/summary.json" ;;
   *) echo "unknown step $what" >&2; exit 2 ;;
