@@ -10,7 +10,7 @@ mkdir -p "$out" /tmp/ns/tlora_sim
 # no install there: the package goes on PYTHONPATH under the tlora_sim namespace
 for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p; done
 export PYTHONPATH=/tmp/ns:$PWD
-export PYTHONUNBUFFERED=1 TLORA_GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export PYTHONUNBUFFERED=1 TLORA_GIT_COMMIT=${TLORA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 case "$what" in
