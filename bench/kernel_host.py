@@ -141,9 +141,10 @@ def parts_ms(mod, x, dy, n):
     seed = mix_seed(3)
     fp = forward_program(plan, x, A, B, None, seed, plan.has_dropout, True)
     bp = backward_program(plan, x, dy, A, B, seed, plan.has_dropout, True)
-    y, psave, gbuf = fp.run(x, W, None, A, B, seed)
-    out = {"fwd_program_ms": host_times(lambda: fp.run(x, W, None, A, B, seed), [()], n)[0],
-           "bwd_program_ms": host_times(lambda: bp.run(dy, x, W, A, B, psave, gbuf, seed,
+    y, psave, gbuf = fp.run(plan, x, W, None, A, B, seed)
+    out = {"fwd_program_ms": host_times(lambda: fp.run(plan, x, W, None, A, B, seed), [()],
+                                        n)[0],
+           "bwd_program_ms": host_times(lambda: bp.run(plan, dy, x, W, A, B, psave, gbuf, seed,
                                                        True, True), [()], n)[0]}
 
     class _Id(torch.autograd.Function):

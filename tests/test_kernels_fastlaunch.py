@@ -193,3 +193,29 @@ def test_triton_36_launcher_is_called_without_its_python_wrapper(monkeypatch):
     assert fastlaunch._raw_launcher(k2.compiled.run) is None
     monkeypatch.setattr(triton, "__version__", "3.7.0")
     assert fastlaunch._raw_launcher(Runner()) is None
+
+
+def test_a_module_and_its_cached_programs_are_freed_without_the_cyclic_collector():
+    """Plans cache their launch programs; a program must not point back at its plan (or the
+    module's weight would stay allocated until the cyclic garbage collector runs)."""
+    import gc
+    import os
+    import weakref
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tlora_sim.profiler.kernels import MultiLoRALinear
+
+    mod = MultiLoRALinear(32, 16, [4, 8], dropout=0.1, dtype=torch.float32)
+    mod.set_segments([5, 3])
+    x = torch.randn(8, 32, requires_grad=True)
+    y = mod(x)
+    torch.autograd.grad(y, [x, mod.lora_A, mod.lora_B], torch.randn_like(y))
+    plan = next(iter(mod._plans.values()))
+    assert any(str(k[0]).endswith("prog") for k in plan.extra if isinstance(k, tuple))
+    refs = [weakref.ref(mod.weight), weakref.ref(plan)]
+    gc.disable()
+    try:
+        del mod, plan, y
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()

@@ -43,8 +43,8 @@ class _MultiLoRAFunction(torch.autograd.Function):
         need_grads = nig[0] or nig[3] or nig[4]
         dropout = dropout_on and plan.has_dropout
         prog = forward_program(plan, x, lora_A, lora_B, bias, seed, dropout, need_grads)
-        y, psave, gbuf = prog.run(x, weight, bias, lora_A, lora_B, seed)
-        ctx.plan, ctx.seed, ctx.dropout = plan, seed, dropout
+        y, psave, gbuf = prog.run(plan, x, weight, bias, lora_A, lora_B, seed)
+        ctx.plan, ctx.seed, ctx.dropout, ctx.fprog = plan, seed, dropout, prog
         ctx.save_for_backward(x, weight, lora_A, lora_B, psave, gbuf)
         ctx.has_bias = bias is not None
         return y
@@ -58,8 +58,8 @@ class _MultiLoRAFunction(torch.autograd.Function):
         dx = dA = dB = None
         if need_A or need_B or need_x:
             prog = backward_program(ctx.plan, x, dy, lora_A, lora_B, ctx.seed, ctx.dropout,
-                                    need_x)
-            dx, dA, dB = prog.run(dy, x, weight, lora_A, lora_B, psave, gbuf, ctx.seed,
+                                    need_x, ctx.fprog)
+            dx, dA, dB = prog.run(ctx.plan, dy, x, weight, lora_A, lora_B, psave, gbuf, ctx.seed,
                                   need_A, need_B)
         dW = dy.t() @ x if need_w else None
         db = dy.sum(0) if (need_b and ctx.has_bias) else None
@@ -110,6 +110,12 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tenso
                                     bool(dropout_on))
 
 
+try:  # autograd.Function.apply minus its Python wrapper (used while no functorch transform runs)
+    _C_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _MultiLoRAFunction)
+except Exception:  # noqa: BLE001 - another torch: the public apply
+    _C_APPLY = None
+
+
 def _module_step(mod, x, plan: LoRAPlan, seed, dropout_on: bool) -> torch.Tensor:
     """``multi_lora_linear`` for ``MultiLoRALinear.forward``: the full argument check runs once
     per (plan, input shape, dtype, device, parameter tensors), later steps skip it."""
@@ -122,6 +128,12 @@ def _module_step(mod, x, plan: LoRAPlan, seed, dropout_on: bool) -> torch.Tensor
         x = x.contiguous()
     if not isinstance(seed, torch.Tensor):
         seed = mix_seed(seed)
+    if _C_APPLY is not None and not torch._C._are_functorch_transforms_active():
+        # what Function.apply does then, minus unwrapping tensors left by finished functorch
+        # transforms (the module's parameters never are; x is checked)
+        if not torch._C._functorch.is_functorch_wrapped_tensor(x):
+            return _C_APPLY(x, mod.weight, mod.bias, mod.lora_A, mod.lora_B, plan, seed,
+                            dropout_on)
     return _MultiLoRAFunction.apply(x, mod.weight, mod.bias, mod.lora_A, mod.lora_B, plan, seed,
                                     dropout_on)
 

@@ -11,7 +11,9 @@ on the plan (``plan.extra``). The forward's fp32 partial sums of P (``ppart``) a
 kept by the program and reused by every step: programs assume the steps of one plan run on one
 CUDA stream (or on the CPU), in order.
 
-Math and buffers: ``multilora`` (``_gbuf_numel``, the kernels' docstrings in ``_triton``).
+Programs hold no reference to their plan (the plan holds them: a cycle would keep the weight
+tensors their bound launches reference alive until the cyclic garbage collector runs); ``run``
+takes the plan. Math and buffers: ``multilora`` (``_gbuf_numel``, the kernels' docstrings in ``_triton``).
 """
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ class ForwardProgram:
         cfg = plan.cfg
         M, Kf = x.shape
         Nf = plan.out_features
-        self.plan, self.dtype, self.device = plan, x.dtype, x.device
+        self.dtype, self.device = x.dtype, x.device   # no reference to the plan: it caches us
         self.y_shape = (M, Nf)
+        self.bwd: dict = {}   # the matching BackwardPrograms, by (need_x, dy's row stride)
         self.p_numel = max(plan.p_size, 1)
         self.g_numel = gbuf_numel(plan) if need_grads else 0
         self.gc = choose_gemm(plan, "fwd", x.device)
@@ -91,8 +94,9 @@ class ForwardProgram:
                  PREC=prec, WRITE_Y=self.write_y),
             dict(num_warps=cfg.warps_f2), checked=())
 
-    def run(self, x, weight, bias, lora_A, lora_B, seed):
-        """One forward: (y, psave, gbuf). Shapes as in ``multi_lora_linear``."""
+    def run(self, plan, x, weight, bias, lora_A, lora_B, seed):
+        """One forward of ``plan`` (the plan this program was built for): (y, psave, gbuf).
+        Shapes as in ``multi_lora_linear``."""
         y = torch.empty(self.y_shape, dtype=self.dtype, device=self.device)
         psave = torch.empty(self.p_numel, dtype=self.dtype, device=self.device)
         gbuf = torch.empty(max(self.g_numel, 1), dtype=torch.float32, device=self.device)
@@ -108,22 +112,22 @@ class ForwardProgram:
                 wt = self._wt = (weight, weight.data_ptr(), weight.t())  # W^T view, kept
             y.addmm_(x, wt[2])
         else:
-            self._gemm(x, weight, psave, lora_B, bias, y)
+            self._gemm(plan, x, weight, psave, lora_B, bias, y)
         return y, psave, gbuf
 
     def _wdesc(self, weight):
         return _wdesc_of(self, weight, False)
 
-    def _gemm(self, x, weight, psave, lora_B, bias, y):
+    def _gemm(self, plan, x, weight, psave, lora_B, bias, y):
         """Our GEMM with s P B (+ bias) in its epilogue, bound at the first step."""
         if self.gemm is None:
-            self.gemm = bound_gemm(self.plan, self.gc, False, self.prec, x, weight, lora_B,
+            self.gemm = bound_gemm(plan, self.gc, False, self.prec, x, weight, lora_B,
                                    has_bias=self.has_bias)
         bl, tma = self.gemm
         if not tma:
             bl(x, weight, y, psave, lora_B, bias if self.has_bias else y, 0)
         elif x.data_ptr() & 15:  # TMA needs a 16-byte aligned base: the generic launch
-            gemm_lora_forward(x, weight, psave, lora_B, bias, self.plan, self.gc, y, self.prec)
+            gemm_lora_forward(x, weight, psave, lora_B, bias, plan, self.gc, y, self.prec)
         else:
             bl(tma_desc(x, self.gc, False, True), self._wdesc(weight), y,
                psave, lora_B, bias if self.has_bias else y, 0)
@@ -137,7 +141,7 @@ class BackwardProgram:
         cfg = plan.cfg
         M, Kf = x.shape
         Nf = plan.out_features
-        self.plan, self.dtype, self.device = plan, x.dtype, x.device
+        self.dtype, self.device = x.dtype, x.device   # no reference to the plan: it caches us
         self.need_x = need_x
         self.gc = choose_gemm(plan, "bwd", x.device) if need_x else None
         self.write_dx = need_x and self.gc is None
@@ -179,8 +183,10 @@ class BackwardProgram:
             ("G", "DA", "DB"), dict(n_a=self.ga_end, n_all=self.gb_end, BLOCK=1024),
             dict(num_warps=4), start_stages=1, checked=())
 
-    def run(self, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool, need_B: bool):
-        """One backward: (dX (M, K) or None, dA (sum_r, K) or None, dB (sum_r, N) or None)."""
+    def run(self, plan, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool,
+            need_B: bool):
+        """One backward of ``plan``: (dX (M, K) or None, dA (sum_r, K) or None, dB (sum_r, N) or
+        None)."""
         dx = None
         if not self.empty:
             dxl = (torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
@@ -194,7 +200,7 @@ class BackwardProgram:
                 dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
             elif self.need_x:
                 dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
-                self._gemm(dy, weight, q, lora_A, seed, dx)
+                self._gemm(plan, dy, weight, q, lora_A, seed, dx)
         elif self.need_x:
             dx = torch.zeros(self.x_shape, dtype=self.dtype, device=self.device)
         if not (need_A or need_B):
@@ -212,17 +218,17 @@ class BackwardProgram:
     def _wdesc(self, weight):
         return _wdesc_of(self, weight, True)
 
-    def _gemm(self, dy, weight, q, lora_A, seed, dx):
+    def _gemm(self, plan, dy, weight, q, lora_A, seed, dx):
         """Our GEMM with mask(Q A^T) / (1 - p) in its epilogue, bound at the first step."""
         if self.gemm is None:
-            self.gemm = bound_gemm(self.plan, self.gc, True, self.prec, dy, weight, lora_A,
+            self.gemm = bound_gemm(plan, self.gc, True, self.prec, dy, weight, lora_A,
                                    dropout=self.dropout,
                                    seed_is_tensor=isinstance(seed, torch.Tensor))
         bl, tma = self.gemm
         if not tma:
             bl(dy, weight, dx, q, lora_A, dx, seed)
         elif dy.data_ptr() & 15:  # TMA needs a 16-byte aligned base: the generic launch
-            gemm_lora_backward(dy, weight, q, lora_A, self.plan, self.gc, seed, self.dropout, dx,
+            gemm_lora_backward(dy, weight, q, lora_A, plan, self.gc, seed, self.dropout, dx,
                                self.prec)
         else:
             bl(tma_desc(dy, self.gc, True, True), self._wdesc(weight), dx, q,
@@ -245,9 +251,16 @@ def forward_program(plan, x, lora_A, lora_B, bias, seed, dropout: bool,
     return p
 
 
-def backward_program(plan, x, dy, lora_A, lora_B, seed, dropout: bool,
-                     need_x: bool) -> BackwardProgram:
-    """The cached ``BackwardProgram`` of ``plan`` for these inputs (built on first use)."""
+def backward_program(plan, x, dy, lora_A, lora_B, seed, dropout: bool, need_x: bool,
+                     fprog: "ForwardProgram | None" = None) -> BackwardProgram:
+    """The cached ``BackwardProgram`` of ``plan`` for these inputs (built on first use); with
+    ``fprog`` (the forward's program) looked up first in its small cache."""
+    if fprog is not None:
+        p = fprog.bwd.get((need_x, dy.stride(0)))
+        if p is None:
+            p = fprog.bwd[(need_x, dy.stride(0))] = backward_program(
+                plan, x, dy, lora_A, lora_B, seed, dropout, need_x)
+        return p
     key = ("bwdprog",) + _key(x, lora_A, lora_B, seed, dropout, (need_x, dy.stride(0)))
     p = plan.extra.get(key)
     if p is None:
