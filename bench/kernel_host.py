@@ -390,7 +390,9 @@ def run_case(layer, mix, args, report):
         res["launch_us"] = launch_micro(mod, x.detach(), args.launches)
         print(f"{layer} {mix} single launches (host us): "
               + json.dumps({k: round(v, 2) for k, v in res["launch_us"].items()}), flush=True)
-    fused = base = fsets = bsets = None
+    fused = base = fsets = bsets = mod = x = dy = None
+    import gc
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return res

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import gc
 import json
 import math
 import os
@@ -467,6 +468,7 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             continue
         finally:
             impl = sets = None
+            gc.collect()  # graphed callables hold reference cycles (and their graphs' memory)
             if DEV == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()

@@ -76,6 +76,7 @@ def test_first_call_is_a_normal_launch_then_direct_with_the_full_argument_list()
     x, y = torch.zeros(8), torch.zeros(8)
     bl(x, y, 5)
     assert bl.n_normal == 1 and bl.n_direct == 0 and not k.compiled.calls
+    assert not any(v is x or v is y for v in bl._fast[2])  # the step's tensors are not kept
     grid, a, kw = k.normal[0]
     assert grid == (6, 1, 1) and kw["num_stages"] == 2 and kw["num_warps"] == 4
     assert kw["X"] is x and kw["n"] == 10 and kw["MODE"] == "b"

@@ -196,6 +196,8 @@ class BoundLaunch:
         names = list(ba.arguments)
         template = list(ba.arguments.values())
         slots = tuple(names.index(n) for n in self.dynamic)
+        for i in slots:  # the step's own tensors: filled per call, never kept alive here
+            template[i] = None
         specs = tuple(_spec(v, d) for v, d in zip(values, self._dns))
         run = compiled.run
         function = compiled.function
