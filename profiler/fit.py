@@ -267,7 +267,8 @@ def _terms(measured: list) -> dict:
             out[k].insert(2, f"plans {'/'.join(rest)} (fused x roofline ratio)")
         if k == "measured" and len(rest) < len(OPTIONAL_FAMILIES):
             out[k].append(f"plans {'/'.join(p for p in OPTIONAL_FAMILIES if p in measured)} on one GPU "
-                          "(their own kernels; several GPUs: fused x roofline ratio)")
+                          "(their own kernels; several GPUs: their one-GPU fit inside the planner, with the fused "
+                          "plan's CPU sharing)")
     return out
 
 

@@ -256,5 +256,12 @@ def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
         assert abs(lay / (k * ref) - 1) < 0.15, (plan, lay, ref)
         pr = new.predict("llama3-8b", "H100", mm, 1, plan)
         assert not any(r.startswith("analytic_plan") for r in pr.reasons)
-        # several GPUs: still the flagged ratio (the multi-GPU planner fits loop/fused only)
-        assert f"analytic_plan:{plan}" in new.predict("llama3-8b", "H100", mm, 2, plan).reasons
+        # several GPUs: the planner with the plan's own per-GPU layer fit; the CPU sharing of a host
+        # is the fused plan's (the two-GPU profile has loop and fused only), flagged
+        two = new.predict("llama3-8b", "H100", mm, 2, plan)
+        assert not any(r.startswith("analytic_plan") for r in two.reasons)
+        assert f"multigpu:host_scale_of_fused:{plan}" in two.reasons
+        f2 = new.predict("llama3-8b", "H100", mm, 2, "fused")
+        assert 0.8 * k < two.step_time_s / f2.step_time_s < 1.2 * k, (plan, two, f2)
+    for plan in ("lorafusion", "grouped"):  # the older artifact: still fused x roofline ratio on two GPUs
+        assert f"analytic_plan:{plan}" in before.predict("llama3-8b", "H100", mm, 2, plan).reasons

@@ -223,7 +223,7 @@ class ProfiledCostModel:
                 "models": sorted(a["models"]), "measured_plans": list(measured_plans(a)),
                 "memory_convention": "per-layer activation checkpointing" if self.checkpointing
                 else "no checkpointing (all saved activations)",
-                "terms": a.get("terms", TERMS), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
+                "terms": _terms_now(a.get("terms", TERMS)), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
                                                            "models missing from the artifact",
                 **{k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in self.stats.items()}}
 
@@ -328,6 +328,17 @@ TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + att
                       "frozen weights, adapter state (16 B/param), checkpointed layer inputs, 2 GiB workspace"]}
 
 
+_OLD_MULTI = "several GPUs: fused x roofline ratio"
+_NEW_MULTI = "several GPUs: their one-GPU fit inside the planner, with the fused plan's CPU sharing"
+
+
+def _terms_now(terms: dict) -> dict:
+    """An artifact's term list as this code uses it: artifacts fitted before the multi-GPU planner
+    priced ``lorafusion``/``grouped`` with their own fits say those plans are a roofline ratio on
+    several GPUs; that text is replaced by what is done now (the measurements are the same)."""
+    return {k: [t.replace(_OLD_MULTI, _NEW_MULTI) for t in v] for k, v in terms.items()}
+
+
 def _rel(p: str) -> str:
     try:
         return str(Path(p).resolve().relative_to(Path(__file__).resolve().parent.parent))
@@ -364,7 +375,7 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
         return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons, parts[0].parallelism,
                           max(p.memory_bytes for p in parts))
-    if not plan_measured(art, model, plan) or (plan not in MEASURED_PLANS and (n > 1 or forced is not None)):
+    if not plan_measured(art, model, plan):
         # not measured (lorafusion, grouped in the older artifacts): fused x roofline ratio
         base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro, ckpt, forced)
         ratio = (rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro)

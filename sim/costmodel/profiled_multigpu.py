@@ -17,6 +17,11 @@ and ``host_scale``, ``per_tensor_ms``, ``sync_ms`` are fitted to the two-GPU pro
 the profiler. ``N`` is capped at the GPU's sequences per micro-batch (a nano-batch holds whole
 sequences). Pipeline plans: GPipe, ``(B + p - 1)`` stage times plus the head per micro-batch.
 
+Plans ``lorafusion`` and ``grouped`` (where the artifact measured them on one GPU) use their own
+layer fit per GPU and the optimizer's tensor count of their adapter layout; the two-GPU profile
+measured ``loop`` and ``fused`` only, so their ``host_scale`` is the ``fused`` plan's (reason
+``multigpu:host_scale_of_fused:<plan>``).
+
 Memory per GPU: ``profiled.memory_breakdown`` of the GPU's mix, with the frozen weights divided by
 the plan's sharding (fsdp: n, tp: t, pp: p), checkpointed inputs by the stages, and for pipelines
 ``min(B, p)`` micro-batches in flight.
@@ -32,7 +37,7 @@ from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.parallelism import GPUS_PER_NODE, Collectives, Parallelism, candidates, load_multigpu, \
     per_gpu_mixes
-from tlora_sim.sim.costmodel.profiled_tables import LINEARS_PER_LAYER, PLAN_FAMILY, layer_ms
+from tlora_sim.sim.costmodel.profiled_tables import LINEARS_PER_LAYER, PLAN_FAMILY, adapter_tensors_per_linear, layer_ms
 
 #: used where no two-GPU profile exists at all: no host contention, no per-tensor cost
 _NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
@@ -85,7 +90,13 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     mixes = mixes if mixes is not None else per_gpu_mixes(members, par, micro)
     hs = terms["host_scale"]  # one training process per busy GPU of a host: they share its CPU
     busy = min(len(mixes) if par.kind == "local" else n, GPUS_PER_NODE)
-    hs = float(hs[PLAN_FAMILY[plan]] if isinstance(hs, dict) else hs) if busy > 1 else 1.0
+    fam = PLAN_FAMILY[plan]
+    if busy > 1 and isinstance(hs, dict) and fam not in hs:
+        # lorafusion/grouped: their own one-GPU layer fit, the CPU sharing of the fused plan (the
+        # two-GPU profile measured loop and fused only)
+        fam = "fused"
+        reasons.add(f"multigpu:host_scale_of_fused:{plan}")
+    hs = float(hs[fam] if isinstance(hs, dict) else hs) if busy > 1 else 1.0
     tab = tables_of(key, model)
     pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
     L = math.ceil(m.layers / par.pp)
@@ -114,7 +125,8 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
         else:
             compute = micro * (L * lay + head)
         params = sum(m.lora_params(r) for r, _, _ in mix)
-        tensors = 2 * LINEARS_PER_LAYER * L * (1 if plan == "fused" else len(mix))
+        tensors = 2 * LINEARS_PER_LAYER * L * (1 if plan == "fused" else len(mix)) if plan in ("fused", "loop", "alone") \
+            else LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
         okey = ("opt", params, L, tensors)
         opt = cache.get(okey)
         if opt is None:
