@@ -53,6 +53,11 @@ def _terms(gpu_name: str) -> tuple[dict, Collectives, tuple[str, ...]]:
     return terms, _collectives(gpu_name), (() if own else ("multigpu:gpu",))
 
 
+_PES: dict[int, dict] = {}
+"""id -> plan-family entry whose layer times ``Tables.layer_memo`` holds (kept alive so an id is
+never reused while its answers are kept)."""
+
+
 @lru_cache(maxsize=8)
 def _collectives(gpu_name: str) -> Collectives:
     return Collectives(load_multigpu(gpu_name)[0])
@@ -102,20 +107,24 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     L = math.ceil(m.layers / par.pp)
     worst_ms, mem = 0.0, (0.0 if memory else math.nan)
     cache = {} if cache is None else cache
+    # layer times kept across questions on the model's tables (a pure function of the key; the
+    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
+    lmemo = tab.layer_memo
+    pid = id(pe)
+    _PES.setdefault(pid, pe)
     for mix in mixes:
         mkey = tuple(mix)
         seqs = sum(b for _, b, _ in mix)
         n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
-        lkey = ("layer", mkey, n_nano, par.tp, hs)
-        got = cache.get(lkey)
+        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
+        got = lmemo.get(lkey)
         if got is None:
-            got = cache[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+            if len(lmemo) >= 1 << 17:
+                lmemo.clear()
+            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
         lay, e_layer = got
         tokens = sum(b * s for _, b, s in mix)
-        got = cache.get(("head", tokens))
-        if got is None:
-            got = cache[("head", tokens)] = tab.head(tokens)
-        head, e_head = got
+        head, e_head = tab.head(tokens)
         if e_layer:
             reasons.add("layer")
         if e_head:

@@ -88,6 +88,10 @@ class Tables:
         self.attn_s = sorted(self.attn)
         self.h_logs = log_table(tuple(self.h_t), tuple(self.h_ms))
         self.attn_logs = {s: log_table(tuple(bs), tuple(ms)) for s, (bs, ms, _) in self.attn.items()}
+        # answers of ``head`` by tokens, and of ``layer_ms`` for ``plan_step`` (``layer_memo``): pure
+        # functions of their arguments, asked again and again by the multi-GPU planner's questions
+        self._head_memo: dict[float, tuple[float, bool]] = {}
+        self.layer_memo: dict[tuple, tuple[float, bool]] = {}
 
     def _roof(self, t: float) -> float:
         return roofline_l0_ms(self.m, self.gpu, t)
@@ -107,6 +111,16 @@ class Tables:
         return self.l0_from_ms * self._roof(t) / self._roof(self.l0_from), t < self.l0_t[0]
 
     def head(self, t: float) -> tuple[float, bool]:
+        """LM head, embedding and loss (ms) at t tokens, and whether t is outside the table
+        (memoised by t: a pure function of it)."""
+        got = self._head_memo.get(t)
+        if got is None:
+            if len(self._head_memo) >= 1 << 16:
+                self._head_memo.clear()
+            got = self._head_memo[t] = self._head(t)
+        return got
+
+    def _head(self, t: float) -> tuple[float, bool]:
         lo, hi = self.h_t[0], self.h_t[-1]
         if lo <= t <= hi:
             return loglog_interp(t, self.h_t, self.h_ms, self.h_logs), False
