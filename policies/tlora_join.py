@@ -87,32 +87,36 @@ class JoinSearch:
         now accepts can give a target (then the caller searches in full)."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
-        seen: set[int] = set()
+        seen: set[int] = set()  # kept only when kv (read below only then)
         ask: list[tuple[int, dict]] = []  # changed running groups whose answer is not memoised
 
         def accepts(g: PlannedGroup) -> bool:
             return self._join_answer(snap, g, job, can_start)[1]
 
-        for gid, stamp in reversed((recent or {}).items()):
+        # this loop is hot on long queues: the planner's sets and the memo read directly
+        # (``Planner.removed``/``joined``, ``group_memo`` without making an entry for a lookup)
+        protos, memo, removed, joined = self._protos, self._join_memo, plan._removed_ids, plan._joined
+        for gid, stamp in reversed(recent.items()) if recent else ():
             if stamp <= since:
                 break
-            seen.add(gid)
-            proto = self._protos.get(gid)
-            if proto is None or plan.removed(gid):
+            if kv:
+                seen.add(gid)
+            proto = protos.get(gid)
+            if proto is None or gid in removed:
                 continue
-            if kv and plan.joined(gid):
+            if kv and gid in joined:
                 if accepts(plan.group(gid)):
                     return False
                 continue
             _, step, bound = proto._cached
-            if min(bound, bound_job) - step <= 0:
+            if (bound_job if bound_job < bound else bound) - step <= 0:  # min(bound, bound_job)
                 continue
-            answers = group_memo(self._join_memo, proto)
-            ok = answers.get(jkey)
+            ent = memo.get(gid)
+            ok = ent[1].get(jkey) if ent is not None and ent[0] == (proto.version, proto.nano_batches) else None
             if ok:
                 return False
             if ok is None:
-                ask.append((gid, answers))
+                ask.append((gid, group_memo(memo, proto)))
         tab = self._tables.get(kind)
         if tab is not None and tab.batch is not None and len(ask) >= SCREEN_MIN \
                 and (row := self._job_row(tab.batch, job)) is not None:
