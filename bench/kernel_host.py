@@ -108,14 +108,9 @@ def single_graphs(step, sets, n):
     """(wall ms, median stream ms) per step of a Python loop replaying one CUDA graph per step
     (one graph per input set): the eager loop without the host's launch path."""
     import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for a in sets:
-                step(*a)
-    torch.cuda.current_stream().wait_stream(s)
-    _sync()
+
+    from bench.kernels import warm_for_capture
+    warm_for_capture(step, sets)
     gs = []
     for a in sets:
         g = torch.cuda.CUDAGraph()

@@ -22,8 +22,8 @@ fused (ours). Two times per row:
 ``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
 (the faster of an 8192^3 product and the base layer's own GPU time) plus the fewest LoRA bytes
 (one more read of X and of dY, adapters read and their gradients written once) at the measured
-copy bandwidth. Columns: layer, ranks, tokens, impl, ms, eager_ms,
-floor_ms, device, torch, triton, then extras (ratios to base, TFLOP/s, sizes, versions).
+copy bandwidth. Columns: layer, ranks, tokens, impl, ms, eager_ms, floor_ms, device, torch,
+triton, then extras (ratios to base, TFLOP/s, sizes, versions).
 
 Usage (on the GPU machine, from the repository root):
     python3 bench/kernels.py --out profiler/data/kernel_bench_h100.csv
@@ -187,8 +187,8 @@ def measure_ceilings():
     return rate, bw
 
 
-def _capture(step, sets):
-    """One CUDA graph of ``step`` over every input set in turn (warmed up on a side stream)."""
+def warm_for_capture(step, sets):
+    """Run ``step`` twice over every set on a side stream and synchronise (before a capture)."""
     import torch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -198,6 +198,12 @@ def _capture(step, sets):
                 step(*a)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+
+
+def _capture(step, sets):
+    """One CUDA graph of ``step`` over every input set in turn (warmed up on a side stream)."""
+    import torch
+    warm_for_capture(step, sets)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for a in sets:
