@@ -185,7 +185,8 @@ def fit_plan(tab: Tables, rows: pd.DataFrame, family: str) -> dict:
           "form": "smoothmax(l0g + attention + coef.features, cpu0 + cpu_n*adapters + cpu_g*groups; p)"}
     T = np.array([sum(b * s for _, b, s in m) for m in mixes])
     ranks = [r for m in mixes for r, _, _ in m]
-    pe["coverage"] = {"adapters_max": int(max(len(m) for m in mixes)), "tokens_min": float(T.min()),
+    pe["coverage"] = {"adapters_min": int(min(len(m) for m in mixes)),
+                      "adapters_max": int(max(len(m) for m in mixes)), "tokens_min": float(T.min()),
                       "tokens_max": float(T.max()), "rank_min": int(min(ranks)), "rank_max": int(max(ranks)),
                       "mixes": len({mix_key(m) for m in mixes}), "rows": len(rows)}
     pe["memory"] = {}

@@ -265,3 +265,16 @@ def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
         assert 0.8 * k < two.step_time_s / f2.step_time_s < 1.2 * k, (plan, two, f2)
     for plan in ("lorafusion", "grouped"):  # the older artifact: still fused x roofline ratio on two GPUs
         assert f"analytic_plan:{plan}" in before.predict("llama3-8b", "H100", mm, 2, plan).reasons
+
+
+def test_one_adapter_lorafusion_and_grouped_are_flagged(cm):
+    """LoRAFusion's kernels and the grouped GEMM were profiled on mixes of two or more adapters
+    only, so a one-adapter mix under those plans is outside the fit (reason ``layer``), on one GPU
+    and inside the multi-GPU planner; fused and alone, measured with one adapter, are not."""
+    one, two = [Member(16, 4, 1024)], [Member(16, 4, 1024), Member(8, 4, 1024)]
+    for plan in ("lorafusion", "grouped"):
+        assert "layer" in cm.predict("llama3-8b", "H100", one, 1, plan).reasons
+        assert "layer" not in cm.predict("llama3-8b", "H100", two, 1, plan).reasons
+        assert "layer" in cm.predict("llama3-8b", "H100", one, 2, plan).reasons  # dp2: one adapter per GPU
+    for plan in ("fused", "alone"):
+        assert "layer" not in cm.predict("llama3-8b", "H100", one, 1, plan).reasons

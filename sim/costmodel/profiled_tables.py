@@ -28,6 +28,10 @@ PLAN_FAMILY = {"alone": "loop", "loop": "loop", "fused": "fused", "lorafusion": 
 #: before LoRAFusion's kernels and the grouped GEMM were profiled)
 MEASURED_PLANS = ("alone", "loop", "fused")
 LINEARS_PER_LAYER = 7
+#: fewest adapters per mix a plan family was measured with, for artifacts whose coverage does not
+#: say (``adapters_min``): the profiler runs LoRAFusion's kernels and the grouped GEMM on
+#: multi-adapter mixes only (``profiler/profile.py --plans``)
+ADAPTERS_MIN_DEFAULT = {"lorafusion": 2, "grouped": 2}
 
 
 
@@ -267,7 +271,9 @@ def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = Tru
         host = max(host - call, 0.5 * host)
     val = smoothmax(gpu_scale * (l0 + at + term), host_scale * nano * host, pe.get("p", 64.0))
     cov = pe.get("coverage", {})
-    e2 = bool(cov) and (len(members) > cov["adapters_max"] or T < cov["tokens_min"] or T > cov["tokens_max"]
+    fewest = cov.get("adapters_min", ADAPTERS_MIN_DEFAULT.get(PLAN_FAMILY.get(plan, ""), 1))
+    e2 = bool(cov) and (len(members) > cov["adapters_max"] or len(members) < fewest
+                        or T < cov["tokens_min"] or T > cov["tokens_max"]
                         or min(r for r, _, _ in members) < cov["rank_min"]
                         or max(r for r, _, _ in members) > cov["rank_max"])
     corr = pe.get("correction")
