@@ -22,6 +22,7 @@ longer than a micro-batch's token capacity fills a micro-batch alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from tlora_sim.policies.binpack import pack_micro_batches
 from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
@@ -109,7 +110,7 @@ class LoRAFusion:
         free = snap.free.copy()
         out: list[Action] = self.repack(snap)
         taken: set[int] = set()
-        queue = list(ordered(snap, self.config.ordering).queue)
+        queue = ordered(snap, self.config.ordering).queue  # read in place: no copy per decision
         for pos, head in enumerate(queue):
             if head.index in taken:
                 continue
@@ -117,8 +118,9 @@ class LoRAFusion:
                 break
             members = [head]
             if self.config.grouping:
-                cands = [j for j in queue[pos + 1:] if j.index not in taken and j.model == head.model
-                         and j.num_gpus == head.num_gpus][: self.config.window]
+                cands = list(islice((j for j in islice(queue, pos + 1, None) if j.index not in taken
+                                     and j.model == head.model and j.num_gpus == head.num_gpus),
+                                    self.config.window))
                 pairs = head_tail_pairs([head] + cands)
                 pairs.sort(key=lambda p: head not in p)  # the head's pair first, then pairing order
                 members = []
