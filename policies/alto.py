@@ -9,9 +9,10 @@ Each decision:
 1. **Co-location**: FIFO admission (or the configured ``ordering``); when the queue head belongs to a family, the family's
    queued configurations start together in one group on the head's GPUs (up to
    ``max_group_size``, within memory), executed with grouped GEMMs and rank-local adapter
-   parallelism (plan ``grouped``); other jobs run alone.
+   parallelism (plan ``grouped``); other jobs run alone (plan ``alone``: a grouped GEMM over one
+   adapter is plain LoRA, and the ``grouped`` plan was profiled on two or more adapters only).
 
-With ``grouping=False`` every configuration runs alone.
+With ``grouping=False`` every configuration runs alone; so do the jobs EASY backfilling starts.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ALTO:
         """FIFO (or ``ordering``) admission with family co-location."""
         out = self._admit(ordered(snap, self.config.ordering))
         if self.config.ordering == "backfill":
-            out += backfill_starts(snap, out, self.plan)
+            out += backfill_starts(snap, out, "alone")
         return out
 
     def _admit(self, snap: Snapshot) -> list[Action]:
@@ -84,5 +85,6 @@ class ALTO:
                         members.append(j)
             free.take(head.num_gpus)
             taken.update(j.index for j in members)
-            out.append(StartGroup(tuple(j.index for j in members), placement, self.plan))
+            out.append(StartGroup(tuple(j.index for j in members), placement,
+                                  self.plan if len(members) > 1 else "alone"))
         return out

@@ -206,6 +206,13 @@ def test_alto_co_locates_a_family_and_nogroup_does_not():
     assert len(acts) == 1 and len(acts[0].job_indices) == 4 and acts[0].plan == "grouped"
     acts = policy("alto-nogroup").decide(snapshot(jobs, free=[2]))
     assert [a.job_indices for a in acts] == [(0,), (1,)]
+    assert [a.plan for a in acts] == ["alone", "alone"]  # ALTO runs jobs outside a family alone
+
+
+def test_alto_runs_a_job_outside_any_family_alone():
+    jobs = [replace(j, sweep_id="") for j in sweep_family()[:2]]
+    acts = policy("alto").decide(snapshot(jobs, free=[2]))
+    assert [(a.job_indices, a.plan) for a in acts] == [((0,), "alone"), ((1,), "alone")]
 
 
 def test_early_exit_keeps_at_least_keep_configurations():
