@@ -22,8 +22,9 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, TERMS, Tables, correction_point, attention_ms, layer_ms, mix_features,
-                          seq_groups, smoothmax)
+from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, SEED_PLANS_MULTI_GPU, TERMS, Tables,
+                                              correction_point, attention_ms, layer_ms, mix_features,
+                                              seq_groups, smoothmax)
 
 # LoRAFusion and the grouped GEMM size their LoRA work for the mix's largest rank (tiles of MAX_R;
 # adapters zero-padded to it): their extra term is max rank x tokens
@@ -268,8 +269,7 @@ def _terms(measured: list) -> dict:
             out[k].insert(2, f"plans {'/'.join(rest)} (fused x roofline ratio)")
         if k == "measured" and len(rest) < len(OPTIONAL_FAMILIES):
             out[k].append(f"plans {'/'.join(p for p in OPTIONAL_FAMILIES if p in measured)} on one GPU "
-                          "(their own kernels; several GPUs: their one-GPU fit inside the planner, with the fused "
-                          "plan's CPU sharing)")
+                          f"(their own kernels; {SEED_PLANS_MULTI_GPU})")
     return out
 
 

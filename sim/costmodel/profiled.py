@@ -26,15 +26,17 @@ micro-batches and ``N`` nano-batches::
     step = B x (layers x layer(mix per GPU per micro-batch) + head(tokens per GPU / B))
            + AdamW(all adapter parameters) + communication
 
-* measured: ``layer``, ``head``, AdamW (its tensor count: 2 x 7 x layers for ``fused``, times the
-  adapters for ``loop``/``alone``);
+* measured: ``layer``, ``head``, AdamW (its tensor count: 7 x layers x the plan's tensors per
+  linear, ``adapter_tensors_per_linear``: 2 for ``fused``/``grouped``, 1 + n for ``lorafusion``,
+  2n for ``loop``/``alone``);
 * analytic (``sim/costmodel/roofline.py``'s formulas): the all-reduce of adapter gradients and the
   all-gather of sharded frozen weights between GPUs; nano-batching (fused only: the base curve
   runs N times at tokens / N, the adapter term shrinks by N, the host time is paid N times);
   plans the artifact did not measure (``measured_plans``; the committed H100 and H200 artifacts
   measure all five) are the ``fused`` prediction times the roofline's ratio of the two
-  (flagged), and so are measured ``lorafusion``/``grouped`` on several GPUs (the multi-GPU planner
-  knows the loop and fused families only). No fixed per-step framework overhead is added: the
+  (flagged); measured ``lorafusion``/``grouped`` on several GPUs go through the multi-GPU planner
+  with their own one-GPU fits and the ``fused`` plan's CPU sharing (flagged,
+  ``profiled_multigpu.py``). No fixed per-step framework overhead is added: the
   measured eager steps include kernel-launch and Python time (data loading is not modelled).
 * ``alone`` with several members is the members' isolated steps one after another.
 
@@ -329,14 +331,16 @@ TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + att
 
 
 _OLD_MULTI = "several GPUs: fused x roofline ratio"
-_NEW_MULTI = "several GPUs: their one-GPU fit inside the planner, with the fused plan's CPU sharing"
+SEED_PLANS_MULTI_GPU = "several GPUs: their one-GPU fit inside the planner, with the fused plan's CPU sharing"
+"""How measured ``lorafusion``/``grouped`` are priced on several GPUs (the artifact's term text,
+``profiler/fit.py``)."""
 
 
 def _terms_now(terms: dict) -> dict:
     """An artifact's term list as this code uses it: artifacts fitted before the multi-GPU planner
     priced ``lorafusion``/``grouped`` with their own fits say those plans are a roofline ratio on
     several GPUs; that text is replaced by what is done now (the measurements are the same)."""
-    return {k: [t.replace(_OLD_MULTI, _NEW_MULTI) for t in v] for k, v in terms.items()}
+    return {k: [t.replace(_OLD_MULTI, SEED_PLANS_MULTI_GPU) for t in v] for k, v in terms.items()}
 
 
 def _rel(p: str) -> str:

@@ -134,8 +134,7 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
         else:
             compute = micro * (L * lay + head)
         params = sum(m.lora_params(r) for r, _, _ in mix)
-        tensors = 2 * LINEARS_PER_LAYER * L * (1 if plan == "fused" else len(mix)) if plan in ("fused", "loop", "alone") \
-            else LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
+        tensors = LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
         okey = ("opt", params, L, tensors)
         opt = cache.get(okey)
         if opt is None:
