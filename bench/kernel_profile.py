@@ -43,6 +43,8 @@ def parse_args(argv=None):
     ap.add_argument("--replays", type=int, default=20, help="graph replays for the step time")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--out", default=None, help="JSON with every launch")
+    ap.add_argument("--precompile", type=int, default=8,
+                    help="worker processes compiling the fused kernels first (0: off)")
     return ap.parse_args(argv)
 
 
@@ -94,6 +96,15 @@ def main(argv=None):
     cfgs = json.loads(args.configs)
     rate, bw = KB.measure_ceilings()
     print(f"ceilings: bf16 mm {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e12:.2f} TB/s", flush=True)
+    if args.precompile and "fused" in args.impls:
+        keys = []
+        for case in args.cases.split(","):
+            layer, mix = case.split(":")
+            K, N = KB._layer(layer)
+            ranks, segs = KB.MIXES[mix]
+            keys += [(K, N, tuple(ranks), tuple(segs), args.dropout, json.dumps(c, sort_keys=True))
+                     for c in cfgs]
+        KB.precompile(keys, args.precompile)
     res = {"device": torch.cuda.get_device_name(0), "matrix_tflops": rate / 1e12,
            "copy_tbps": bw / 1e12, "cases": []}
     for case in args.cases.split(","):

@@ -20,7 +20,8 @@ width (BK or BN times CM0..CM4). Only the buckets present in a launch are compil
 BUCKETS bit mask), so a rank-8 adapter never runs the tiles or does the FLOPs of a rank-128 one.
 
 Launches per training step (besides the two cuBLAS GEMMs):
-  _f1  P partials  = mask(X) A          grid: row tiles x K splits      reads X once
+  _f1  P           = mask(X) A / (1-p)  grid: row tiles x K splits      reads X once; writes P
+                                                                        (bf16, kept for backward)
   _f2  Ylora       = s P B (+bias)      grid: row tiles x N groups      writes Y once; cuBLAS then
                                                                         does Y += X W (beta=1)
   _b1  Q           = s dY B^T           grid: row tiles x N splits      reads dY
@@ -28,7 +29,10 @@ Launches per training step (besides the two cuBLAS GEMMs):
   _b2  dXlora      = mask(Q A^T)/(1-p)  grid: chunks x K blocks         writes dX once, reads X;
        dA          = mask(X)^T Q/(1-p)                                  cuBLAS then dX += dY W
 Splits of the reductions (over K, over N, over tokens) keep the grid at >= 2 waves on short
-inputs: K-split partial sums of P go to a small fp32 buffer; N-split partial sums of Q (only
+inputs: K-split partial sums of P go to a small fp32 buffer, and the last program of each row
+tile to finish (an int32 counter per tile, which it resets to 0) sums them in split order and
+writes P once, so _f2 reads P once per tile instead of every split per N group (which cost up to
+2x the Y write at rank >= 64: profiler/KERNELS.md, session 12); N-split partial sums of Q (only
 when needed) and token-chunk partial sums of dA/dB are added with fp32 atomics into a buffer
 that _f2 zeroes (so no memset launch is needed).
 
@@ -100,8 +104,8 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, poff,
-             kb0, kb1, seed, thresh, s,
+def _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
+             poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
              DROPOUT: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
@@ -120,12 +124,26 @@ def _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff, p
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
-    offs = s * part_stride + poff + (rows - start)[:, None] * rank + rr[None, :]
-    tl.store(Ppart + offs, acc, mask=rmask[:, None] & rkm[None, :])
+    pm = rmask[:, None] & rkm[None, :]
+    poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
+    if ksplit == 1:
+        tl.store(Psave + poffs, (acc * inv_keep).to(Psave.dtype.element_ty), mask=pm)
+    else:  # K split: the tile's last program to finish sums the partials (fixed order)
+        tl.store(Ppart + s * part_stride + poffs, acc, mask=pm)
+        tl.debug_barrier()  # every thread's partial stored before the release below
+        done = tl.atomic_add(Cnt + t, 1, sem="acq_rel", scope="gpu")
+        if done == ksplit - 1:
+            p = tl.zeros((BM, R), dtype=tl.float32)
+            for j in range(0, ksplit):
+                p += tl.load(Ppart + j * part_stride + poffs, mask=pm, other=0.0,
+                             cache_modifier=".cg")
+            tl.store(Psave + poffs, (p * inv_keep).to(Psave.dtype.element_ty), mask=pm)
+            tl.atomic_xchg(Cnt + t, 0)  # ready for the next step's launch
 
 
 @triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed"])
-def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_per, seed,
+def _f1_kernel(X, A, Ppart, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, part_stride, ksplit,
+               kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
@@ -143,53 +161,46 @@ def _f1_kernel(X, A, Ppart, tiles, meta_i, K, sxm, sam, part_stride, ksplit, kb_
     poff = tl.load(meta_i + ad * 8 + 4)
     bucket = tl.load(meta_i + ad * 8 + 5)
     thresh = tl.load(meta_i + ad * 8 + 6)
+    inv_keep = tl.load(meta_f + ad * 2 + 1)
     kb0 = s * kb_per
     kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
     if BUCKETS & 1:
         if bucket == 0:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-                     poff, kb0, kb1, seed, thresh, s, 16, BM0, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 16, BM0, BK, DROPOUT, PREC)
     if BUCKETS & 2:
         if bucket == 1:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-                     poff, kb0, kb1, seed, thresh, s, 32, BM1, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 32, BM1, BK, DROPOUT, PREC)
     if BUCKETS & 4:
         if bucket == 2:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-                     poff, kb0, kb1, seed, thresh, s, 64, BM2, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 64, BM2, BK, DROPOUT, PREC)
     if BUCKETS & 8:
         if bucket == 3:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-                     poff, kb0, kb1, seed, thresh, s, 128, BM3, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 128, BM3, BK, DROPOUT, PREC)
     if BUCKETS & 16:
         if bucket == 4:
-            _f1_body(X, A, Ppart, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-                     poff, kb0, kb1, seed, thresh, s, 256, BM4, BK, DROPOUT, PREC)
+            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 256, BM4, BK, DROPOUT, PREC)
 
 
 # ----------------------------------------------------------------------------------------- f2
 @triton.jit
-def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
-             m0, m1, start, rank, roff, poff, nb0, nb1, scale, inv_keep, g,
+def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             HAS_BIAS: tl.constexpr, PREC: tl.constexpr, WRITE_Y: tl.constexpr):
+             HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
     rkm = rr < rank
     pm = rmask[:, None] & rkm[None, :]
     poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
-    p = tl.zeros((BM, R), dtype=tl.float32)
-    for s in range(0, ksplit):
-        p += tl.load(Ppart + s * part_stride + poffs, mask=pm, other=0.0)
-    p = p * inv_keep
-    if g == 0:
-        tl.store(Psave + poffs, p.to(Psave.dtype.element_ty), mask=pm)
+    p = tl.load(Psave + poffs, mask=pm, other=0.0).to(tl.float32)  # P / (1-p), from _f1
     ps = (p * scale).to(Y.dtype.element_ty)
     yrow = Y + rows.to(tl.int64)[:, None] * syn
     brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
-    if not WRITE_Y:  # the base GEMM's epilogue adds s P B (lora_gemm): only P is saved here
-        nb1 = nb0
     for nb in range(nb0, nb1):
         cols = nb * BN + tl.arange(0, BN)
         cm = cols < N
@@ -201,9 +212,8 @@ def _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit,
                  mask=rmask[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["g_numel", "part_stride", "ksplit", "ngroups", "nb_per"])
-def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm,
-               part_stride, ksplit, ngroups, nb_per,
+@triton.jit(do_not_specialize=["g_numel", "ngroups", "nb_per"])
+def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm, ngroups, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BN: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_G: tl.constexpr,
@@ -215,42 +225,40 @@ def _f2_kernel(Ppart, Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, s
         for z in range(pid * per, tl.minimum(pid * per + per, g_numel), 1024):
             zo = z + tl.arange(0, 1024)
             tl.store(G + zo, tl.zeros((1024,), dtype=tl.float32), mask=zo < g_numel)
-    t = pid // ngroups
-    g = pid % ngroups
-    ad = tl.load(tiles + t * 3)
-    m0 = tl.load(tiles + t * 3 + 1)
-    m1 = tl.load(tiles + t * 3 + 2)
-    start = tl.load(meta_i + ad * 8)
-    rank = tl.load(meta_i + ad * 8 + 2)
-    roff = tl.load(meta_i + ad * 8 + 3)
-    poff = tl.load(meta_i + ad * 8 + 4)
-    bucket = tl.load(meta_i + ad * 8 + 5)
-    scale = tl.load(meta_f + ad * 2)
-    inv_keep = tl.load(meta_f + ad * 2 + 1)
-    nb0 = g * nb_per
-    nb1 = tl.minimum(nb0 + nb_per, tl.cdiv(N, BN))
-    if BUCKETS & 1:
-        if bucket == 0:
-            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 16, BM0, BN, HAS_BIAS, PREC, WRITE_Y)
-    if BUCKETS & 2:
-        if bucket == 1:
-            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 32, BM1, BN, HAS_BIAS, PREC, WRITE_Y)
-    if BUCKETS & 4:
-        if bucket == 2:
-            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 64, BM2, BN, HAS_BIAS, PREC, WRITE_Y)
-    if BUCKETS & 8:
-        if bucket == 3:
-            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 128, BM3, BN, HAS_BIAS,
-                     PREC, WRITE_Y)
-    if BUCKETS & 16:
-        if bucket == 4:
-            _f2_body(Ppart, Psave, B, Y, bias, syn, sbm, part_stride, N, ksplit, m0, m1, start,
-                     rank, roff, poff, nb0, nb1, scale, inv_keep, g, 256, BM4, BN, HAS_BIAS,
-                     PREC, WRITE_Y)
+    if WRITE_Y:  # else the base GEMM's epilogue adds s P B (lora_gemm): only G is zeroed here
+        t = pid // ngroups
+        g = pid % ngroups
+        ad = tl.load(tiles + t * 3)
+        m0 = tl.load(tiles + t * 3 + 1)
+        m1 = tl.load(tiles + t * 3 + 2)
+        start = tl.load(meta_i + ad * 8)
+        rank = tl.load(meta_i + ad * 8 + 2)
+        roff = tl.load(meta_i + ad * 8 + 3)
+        poff = tl.load(meta_i + ad * 8 + 4)
+        bucket = tl.load(meta_i + ad * 8 + 5)
+        scale = tl.load(meta_f + ad * 2)
+        nb0 = g * nb_per
+        nb1 = tl.minimum(nb0 + nb_per, tl.cdiv(N, BN))
+        if BUCKETS & 1:
+            if bucket == 0:
+                _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
+                         nb1, scale, 16, BM0, BN, HAS_BIAS, PREC)
+        if BUCKETS & 2:
+            if bucket == 1:
+                _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
+                         nb1, scale, 32, BM1, BN, HAS_BIAS, PREC)
+        if BUCKETS & 4:
+            if bucket == 2:
+                _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
+                         nb1, scale, 64, BM2, BN, HAS_BIAS, PREC)
+        if BUCKETS & 8:
+            if bucket == 3:
+                _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
+                         nb1, scale, 128, BM3, BN, HAS_BIAS, PREC)
+        if BUCKETS & 16:
+            if bucket == 4:
+                _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
+                         nb1, scale, 256, BM4, BN, HAS_BIAS, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b1

@@ -169,7 +169,7 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 def gemm_lora_forward(x, weight, psave, lora_B, bias, plan, gc: GemmConfig, out, prec: str) -> None:
     """out (M, N) = x (M, K) weight^T (+ bias) + s_i psave_i lora_B_i, for every token row of
-    ``plan`` (psave: the compact P of ``_f2``, already / (1 - p_i)). Raises Triton's errors."""
+    ``plan`` (psave: the compact P of ``_f1``, already / (1 - p_i)). Raises Triton's errors."""
     if plan.n_tokens:
         _run(x, weight, out, row_tiles(plan, gc.bm, x.device), gc, False, prec, plan=plan,
              lo=psave, ri=lora_B, bias=bias)

@@ -7,9 +7,10 @@ Triton launch of that pass as a ``fastlaunch.BoundLaunch`` (grid, sizes, splits,
 tables and the constexprs bound once), the choice between cuBLAS and ``lora_gemm``'s GEMM, and the
 sizes of the step's buffers. A step then allocates its outputs, launches with only the step's
 tensors and seed as arguments, and recomputes nothing the plan already knows. Programs are cached
-on the plan (``plan.extra``). The forward's fp32 partial sums of P (``ppart``) are a workspace
-kept by the program and reused by every step: programs assume the steps of one plan run on one
-CUDA stream (or on the CPU), in order.
+on the plan (``plan.extra``). The forward's fp32 partial sums of P (``ppart``) and the K-split
+counters of ``_f1`` (``cnt``, left at zero by every launch) are a workspace kept by the program
+and reused by every step: programs assume the steps of one plan run on one CUDA stream (or on
+the CPU), in order.
 
 Programs hold no reference to their plan (the plan holds them: a cycle would keep the weight
 tensors their bound launches reference alive until the cyclic garbage collector runs); ``run``
@@ -72,27 +73,32 @@ class ForwardProgram:
         self.gemm = self._wd = self._wt = None
         if self.empty:
             return
-        self.ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32,
-                                 device=x.device)
+        self.ppart = torch.empty(max(plan.ksplit * plan.p_size, 1) if plan.ksplit > 1 else 1,
+                                 dtype=torch.float32, device=x.device)
+        # one int32 counter per row tile: the K splits that finished (reset by the last one)
+        self.cnt = torch.zeros(max(plan.n_tiles, 1), dtype=torch.int32, device=x.device)
+        meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
         self.f1 = BoundLaunch(
             K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
-            ("X", "A", "Ppart", "seed"),
-            dict(tiles=plan.tiles, meta_i=plan.meta_i, K=Kf, sxm=x.stride(0),
-                 sam=lora_A.stride(0), part_stride=plan.p_size, ksplit=plan.ksplit,
-                 kb_per=plan.kb_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk,
-                 DROPOUT=dropout, PREC=prec, SEED_PTR=seed_is_tensor),
+            ("X", "A", "Ppart", "Psave", "seed"),
+            dict(Cnt=self.cnt, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=meta_f, K=Kf,
+                 sxm=x.stride(0), sam=lora_A.stride(0), part_stride=plan.p_size,
+                 ksplit=plan.ksplit, kb_per=plan.kb_per, BUCKETS=plan.buckets,
+                 **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
+                 SEED_PTR=seed_is_tensor),
             dict(num_warps=cfg.warps_f1), checked=(0,))
         ngroups = plan.ngroups if self.write_y else 1
-        self.f2 = BoundLaunch(
-            K_._f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
-            ("Ppart", "Psave", "B", "Y", "bias", "G"),
-            dict(g_numel=self.g_numel, tiles=plan.tiles, meta_i=plan.meta_i,
-                 meta_f=plan.meta_f if dropout else plan.meta_f_nodrop, N=Nf, syn=Nf,
-                 sbm=lora_B.stride(0), part_stride=plan.p_size, ksplit=plan.ksplit,
-                 ngroups=ngroups, nb_per=plan.ng_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
-                 BN=cfg.bn, HAS_BIAS=self.has_bias and self.write_y, ZERO_G=self.g_numel > 0,
-                 PREC=prec, WRITE_Y=self.write_y),
-            dict(num_warps=cfg.warps_f2), checked=())
+        self.f2 = None
+        if self.write_y or self.g_numel > 0:
+            self.f2 = BoundLaunch(
+                K_._f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
+                ("Psave", "B", "Y", "bias", "G"),
+                dict(g_numel=self.g_numel, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=meta_f,
+                     N=Nf, syn=Nf, sbm=lora_B.stride(0), ngroups=ngroups, nb_per=plan.ng_per,
+                     BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn,
+                     HAS_BIAS=self.has_bias and self.write_y, ZERO_G=self.g_numel > 0,
+                     PREC=prec, WRITE_Y=self.write_y),
+                dict(num_warps=cfg.warps_f2), checked=())
 
     def run(self, plan, x, weight, bias, lora_A, lora_B, seed):
         """One forward of ``plan`` (the plan this program was built for): (y, psave, gbuf).
@@ -104,8 +110,9 @@ class ForwardProgram:
             if self.g_numel:
                 gbuf.zero_()
             return y, psave, gbuf
-        self.f1(x, lora_A, self.ppart, seed)
-        self.f2(self.ppart, psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
+        self.f1(x, lora_A, self.ppart, psave, seed)
+        if self.f2 is not None:
+            self.f2(psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
         if self.gc is None:  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
             wt = self._wt
             if wt is None or wt[0] is not weight or wt[1] != weight.data_ptr():
