@@ -148,6 +148,15 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+    print("\nstep GPU time / base (graph replays), per case and configuration:")
+    labels = list(dict.fromkeys(c["impl"] for c in res["cases"] if c["impl"] != "base"))
+    for i, lab in enumerate(labels):
+        print(f"  #{i} = {lab}")
+    for case in dict.fromkeys((c["layer"], c["mix"]) for c in res["cases"]):
+        got = {c["impl"]: c["graph_ms"] for c in res["cases"] if (c["layer"], c["mix"]) == case}
+        b = got.get("base")
+        print(f"  {case[0]:<11} {case[1]:<8} base {b if b else float('nan'):.3f} ms  " + "  ".join(
+            f"#{i} {got[lab] / b:.3f}" if b and lab in got else f"#{i} -" for i, lab in enumerate(labels)))
 
 
 if __name__ == "__main__":
