@@ -247,22 +247,21 @@ def launch_micro(mod, x, n):
     plan = mod.plan_for(mod.seg_lens, x.device)
     cfg = plan.cfg
     Kf = x.shape[1]
-    ppart = torch.empty(max(plan.ksplit * plan.p_size, 1), dtype=torch.float32, device=x.device)
+    pacc = torch.zeros(max(plan.p_size, 1), dtype=torch.float32, device=x.device)
     psave = torch.empty(max(plan.p_size, 1), dtype=x.dtype, device=x.device)
     cnt = torch.zeros(max(plan.n_tiles, 1), dtype=torch.int32, device=x.device)
     A = mod.lora_A.detach()
     seed = mix_seed(5)
     grid = (plan.n_tiles * plan.ksplit,)
-    static = dict(Cnt=cnt, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=plan.meta_f, K=Kf,
-                  sxm=x.stride(0), sam=A.stride(0),
-                  part_stride=plan.p_size, ksplit=plan.ksplit, kb_per=plan.kb_per,
+    static = dict(Pacc=pacc, Cnt=cnt, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=plan.meta_f,
+                  K=Kf, sxm=x.stride(0), sam=A.stride(0), ksplit=plan.ksplit, kb_per=plan.kb_per,
                   BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=True, PREC="tf32",
                   SEED_PTR=False)
     opts = dict(num_warps=cfg.warps_f1)
 
     def via_launch():
-        launch(K_._f1_kernel, grid, "f1", plan.buckets, cfg, x, A, ppart, psave, cnt, plan.tiles,
-               plan.meta_i, plan.meta_f, Kf, x.stride(0), A.stride(0), plan.p_size, plan.ksplit,
+        launch(K_._f1_kernel, grid, "f1", plan.buckets, cfg, x, A, pacc, psave, cnt, plan.tiles,
+               plan.meta_i, plan.meta_f, Kf, x.stride(0), A.stride(0), plan.ksplit,
                plan.kb_per, seed,
                BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=True, PREC="tf32",
                SEED_PTR=False, num_warps=cfg.warps_f1)
@@ -270,18 +269,17 @@ def launch_micro(mod, x, n):
     st = stages_for("f1", plan.buckets, cfg)
 
     def bare():
-        K_._f1_kernel[grid](x, A, ppart, psave, cnt, plan.tiles, plan.meta_i, plan.meta_f, Kf,
-                            x.stride(0), A.stride(0),
-                            plan.p_size, plan.ksplit, plan.kb_per, seed, BUCKETS=plan.buckets,
+        K_._f1_kernel[grid](x, A, pacc, psave, cnt, plan.tiles, plan.meta_i, plan.meta_f, Kf,
+                            x.stride(0), A.stride(0), plan.ksplit, plan.kb_per, seed, BUCKETS=plan.buckets,
                             **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=True, PREC="tf32",
                             SEED_PTR=False, num_warps=cfg.warps_f1, num_stages=st)
 
     bl = BoundLaunch(K_._f1_kernel, grid, "f1", plan.buckets, cfg,
-                     ("X", "A", "Ppart", "Psave", "seed"), static, opts)
+                     ("X", "A", "Psave", "seed"), static, opts)
     out = {}
     out["config_launch_us"] = per_launch_us(via_launch, n)
     out["bare_kernel_grid_us"] = per_launch_us(bare, n)
-    out["bound_launch_us"] = per_launch_us(lambda: bl(x, A, ppart, psave, seed), n)
+    out["bound_launch_us"] = per_launch_us(lambda: bl(x, A, psave, seed), n)
     out["bound_launch_direct_calls"] = bl.n_direct
     out["bound_launch_normal_calls"] = bl.n_normal
     buf = torch.zeros(1024, device=x.device)

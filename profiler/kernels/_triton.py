@@ -29,10 +29,12 @@ Launches per training step (besides the two cuBLAS GEMMs):
   _b2  dXlora      = mask(Q A^T)/(1-p)  grid: chunks x K blocks         writes dX once, reads X;
        dA          = mask(X)^T Q/(1-p)                                  cuBLAS then dX += dY W
 Splits of the reductions (over K, over N, over tokens) keep the grid at >= 2 waves on short
-inputs: K-split partial sums of P go to a small fp32 buffer, and the last program of each row
-tile to finish (an int32 counter per tile, which it resets to 0) sums them in split order and
-writes P once, so _f2 reads P once per tile instead of every split per N group (which cost up to
-2x the Y write at rank >= 64: profiler/KERNELS.md, session 12); N-split partial sums of Q (only
+inputs: K-split partial sums of P are added with fp32 atomics into a buffer that stays zeroed
+between steps, and the last program of each row tile to finish (an int32 counter per tile)
+writes P once from it and zeroes it and the counter again, so _f2 reads P once per tile instead
+of every split per N group (which cost up to 2x the Y write at rank >= 64; a fixed-order sum of
+stored partials by the last program cost f1 more than that saved: profiler/KERNELS.md, session
+12); N-split partial sums of Q (only
 when needed) and token-chunk partial sums of dA/dB are added with fp32 atomics into a buffer
 that _f2 zeroes (so no memset launch is needed).
 
@@ -104,8 +106,8 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank, roff,
-             poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep,
+def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
+             poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
              DROPOUT: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
@@ -128,22 +130,19 @@ def _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, r
     poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
     if ksplit == 1:
         tl.store(Psave + poffs, (acc * inv_keep).to(Psave.dtype.element_ty), mask=pm)
-    else:  # K split: the tile's last program to finish sums the partials (fixed order)
-        tl.store(Ppart + s * part_stride + poffs, acc, mask=pm)
-        tl.debug_barrier()  # every thread's partial stored before the release below
+    else:  # K split: fp32 adds into Pacc; the tile's last program to finish writes P once
+        tl.atomic_add(Pacc + poffs, acc, mask=pm, sem="relaxed")
+        tl.debug_barrier()  # every thread's adds issued before the release below
         done = tl.atomic_add(Cnt + t, 1, sem="acq_rel", scope="gpu")
         if done == ksplit - 1:
-            p = tl.zeros((BM, R), dtype=tl.float32)
-            for j in range(0, ksplit):
-                p += tl.load(Ppart + j * part_stride + poffs, mask=pm, other=0.0,
-                             cache_modifier=".cg")
+            p = tl.load(Pacc + poffs, mask=pm, other=0.0, cache_modifier=".cg")
             tl.store(Psave + poffs, (p * inv_keep).to(Psave.dtype.element_ty), mask=pm)
-            tl.atomic_xchg(Cnt + t, 0)  # ready for the next step's launch
+            tl.store(Pacc + poffs, tl.zeros((BM, R), dtype=tl.float32), mask=pm)  # for the
+            tl.atomic_xchg(Cnt + t, 0)                                            # next step
 
 
-@triton.jit(do_not_specialize=["part_stride", "ksplit", "kb_per", "seed"])
-def _f1_kernel(X, A, Ppart, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, part_stride, ksplit,
-               kb_per, seed,
+@triton.jit(do_not_specialize=["ksplit", "kb_per", "seed"])
+def _f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
@@ -166,24 +165,24 @@ def _f1_kernel(X, A, Ppart, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, part
     kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
     if BUCKETS & 1:
         if bucket == 0:
-            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
-                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 16, BM0, BK, DROPOUT, PREC)
+            _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep, 16, BM0, BK, DROPOUT, PREC)
     if BUCKETS & 2:
         if bucket == 1:
-            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
-                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 32, BM1, BK, DROPOUT, PREC)
+            _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep, 32, BM1, BK, DROPOUT, PREC)
     if BUCKETS & 4:
         if bucket == 2:
-            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
-                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 64, BM2, BK, DROPOUT, PREC)
+            _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep, 64, BM2, BK, DROPOUT, PREC)
     if BUCKETS & 8:
         if bucket == 3:
-            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
-                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 128, BM3, BK, DROPOUT, PREC)
+            _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep, 128, BM3, BK, DROPOUT, PREC)
     if BUCKETS & 16:
         if bucket == 4:
-            _f1_body(X, A, Ppart, Psave, Cnt, sxm, sam, part_stride, K, m0, m1, start, rank,
-                     roff, poff, kb0, kb1, seed, thresh, s, t, ksplit, inv_keep, 256, BM4, BK, DROPOUT, PREC)
+            _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank,
+                     roff, poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep, 256, BM4, BK, DROPOUT, PREC)
 
 
 # ----------------------------------------------------------------------------------------- f2

@@ -7,8 +7,8 @@ Triton launch of that pass as a ``fastlaunch.BoundLaunch`` (grid, sizes, splits,
 tables and the constexprs bound once), the choice between cuBLAS and ``lora_gemm``'s GEMM, and the
 sizes of the step's buffers. A step then allocates its outputs, launches with only the step's
 tensors and seed as arguments, and recomputes nothing the plan already knows. Programs are cached
-on the plan (``plan.extra``). The forward's fp32 partial sums of P (``ppart``) and the K-split
-counters of ``_f1`` (``cnt``, left at zero by every launch) are a workspace kept by the program
+on the plan (``plan.extra``). The forward's fp32 sums of P over ``_f1``'s K splits (``pacc``) and
+its per-tile counters (``cnt``), both left at zero by every launch, are a workspace kept by the program
 and reused by every step: programs assume the steps of one plan run on one CUDA stream (or on
 the CPU), in order.
 
@@ -73,17 +73,17 @@ class ForwardProgram:
         self.gemm = self._wd = self._wt = None
         if self.empty:
             return
-        self.ppart = torch.empty(max(plan.ksplit * plan.p_size, 1) if plan.ksplit > 1 else 1,
-                                 dtype=torch.float32, device=x.device)
-        # one int32 counter per row tile: the K splits that finished (reset by the last one)
+        # the K splits' fp32 sums of P and one int32 counter per row tile (the splits that
+        # finished): zero between steps (the last split of each tile zeroes its rows again)
+        self.pacc = torch.zeros(max(plan.p_size, 1) if plan.ksplit > 1 else 1,
+                                dtype=torch.float32, device=x.device)
         self.cnt = torch.zeros(max(plan.n_tiles, 1), dtype=torch.int32, device=x.device)
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
         self.f1 = BoundLaunch(
             K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
-            ("X", "A", "Ppart", "Psave", "seed"),
-            dict(Cnt=self.cnt, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=meta_f, K=Kf,
-                 sxm=x.stride(0), sam=lora_A.stride(0), part_stride=plan.p_size,
-                 ksplit=plan.ksplit, kb_per=plan.kb_per, BUCKETS=plan.buckets,
+            ("X", "A", "Psave", "seed"),
+            dict(Pacc=self.pacc, Cnt=self.cnt, tiles=plan.tiles, meta_i=plan.meta_i,
+                 meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), ksplit=plan.ksplit, kb_per=plan.kb_per, BUCKETS=plan.buckets,
                  **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=dropout, PREC=prec,
                  SEED_PTR=seed_is_tensor),
             dict(num_warps=cfg.warps_f1), checked=(0,))
@@ -110,7 +110,7 @@ class ForwardProgram:
             if self.g_numel:
                 gbuf.zero_()
             return y, psave, gbuf
-        self.f1(x, lora_A, self.ppart, psave, seed)
+        self.f1(x, lora_A, psave, seed)
         if self.f2 is not None:
             self.f2(psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
         if self.gc is None:  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
