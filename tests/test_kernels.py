@@ -278,14 +278,3 @@ def test_k_split_workspace_is_left_zeroed_across_steps():
         assert progs and all(int(p.cnt.abs().sum()) == 0 for p in progs)
         assert all(float(p.pacc.abs().sum()) == 0.0 for p in progs)
 
-
-def test_q_split_balances_the_q_and_db_loops():
-    """q_balance: b1's Q programs loop over no more column blocks than a dB program over row
-    sub-tiles (capped by max_split); without it, Q is split only to fill the GPU."""
-    cfg = KernelConfig(bn=32, bms=(32, 32, 32, 32, 32))
-    on = build_plan([512, 512], [16, 16], [1.0, 1.0], 0.0, 64, 32 * 40, "cpu", cfg, n_sm=2)
-    off = build_plan([512, 512], [16, 16], [1.0, 1.0], 0.0, 64, 32 * 40, "cpu",
-                     KernelConfig(bn=32, bms=(32, 32, 32, 32, 32), q_balance=False), n_sm=2)
-    assert off.nsplit == 1                       # the dB programs alone fill the 4 slots
-    rows = max(e - s for _, s, e in off.chunks.tolist())
-    assert on.nb_per <= -(-rows // 32) < off.nb_per

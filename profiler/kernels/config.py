@@ -58,8 +58,6 @@ class KernelConfig:
     "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
     ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
-    q_balance: split b1's Q = dY B^T over N (fp32 atomics) so that no Q program loops over more
-    column blocks than a dB program over row sub-tiles (else only to fill ``waves``);
     gemm_fwd / gemm_bwd override that table's tiles; gemm_tma: that GEMM reads its operands
     through TMA descriptors where the tensors allow (else plain pointer loads)."""
     bms: tuple = (64, 64, 128, 64, 64)
@@ -78,7 +76,6 @@ class KernelConfig:
     stages_b2: int = 3
     base_gemm: str = "auto"
     gemm_tma: bool = True
-    q_balance: bool = True
     gemm_fwd: "GemmConfig | None" = None
     gemm_bwd: "GemmConfig | None" = None
 

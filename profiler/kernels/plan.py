@@ -99,7 +99,7 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     s = ro = po = 0
     for L, r in zip(seg_lens, ranks):
         starts.append(s); roffs.append(ro); poffs.append(po)
-        s += L; ro += r; po += L * r
+        s += L; ro += r; po += L * K_.BUCKET_R[bucket_of(r)]  # P, Q rows padded to the bucket
     buckets = [bucket_of(r) for r in ranks]
     mask = 0
     tiles, chunks = [], []
@@ -128,13 +128,7 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     # Q = dY B^T needs no N split (and no atomics) when the dB programs of the same launch
     # already fill the GPU
     short = target - n_chunks * nnb
-    nsplit = 1 if short <= 0 else cdiv(short, max(n_tiles, 1))
-    if cfg.q_balance and chunks:
-        # nor should a Q program's loop (nb_per column blocks) outlast the dB programs' (the row
-        # sub-tiles of a chunk): the Q programs were the launch's critical path at large N
-        db_iters = max(cdiv(c[3] - c[2], cfg.bms[bucket_of(c[0])]) for c in chunks)
-        nsplit = max(nsplit, cdiv(nnb, db_iters))
-    nsplit = max(1, min(cfg.max_split, nnb, nsplit))
+    nsplit = 1 if short <= 0 else max(1, min(cfg.max_split, nnb, cdiv(short, max(n_tiles, 1))))
     nb_per = cdiv(nnb, nsplit)
     nsplit = cdiv(nnb, nb_per)
     ngroups = max(1, min(nnb, cdiv(target, max(n_tiles, 1))))
