@@ -99,7 +99,7 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     s = ro = po = 0
     for L, r in zip(seg_lens, ranks):
         starts.append(s); roffs.append(ro); poffs.append(po)
-        s += L; ro += r; po += L * K_.BUCKET_R[bucket_of(r)]  # P, Q rows padded to the bucket
+        s += L; ro += r; po += L * r
     buckets = [bucket_of(r) for r in ranks]
     mask = 0
     tiles, chunks = [], []
