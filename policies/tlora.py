@@ -146,7 +146,6 @@ class TLoRA(JoinSearch, QueueWalk):
         self._live: dict[int, tuple] = {}
         self._recent: dict[tuple[str, int], dict[int, int]] = {}  # kind -> {group id: stamp of last change}
         self._kind_of: dict[int, tuple[str, int]] = {}
-        self._checked: dict[int, tuple[float, int]] = {}  # group id -> (freed value, stamp) when last refused
         self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
         self._last_tick = float("-inf")
         self._last_now = float("-inf")
@@ -287,7 +286,6 @@ class TLoRA(JoinSearch, QueueWalk):
             if gid not in snap.groups:
                 kind = self._kind_of.pop(gid, None)
                 self._live.pop(gid, None)
-                self._checked.pop(gid, None)
                 self._sig.pop(gid, None)
                 self._protos.pop(gid, None)
                 if kind is not None:
@@ -340,6 +338,8 @@ class TLoRA(JoinSearch, QueueWalk):
             rec = self._recent.setdefault(kind, {})
             rec.pop(gid, None)
             rec[gid] = self._stamp
+            tab = self._tables[kind]
+            tab.stamp[tab.slot[gid]] = self._stamp
 
     def _consolidate(self, snap: Snapshot, plan: Planner, smallest_wait: int | None) -> None:
         """Merge running groups pairwise; each group tries partners on its node, then its rack,
@@ -369,13 +369,17 @@ class TLoRA(JoinSearch, QueueWalk):
                 views = [g for g in plan.of_kind(kind) if g.group_id is not None and not g.added]
             views.sort(key=lambda g: (len(g.members), g.group_id))
             at = self._tables[kind].slots([v.group_id for v in views])
-            cands = self._pair_candidates(kind, views, at, recent, freed_value)
+            cands = self._pair_candidates(kind, views, at, freed_value)
             merged_into: list[PlannedGroup] = []  # groups given members in this tick
             screens: dict[int, np.ndarray | None] = {}  # their screens over the sources (``_screen_column``)
             consumed: set[int] = set()  # ids of groups merged away or given members
+            refused: list[int] = []  # sources every partner refused (indices into views)
             for i, view in enumerate(views):
                 gid = view.group_id
                 if gid in consumed:
+                    continue
+                if not merged_into and i not in cands:
+                    refused.append(i)  # no partner left to ask
                     continue
                 partners = [plan.group(views[j].group_id) for j in cands.get(i, ())
                             if views[j].group_id not in consumed]
@@ -408,13 +412,16 @@ class TLoRA(JoinSearch, QueueWalk):
                         merged_into.append(best)
                     screens[best.group_id] = self._screen_column(snap, kind, at, best, freed_value)
                 else:
-                    self._checked[gid] = (freed_value, self._stamp)
+                    refused.append(i)
+            tab = self._tables[kind]
+            tab.chk_freed[at[refused]] = freed_value
+            tab.chk_stamp[at[refused]] = self._stamp
             if not merged_into:
                 self._kind_checked[kind] = (freed_value, last)
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
 
-    def _pair_candidates(self, kind: tuple, views: list[PlannedGroup], at: np.ndarray, recent: dict,
+    def _pair_candidates(self, kind: tuple, views: list[PlannedGroup], at: np.ndarray,
                          freed_value: float) -> dict[int, list[int]]:
         """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
         ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
@@ -428,12 +435,10 @@ class TLoRA(JoinSearch, QueueWalk):
             return {}
         tab = self._tables[kind]
         size, step, bound = tab.size[at], tab.step[at], tab.bound[at]
-        stamp = np.fromiter((recent.get(v.group_id, 0) for v in views), float, g)
-        since = np.full(g, -1.0)
-        for i, v in enumerate(views):
-            chk = self._checked.get(v.group_id)
-            if chk is not None and chk[0] == freed_value and recent.get(v.group_id, -1) <= chk[1]:
-                since[i] = chk[1]
+        # a source's pairs are asked again only where one side changed since it was last refused
+        # everywhere at this freed value (-1: never, or it changed itself since)
+        stamp, chk = tab.stamp[at], tab.chk_stamp[at]
+        since = np.where((tab.chk_freed[at] == freed_value) & (stamp <= chk), chk, -1.0)
         cap = self.config.max_group_size
         mask = ((size[:, None] <= size[None, :]) & (size[None, :] <= cap - size[:, None])
                 & (step[None, :] < np.minimum(bound[:, None], bound[None, :])) & (stamp[None, :] > since[:, None]))

@@ -32,7 +32,12 @@ class KindTable:
     time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
     (``alive``), the batch cost model's feature rows (``known``: the slot's row describes its
     group), and each slot's cost-model members (``members``, for a batch whose ``local`` plan is
-    placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot."""
+    placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot.
+
+    Consolidation's bookkeeping lives here too: ``stamp`` (the decision stamp of the group's last
+    change as grouping sees it, ``TLoRA._note_changes``), and ``chk_freed``/``chk_stamp`` (the freed
+    value and stamp at which the group, as a source, was last refused by every partner;
+    ``chk_freed`` -1 if never)."""
 
     def __init__(self, batch: Any, capacity: int = 16):
         self.batch = batch
@@ -44,7 +49,9 @@ class KindTable:
 
     def _alloc(self, cap: int) -> None:
         old = getattr(self, "size", None)
-        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano")}
+        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano", "stamp",
+                                                "chk_stamp")}
+        new["chk_freed"] = np.full(cap, -1.0)
         new["known"] = np.zeros(cap, bool)
         new["alive"] = np.zeros(cap, bool)
         new["gid"] = np.full(cap, -1, np.int64)
@@ -69,6 +76,7 @@ class KindTable:
             if not self._free:
                 self._alloc(2 * len(self.size))
             i = self.slot[gid] = self._free.pop()
+            self.chk_freed[i] = -1.0
         self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
         self.rate[i] = iso / step
         self.gid[i], self.alive[i] = gid, True
