@@ -66,7 +66,7 @@ the simulator and not an ever-growing queue: on 64x8xH100 (512 GPUs) the merged 
 cases keep cluster and load fixed and grow the span with the job count, so ``us_per_job`` across them
 is the simulator's scaling with trace length at constant concurrency.
 
-Contended cases (issue 20; group ``--cases contended`` = all eight, not in the default list): clusters
+Contended cases (issue 20; group ``--cases contended`` = all ten, not in the default list): clusters
 where queues form, so that decision time is measured at long queues (``decision_ms_by_queue``,
 ``decision_ms_q_flat``) and the queue length is recorded (``queue_mean``, ``queue_max``):
 
@@ -79,9 +79,13 @@ itp-all-sized   the ten ITP clusters merged (69,351 jobs)    142x8xH100   1,136 
 philly          ``philly:PATH`` (``--philly``), Microsoft    48x8xH100    384 GPUs, issue 20's contended
                 Philly 2017 (not shipped, see below)                      Philly cluster
 load-0.5 ...    ``synthetic:jobs=20000,seed=1,gpus=128,``    16x8xH100    offered load 0.5, 0.7, 0.9, 1.0,
-load-1.2        ``load=L``                                                1.1, 1.2 of the 128 GPUs: from
-                                                                          short queues to one that grows
-                                                                          all run long
+load-2.0        ``load=L``                                                1.1, 1.2, 1.5, 2.0 of the 128
+                                                                          GPUs: from short queues to
+                                                                          thousands waiting (1.5 and 2.0
+                                                                          reach the 1,000-10,000 decade
+                                                                          that issue 20's flatness
+                                                                          target names; up to 1.2 the
+                                                                          longest queue is ~250)
 =============== ============================================ ============ ===================================
 
 itp-all-sized's mean demand, measured (``tlora_sim.traces.read_trace`` of the ITP directory): sum over
@@ -152,7 +156,7 @@ CASES: dict[str, Case] = {
 }
 #: issue 20's contended cases: queues form, so decision time is measured at long queues
 SYN_LOAD = "synthetic:jobs=20000,seed=1,gpus=128,load={load}"
-LOADS = ("0.5", "0.7", "0.9", "1.0", "1.1", "1.2")
+LOADS = ("0.5", "0.7", "0.9", "1.0", "1.1", "1.2", "1.5", "2.0")
 CASES.update({
     "itp-all-sized": Case("itp:{itp}", "142x8xH100", "ten ITP clusters merged, cluster = mean demand (load 1.0)"),
     "philly": Case("philly:{philly}", "48x8xH100", "Microsoft Philly trace (--philly PATH), contended"),

@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "replay.py"
-CONTENDED = ["itp-all-sized", "philly", "load-0.5", "load-0.7", "load-0.9", "load-1.0", "load-1.1", "load-1.2"]
+CONTENDED = ["itp-all-sized", "philly", "load-0.5", "load-0.7", "load-0.9", "load-1.0", "load-1.1", "load-1.2",
+             "load-1.5", "load-2.0"]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_unknown_case_is_rejected(tmp_path):
     assert r.returncode == 2 and "unknown case" in r.stderr
 
 
-def test_contended_group_expands_to_the_eight_cases(bench, tmp_path):
+def test_contended_group_expands_to_the_ten_cases(bench, tmp_path):
     table, names, *_ = _plan(bench, tmp_path, "contended")
     assert names == CONTENDED
     # with other cases: groups expanded in place, each case once, `--cases a,b` unchanged
@@ -86,7 +87,7 @@ def test_contended_group_expands_to_the_eight_cases(bench, tmp_path):
     assert _plan(bench, tmp_path, "itp02,synthetic-10k")[1] == ["itp02", "synthetic-10k"]
     assert table["itp-all-sized"].trace == "itp:{itp}" and table["itp-all-sized"].cluster == "142x8xH100"
     assert table["philly"].trace == "philly:{philly}" and table["philly"].cluster == "48x8xH100"
-    for load in ("0.5", "0.7", "0.9", "1.0", "1.1", "1.2"):
+    for load in ("0.5", "0.7", "0.9", "1.0", "1.1", "1.2", "1.5", "2.0"):
         c = table[f"load-{load}"]
         assert (c.trace, c.cluster) == (f"synthetic:jobs=20000,seed=1,gpus=128,load={load}", "16x8xH100")
     # the default list is unchanged
