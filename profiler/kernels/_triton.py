@@ -32,11 +32,12 @@ Splits of the reductions (over K, over N, over tokens) keep the grid at >= 2 wav
 inputs: K-split partial sums of P are added with fp32 atomics into a buffer that stays zeroed
 between steps, and the last program of each row tile to finish (an int32 counter per tile)
 writes P once from it and zeroes it and the counter again, so _f2 reads P once per tile instead
-of every split per N group (which cost up to 2x the Y write at rank >= 64; a fixed-order sum of
-stored partials by the last program cost f1 more than that saved: profiler/KERNELS.md, session
-12); N-split partial sums of Q (only
-when needed) and token-chunk partial sums of dA/dB are added with fp32 atomics into a buffer
-that _f2 zeroes (so no memset launch is needed).
+of every split per N group (that re-read cost _f2 up to 2x its Y write at rank >= 64; a
+fixed-order sum of stored partials by the last program measured slower in _f1 than the atomics;
+profiler/KERNELS.md, session 12; the atomics make P's fp32 summation order vary between runs, as
+dA's and dB's already did). N-split partial sums of Q (only when needed) and token-chunk partial
+sums of dA/dB are added with fp32 atomics into a buffer that _f2 zeroes (so no memset launch is
+needed).
 
 Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``_keep``;
 ``reference.keep_mask`` is the same function in torch), so _f1 and _b2 regenerate the same mask

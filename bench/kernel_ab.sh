@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Same-machine A/B of the fused kernels: an older commit's profiler package against the working
+# tree's, each through bench/kernel_profile.py (per-launch GPU time), after a bf16 check of the
+# working tree (two layers, ranks 1-256). Cross-machine comparisons of this benchmark move by up
+# to 15% (profiler/KERNELS.md), so a change is judged on one machine.
+#
+# Here (the old package travels in an ignored folder named in `run`'s carry):
+#   echo /.snap/ >> .git/info/exclude; mkdir -p .snap/old
+#   git archive <commit> profiler | tar -x -C .snap/old
+# There (repository root; carry .snap):
+#   bash bench/kernel_ab.sh $OUT 4096x4096:128x2,4096x4096:64x8 [.snap/old]
+set -uo pipefail
+out=${1:?output folder}; cases=${2:?comma list of layer:mix}; old=${3:-.snap/old}
+mkdir -p "$out" /tmp/ns/tlora_sim /tmp/nso/tlora_sim
+for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p; done
+for p in sim policies traces; do ln -sfn "$PWD/$p" /tmp/nso/tlora_sim/$p; done
+ln -sfn "$PWD/$old/profiler" /tmp/nso/tlora_sim/profiler
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+PYTHONPATH=/tmp/ns:$PWD python3 bench/kernels.py --check --impls base,fused \
+  --layers 4096x4096,4096x14336 --mixes small4 --replays 5 --precompile 0 \
+  --out "$out/check.csv" 2>&1 | grep -E "^check|FAIL|Error" | head
+for v in old new; do
+  root=/tmp/ns; [ $v = old ] && root=/tmp/nso
+  PYTHONPATH=$root:$PWD timeout 200 python3 bench/kernel_profile.py --precompile 14 --steps 3 \
+    --cases "$cases" --out "$out/$v.json" > "$out/$v.txt" 2>&1
+  tail -14 "$out/$v.txt"
+done
