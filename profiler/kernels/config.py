@@ -122,14 +122,16 @@ _RANKS_OF_BUCKET = (16, 32, 64, 128, 256)
 def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> int:
     """Shared memory (bytes) kernel ``kernel`` (f1, f2, b1, b2) needs for rank bucket ``bucket`` at
     ``stages`` pipeline stages: Triton's software pipelining keeps ``stages`` copies of the tiles a
-    loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B), taking the largest loop of the kernel (loops in exclusive branches or
-    in sequence do not hold their buffers at once), plus b2's rank-wide A tile loaded once. Fitted
-    to the two requirements Triton 3.6 reported on an H100 at rank 256 and 3 stages (BM 64, BK = BN
-    = 128): f1 245,760 B = 3 x (BM x BK + R x BK) x 2, and f2 245,760 B = 3 x (R x BN x 2 + BM x R),
-    the BM x R term being the converted P operand; b1 and b2 carry the same BM x R term as a
-    margin. (f2 has since read P once, outside its loop, instead of f1's fp32 K-split partials in
-    it; the f2 formula is kept, an over-count: the measured f2 need at rank 128 and 3 stages was
-    131,072 B before and after that change, profiler/KERNELS.md, session 12.) ``launch`` still falls back to fewer stages if a GPU reports more than this.
+    loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B), taking
+    the largest loop of the kernel (loops in exclusive branches or in sequence do not hold their
+    buffers at once), plus b2's rank-wide A tile loaded once. Fitted to the two requirements
+    Triton 3.6 reported on an H100 at rank 256 and 3 stages (BM 64, BK = BN = 128): f1 245,760 B
+    = 3 x (BM x BK + R x BK) x 2, and f2 245,760 B = 3 x (R x BN x 2 + BM x R), the BM x R term
+    being the converted P operand; b1 and b2 carry the same BM x R term as a margin. (f2 has
+    since read P once, outside its loop, instead of f1's fp32 K-split partials in it; the f2
+    formula is kept, an over-count: the measured f2 need at rank 128 and 3 stages was 131,072 B
+    before and after that change, profiler/KERNELS.md, session 12.) ``launch`` still falls back
+    to fewer stages if a GPU reports more than this.
     """
     R, BM, CM = _RANKS_OF_BUCKET[bucket], int(cfg.bms[bucket]), int(cfg.cms[bucket])
     BK, BN = cfg.bk, cfg.bn
