@@ -151,6 +151,8 @@ class TLoRA(JoinSearch, QueueWalk):
         self._last_now = float("-inf")
         self._queue_table = QueueTable()
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
+        self.shapes_by_member = 0  # queued shapes found without a join target by ``_no_target_by_member``
+        self._planned_all: dict[tuple, tuple] = {}
 
     # ---- predicates (pure) -------------------------------------------------------------------
     @staticmethod

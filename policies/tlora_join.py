@@ -9,8 +9,12 @@ Two rules, chosen by ``TLoRAConfig.join_rule``:
   packing a small job where it costs least should beat packing it where there is most room.
 
 Both read the incremental index (``tlora_index.py``): groups unchanged in a decision keep their
-answers per job shape, and large kinds are screened with the batch cost model first. The answers
-are those of asking every group (``tests/test_tlora_incremental.py``).
+answers per job shape, and large kinds are screened with the batch cost model first. A waiting
+shape that had no target is left unasked when every group changed since refuses its cost-model
+member outright (``_no_target_by_member``: the merged step time over the group's own bound, size or
+memory, one question per group state and member however many shapes share it): on long queues most
+refusals are of that kind. The answers are those of asking every group
+(``tests/test_tlora_incremental.py``, ``tests/test_tlora_queue.py``).
 """
 
 from __future__ import annotations
@@ -141,6 +145,91 @@ class JoinSearch:
             if any(accepts(g) for g in plan.new_of_kind(kind)):
                 return False
         return True
+
+    def _refused_all(self, snap: Snapshot, g: PlannedGroup, job: Job, answers: dict) -> bool:
+        """Whether ``g`` refuses every job whose cost-model member is ``job.member``, whatever the
+        job's own bound and isolated step time: ``merge_ok``'s size test, or the merged step time
+        over ``g``'s own bound (the bound of the merge is at most that), or memory. Kept in
+        ``answers`` (the group state's memo) under ("all", member): one cost-model question per
+        group state and member, however many waiting shapes share the member."""
+        key = ("all", job.member)
+        hit = answers.get(key)
+        if hit is None:
+            if len(g.members) + 1 > self.config.max_group_size:
+                hit = True
+            else:
+                bound = g.slowdown_bound_s(snap, self.plan)
+                step, fits = self._merged(snap, g, [job], bound)
+                hit = step > bound * (1 + 1e-12) or not fits
+            answers[key] = hit
+        return hit
+
+    def _planned_refuses(self, snap: Snapshot, g: PlannedGroup, job: Job, bound_job: float) -> bool:
+        """Whether planned group ``g`` (given members or started in this decision) surely refuses
+        ``job``: no residual capacity for it, or ``_refused_all`` (kept per planned state, for the
+        decision)."""
+        if self._slack(snap, g, bound_job) <= 0:
+            return True
+        state = (id(g), len(g.members))
+        answers = self._planned_all.get(state)
+        if answers is None or answers[0] is not g:
+            answers = self._planned_all[state] = (g, {})
+        return self._refused_all(snap, g, job, answers[1])
+
+    def _no_target_by_member(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple,
+                             jkey: tuple) -> tuple | None:
+        """For a waiting shape unable to start alone (``jkey``, of ``job``): whether ``_join_target``
+        would surely answer None, read without asking ``merge_ok`` about each group: its kept
+        answer is "no target" and every group ``_still_no_target`` would ask refuses it by its
+        memoised answer, by residual capacity, or by ``_refused_all``. Returns (validity, stamp
+        the answer covers) for ``_target_memo`` (the stamp None: the kept answer is current),
+        or None when unsure (then the shape is asked as before). The same groups, in the same
+        order, as ``_still_no_target``; a refusal read here is one ``merge_ok`` gives."""
+        hit = self._target_memo.get((kind, jkey))
+        if hit is None or hit[1] is not None:
+            return None
+        kv = plan.kind_version.get(kind, 0)
+        recent = self._recent.get(kind)
+        base = self._kind_base(kind)
+        valid = (plan.serial, kv) if kv else base
+        if hit[0] == valid:
+            return valid, None
+        if kv and recent:
+            touched = [recent[gid] for gid in plan.touched_ids() if gid in recent]
+            if touched:
+                base = min(base, min(touched) - 1)
+        since = hit[2]
+        bound_job = job.max_slowdown * job.isolated_step_time_s
+        seen: set[int] = set()
+        protos, memo, removed, joined = self._protos, self._join_memo, plan._removed_ids, plan._joined
+        for gid, stamp in reversed(recent.items()) if recent else ():
+            if stamp <= since:
+                break
+            if kv:
+                seen.add(gid)
+            proto = protos.get(gid)
+            if proto is None or gid in removed:
+                continue
+            if kv and gid in joined:
+                if not self._planned_refuses(snap, plan.group(gid), job, bound_job):
+                    return None
+                continue
+            _, step, bound = proto._cached
+            if (bound_job if bound_job < bound else bound) - step <= 0:
+                continue
+            answers = group_memo(memo, proto)
+            ok = answers.get(jkey)
+            if ok or (ok is None and not self._refused_all(snap, proto, job, answers)):
+                return None
+        if kv:
+            for gid in plan.touched_ids():
+                if gid not in seen and not plan.removed(gid) and self._kind_of.get(gid) == kind \
+                        and not self._planned_refuses(snap, plan.group(gid), job, bound_job):
+                    return None
+            for g in plan.new_of_kind(kind):
+                if not self._planned_refuses(snap, g, job, bound_job):
+                    return None
+        return valid, base
 
     def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
                             jkey: tuple) -> PlannedGroup | None:

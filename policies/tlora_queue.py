@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tlora_sim.policies.tlora_index import job_shape
 from tlora_sim.sim.core.jobs import Job
 
 
@@ -214,7 +215,27 @@ class QueueWalk:
             cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
             self._join_window(snap, plan, target, cands, placed, admission_open)
 
+    def _asleep_by_member(self, snap, plan, q: QueueOrder, kind: tuple, s: int, pos: int, no_target: dict) -> bool:
+        """Whether shape id ``s`` (its job at position ``pos``), unable to start alone, surely has
+        no join target now (``JoinSearch._no_target_by_member``); if so, the answer is recorded as
+        ``target_of`` records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``),
+        so the walk treats the shape as asked."""
+        job = q.job(pos)
+        jkey = job_shape(job, False)
+        got = self._no_target_by_member(snap, plan, job, kind, jkey)
+        if got is None:
+            return False
+        valid, base = got
+        kv = no_target[q.table.shape_key[s] + (False,)] = plan.kind_version.get(kind, 0)
+        if not kv:
+            q.table.no_target_at[s] = self._kind_base(kind)
+        if base is not None:
+            self._target_memo[(kind, jkey)] = (valid, None, base)
+        self.shapes_by_member += 1
+        return True
+
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
+        self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)
         placed: set[int] = set()
         # (shape, can_start) -> its kind's plan version when it found no target: a join target
         # depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
@@ -298,7 +319,8 @@ class QueueWalk:
         self.shapes_asleep += len(asleep_ids)
         for first_p, s in zip(first[~asleep].tolist(), ids[~asleep].tolist()):
             kind = shape_key[s][2], shape_key[s][1]
-            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0):
+            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0) \
+                    or self._asleep_by_member(snap, plan, q, kind, s, first_p, no_target):
                 dormant.setdefault(kind, []).append(s)
             else:
                 heap.append((first_p, s))
@@ -328,7 +350,11 @@ class QueueWalk:
                     asleep_kinds[sel] = -1
             for d in woken:
                 nxt = next_of(d, p)
-                if nxt is not None:
+                if nxt is None:
+                    continue
+                if self._asleep_by_member(snap, plan, q, kind, d, nxt, no_target):
+                    dormant.setdefault(kind, []).append(d)  # as if asked now: no target
+                else:
                     heapq.heappush(heap, (nxt, d))
 
     def _join_followers(self, snap, plan, q: QueueOrder, target, kind: int, cursor: dict[int, int],

@@ -53,6 +53,7 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     b = run_engine(jobs, plain, spec, cost_model=model, check=False)
     assert plain.max_queue >= 50, "the workload must build a long queue"
     assert indexed.shapes_asleep > 0, "shapes whose kind did not change must be left unasked"
+    assert indexed.shapes_by_member > 0, "shapes refused by every changed group's member answer must be left unasked"
     assert plain.joins_from_queue > 0, "queued jobs must join running groups"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
