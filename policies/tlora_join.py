@@ -42,6 +42,25 @@ class JoinSearch:
         recent = self._recent.get(kind)
         return next(reversed(recent.values())) if recent else -1
 
+    def _memo_state(self, plan: Planner, kind: tuple) -> tuple:
+        """(planned changes to ``kind`` in this decision (``Planner.kind_version``), its running
+        groups' change log (``_recent``), the validity a ``_target_memo`` answer needs now, the
+        stamp of the running groups' last change)."""
+        kv = plan.kind_version.get(kind, 0)
+        base = self._kind_base(kind)
+        return kv, self._recent.get(kind), ((plan.serial, kv) if kv else base), base
+
+    @staticmethod
+    def _covered(plan: Planner, recent: dict | None, base: int, kv: int) -> int:
+        """The running-groups stamp an answer given now covers: ``base``, or before the first
+        running group this decision changed (answers about planned copies say nothing of the
+        running groups they were made from)."""
+        if kv and recent:
+            touched = [recent[gid] for gid in plan.touched_ids() if gid in recent]
+            if touched:
+                return min(base, min(touched) - 1)
+        return base
+
     def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
         """The running or planned group with the most residual capacity that ``job`` may join
         (ties: the earliest in start/plan order). Groups are tried in order of residual capacity
@@ -54,10 +73,7 @@ class JoinSearch:
         jkey = job_shape(job, can_start)
         # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
         # shape are asked about again and again while they wait)
-        kv = plan.kind_version.get(kind, 0)
-        recent = self._recent.get(kind)
-        base = self._kind_base(kind)  # the running groups' last change
-        valid = (plan.serial, kv) if kv else base
+        kv, recent, valid, base = self._memo_state(plan, kind)
         hit = self._target_memo.get((kind, jkey))
         if hit is not None and hit[0] == valid:
             x = hit[1]
@@ -65,10 +81,7 @@ class JoinSearch:
                 return x
             if x in snap.kinds.get(kind, ()):
                 return plan.group(x)
-        if kv:  # answers about planned copies say nothing of the running groups they were made from
-            touched = [recent[gid] for gid in plan.touched_ids() if gid in recent] if recent else []
-            if touched:
-                base = min(base, min(touched) - 1)
+        base = self._covered(plan, recent, base, kv)
         if hit is not None and hit[1] is None \
                 and self._still_no_target(snap, plan, job, can_start, kind, recent, hit[2], jkey, kv):
             self._target_memo[(kind, jkey)] = (valid, None, base)
@@ -79,7 +92,8 @@ class JoinSearch:
         return best
 
     def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
-                         recent: dict[int, int] | None, since: int, jkey: tuple, kv: int) -> bool:
+                         recent: dict[int, int] | None, since: int, jkey: tuple, kv: int, *,
+                         by_member: bool = False) -> bool:
         """Whether a job shape that had no join target when the running groups of its kind were as
         of decision stamp ``since`` (and nothing of the kind was planned after the answer, or the
         answer was given earlier in this decision) still has none, asking only the groups that
@@ -88,13 +102,18 @@ class JoinSearch:
         (``kv`` > 0), its joined and newly planned groups as planned. ``merge_ok`` is a pure
         function of a group as grouping sees it and of the job's shape, so every other group
         still refuses, and a closed or merged-away group offers nothing: only a changed group that
-        now accepts can give a target (then the caller searches in full)."""
+        now accepts can give a target (then the caller searches in full).
+
+        ``by_member``: ask no ``merge_ok``; a group counts as refusing only by its memoised answer,
+        its residual capacity or ``_refused_all`` (False then means "not sure")."""
         bound_job = job.max_slowdown * job.isolated_step_time_s
         bonus = 1.0 if can_start else 0.0
         seen: set[int] = set()  # kept only when kv (read below only then)
         ask: list[tuple[int, dict]] = []  # changed running groups whose answer is not memoised
 
-        def accepts(g: PlannedGroup) -> bool:
+        def accepts(g: PlannedGroup) -> bool:  # a planned group (given members or started now)
+            if by_member:
+                return not self._planned_refuses(snap, g, job, bound_job)
             return self._join_answer(snap, g, job, can_start)[1]
 
         # this loop is hot on long queues: the planner's sets and the memo read directly
@@ -120,7 +139,10 @@ class JoinSearch:
             if ok:
                 return False
             if ok is None:
-                ask.append((gid, group_memo(memo, proto)))
+                if not by_member:
+                    ask.append((gid, group_memo(memo, proto)))
+                elif not self._refused_all(snap, proto, job, group_memo(memo, proto)):
+                    return False
         tab = self._tables.get(kind)
         if tab is not None and tab.batch is not None and len(ask) >= SCREEN_MIN \
                 and (row := self._job_row(tab.batch, job)) is not None:
@@ -183,53 +205,17 @@ class JoinSearch:
         answer is "no target" and every group ``_still_no_target`` would ask refuses it by its
         memoised answer, by residual capacity, or by ``_refused_all``. Returns (validity, stamp
         the answer covers) for ``_target_memo`` (the stamp None: the kept answer is current),
-        or None when unsure (then the shape is asked as before). The same groups, in the same
-        order, as ``_still_no_target``; a refusal read here is one ``merge_ok`` gives."""
+        or None when unsure (then the shape is asked as before): ``_still_no_target`` over the same
+        groups with ``by_member``; a refusal read there is one ``merge_ok`` gives."""
         hit = self._target_memo.get((kind, jkey))
         if hit is None or hit[1] is not None:
             return None
-        kv = plan.kind_version.get(kind, 0)
-        recent = self._recent.get(kind)
-        base = self._kind_base(kind)
-        valid = (plan.serial, kv) if kv else base
+        kv, recent, valid, base = self._memo_state(plan, kind)
         if hit[0] == valid:
             return valid, None
-        if kv and recent:
-            touched = [recent[gid] for gid in plan.touched_ids() if gid in recent]
-            if touched:
-                base = min(base, min(touched) - 1)
-        since = hit[2]
-        bound_job = job.max_slowdown * job.isolated_step_time_s
-        seen: set[int] = set()
-        protos, memo, removed, joined = self._protos, self._join_memo, plan._removed_ids, plan._joined
-        for gid, stamp in reversed(recent.items()) if recent else ():
-            if stamp <= since:
-                break
-            if kv:
-                seen.add(gid)
-            proto = protos.get(gid)
-            if proto is None or gid in removed:
-                continue
-            if kv and gid in joined:
-                if not self._planned_refuses(snap, plan.group(gid), job, bound_job):
-                    return None
-                continue
-            _, step, bound = proto._cached
-            if (bound_job if bound_job < bound else bound) - step <= 0:
-                continue
-            answers = group_memo(memo, proto)
-            ok = answers.get(jkey)
-            if ok or (ok is None and not self._refused_all(snap, proto, job, answers)):
-                return None
-        if kv:
-            for gid in plan.touched_ids():
-                if gid not in seen and not plan.removed(gid) and self._kind_of.get(gid) == kind \
-                        and not self._planned_refuses(snap, plan.group(gid), job, bound_job):
-                    return None
-            for g in plan.new_of_kind(kind):
-                if not self._planned_refuses(snap, g, job, bound_job):
-                    return None
-        return valid, base
+        if not self._still_no_target(snap, plan, job, False, kind, recent, hit[2], jkey, kv, by_member=True):
+            return None
+        return valid, self._covered(plan, recent, base, kv)
 
     def _join_target_search(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
                             jkey: tuple) -> PlannedGroup | None:

@@ -79,12 +79,13 @@ class Checked(TLoRA):
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         super().__init__(config)
-        self.kept = self.wrong = 0
+        self.kept = self.wrong = self.kept_by_member = 0
 
-    def _still_no_target(self, snap, plan, job, can_start, kind, recent, since, jkey, kv) -> bool:
-        kept = super()._still_no_target(snap, plan, job, can_start, kind, recent, since, jkey, kv)
+    def _still_no_target(self, snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw) -> bool:
+        kept = super()._still_no_target(snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw)
         if kept:
             self.kept += 1
+            self.kept_by_member += bool(kw.get("by_member"))
             self.wrong += self._join_target_search(snap, plan, job, can_start, kind, jkey) is not None
         return kept
 
@@ -96,10 +97,11 @@ class Checked(TLoRA):
 ])
 def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_model, ordering):
     """Every time the carried answer is kept (running groups changed since it, groups planned in
-    this decision, a join that is undone by a finish before the next decision), the full search
-    finds no target either; and the shortcut is taken often, so this checks something."""
+    this decision, a join that is undone by a finish before the next decision; asking ``merge_ok``
+    or reading only the groups' refusals of the shape's member), the full search finds no target
+    either; and both shortcuts are taken often, so this checks something."""
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
     pol = Checked(TLoRAConfig(tick_s=300.0, ordering=ordering))
     run_engine(jobs, pol, spec, cost_model=model, check=False)
-    assert pol.kept > 100 and pol.wrong == 0
+    assert pol.kept > 100 and pol.kept_by_member > 10 and pol.wrong == 0
