@@ -174,13 +174,12 @@ class FusedBatch:
         key = np.empty((P, WIDTH + 1))
         key[:, :WIDTH] = rows
         key[:, WIDTH] = N
-        kb, w = key.tobytes(), 8 * (WIDTH + 1)
-        keys = [kb[i:i + w] for i in range(0, P * w, w)]
+        keys = key.view(f"V{8 * (WIDTH + 1)}").ravel().tolist()  # one bytes object per row
         memo = self._step_memo
-        got = [memo.get(k) for k in keys]
+        got = list(map(memo.get, keys))
+        if None not in got:
+            return np.fromiter(got, float, P)
         miss = [i for i, v in enumerate(got) if v is None]
-        if not miss:
-            return np.array(got)
         if len(miss) == P:
             t = self._step_times(rows, N)
         else:
@@ -189,7 +188,7 @@ class FusedBatch:
             memo.clear()
         for i, v in zip(miss, t.tolist()):
             got[i] = memo[keys[i]] = v
-        return np.array(got)
+        return np.fromiter(got, float, P)
 
     def _step_times(self, rows: np.ndarray, N: np.ndarray | float) -> np.ndarray:
         """``step_times`` evaluated (rows shape (P, WIDTH), P >= 1; ``N`` shape (P,) or a float)."""

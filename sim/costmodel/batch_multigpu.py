@@ -78,6 +78,10 @@ class PlannerBatch:
         self.fb = fb = FusedBatch(cost_model, model, gpu_name, 1)  # tables, layer, head, seq columns
         self._one: dict[tuple, np.ndarray] = {}  # member -> its row alone (``_member_row``)
         self._sub: dict[tuple, np.ndarray] = {}  # member -> its ``row`` alone (``_member_sub_rows``)
+        # answers kept by their inputs (``step_times``: (row, nano) bytes; ``local_step_times``:
+        # (members, nano)): pure functions of them, asked again and again by the policies
+        self._step_memo: dict[bytes, float] = {}
+        self._local_memo: dict[tuple, float] = {}
         m, n = fb.m, self.n
         self.art = cost_model.artifact
         terms, coll, _ = _terms(gpu_name)  # the curves and host terms plan_step uses
@@ -179,9 +183,31 @@ class PlannerBatch:
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Shape (P,), seconds: for each row of ``rows`` (shape (P, ``WIDTH``) or (``WIDTH``,)) the
         minimum over ``plans`` (dp, fsdp, tp*, pp*) of ``plan_step(...)[0]`` (``fused``, one
-        micro-batch) at ``nano`` nano-batches (shape (P,) or one int >= 1)."""
+        micro-batch) at ``nano`` nano-batches (shape (P,) or one int >= 1). Kept by (row, nano);
+        only rows not asked before are evaluated (``plan_times``, element by element the same)."""
         rows = rows[None, :] if rows.ndim == 1 else rows
-        return self.plan_times(rows, nano).min(axis=0) if len(rows) else np.zeros(0)
+        P = len(rows)
+        if not P:
+            return np.zeros(0)
+        W = self.WIDTH
+        key = np.empty((P, W + 1))
+        key[:, :W] = rows
+        key[:, W] = nano
+        keys = key.view(f"V{8 * (W + 1)}").ravel().tolist()  # one bytes object per row
+        memo = self._step_memo
+        got = list(map(memo.get, keys))
+        if None not in got:
+            return np.fromiter(got, float, P)
+        miss = [i for i, v in enumerate(got) if v is None]
+        if len(miss) == P:
+            t = self.plan_times(rows, nano).min(axis=0)
+        else:
+            t = self.plan_times(rows[miss], np.asarray(nano)[miss] if np.ndim(nano) else nano).min(axis=0)
+        if len(memo) + len(miss) > 1 << 16:
+            memo.clear()
+        for i, v in zip(miss, t.tolist()):
+            got[i] = memo[keys[i]] = v
+        return np.fromiter(got, float, P)
 
     def plan_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Shape (J, P), seconds: ``plan_step(...)[0]`` of each plan of ``plans`` (J of them) for
@@ -227,6 +253,35 @@ class PlannerBatch:
         """Shape (P,), seconds: ``plan_step(...)[0]`` of ``Parallelism("local", n_gpus)`` for each
         member list (``fused``, one micro-batch) at ``nano`` nano-batches (shape (P,) or one int);
         ``np.inf`` where a list has fewer than 2 members (the planner offers no local plan).
+        Kept by (members, nano); the lists not asked before are evaluated (``_local_step_times``)."""
+        P = len(member_lists)
+        out = np.full(P, np.inf)
+        if not P:
+            return out
+        N = np.broadcast_to(np.asarray(nano, dtype=float), (P,)).tolist()
+        memo = self._local_memo
+        miss, keys = [], []
+        for p, mem in enumerate(member_lists):
+            if len(mem) < 2:
+                continue
+            k = (tuple(mem), N[p])
+            v = memo.get(k)
+            if v is None:
+                miss.append(p)
+                keys.append(k)
+            else:
+                out[p] = v
+        if miss:
+            t = self._local_step_times([member_lists[p] for p in miss], np.array([N[p] for p in miss]))
+            if len(memo) + len(miss) > 1 << 16:
+                memo.clear()
+            for k, v in zip(keys, t.tolist()):
+                memo[k] = v
+            out[miss] = t
+        return out
+
+    def _local_step_times(self, member_lists: Sequence[Sequence[Member]], nano: np.ndarray) -> np.ndarray:
+        """``local_step_times`` evaluated (every list of >= 2 members; ``nano`` shape (P,)).
         ``per_gpu_mixes``'s placement (``lpt_gpus``) runs in Python per list; every GPU's mix of
         every list is evaluated in one vectorised call and the slowest GPU of each list taken. A list with too
         many sequence lengths for the row columns is answered by the scalar ``plan_step``."""
