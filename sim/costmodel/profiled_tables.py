@@ -96,6 +96,10 @@ class Tables:
         # functions of their arguments, asked again and again by the multi-GPU planner's questions
         self._head_memo: dict[float, tuple[float, bool]] = {}
         self.layer_memo: dict[tuple, tuple[float, bool]] = {}
+        # answers of ``l0g`` by tokens and of ``attn_ms`` by (length, sequences, gpu): pure
+        # functions of their arguments, asked for every mix the scalar model prices
+        self._l0g_memo: dict[float, tuple[float, bool]] = {}
+        self._attn_memo: dict[tuple, tuple[float, bool]] = {}
 
     def _roof(self, t: float) -> float:
         return roofline_l0_ms(self.m, self.gpu, t)
@@ -109,7 +113,15 @@ class Tables:
         return v * self._roof(t) / self._roof(edge), True
 
     def l0g(self, t: float) -> tuple[float, bool]:
-        """GPU time of the attention-free layer (ms) at t tokens."""
+        """GPU time of the attention-free layer (ms) at t tokens (memoised by t)."""
+        got = self._l0g_memo.get(t)
+        if got is None:
+            if len(self._l0g_memo) >= 1 << 16:
+                self._l0g_memo.clear()
+            got = self._l0g_memo[t] = self._l0g(t)
+        return got
+
+    def _l0g(self, t: float) -> tuple[float, bool]:
         if t >= self.l0_from:
             return self.l0(t)
         return self.l0_from_ms * self._roof(t) / self._roof(self.l0_from), t < self.l0_t[0]
@@ -151,7 +163,17 @@ class Tables:
         return v * b / edge, True  # time per sequence constant beyond the grid
 
     def attn_ms(self, s: float, b: float, gpu: bool = False) -> tuple[float, bool]:
-        """Attention block of b sequences of s tokens (one SDPA call), ms (``gpu``: GPU part)."""
+        """Attention block of b sequences of s tokens (one SDPA call), ms (``gpu``: GPU part);
+        memoised by (s, b, gpu)."""
+        key = (s, b, gpu)
+        got = self._attn_memo.get(key)
+        if got is None:
+            if len(self._attn_memo) >= 1 << 16:
+                self._attn_memo.clear()
+            got = self._attn_memo[key] = self._attn_ms(s, b, gpu)
+        return got
+
+    def _attn_ms(self, s: float, b: float, gpu: bool) -> tuple[float, bool]:
         if b <= 0:
             return 0.0, False
         ss = self.attn_s
