@@ -203,7 +203,7 @@ class PlannerBatch:
             t = self.plan_times(rows, nano).min(axis=0)
         else:
             t = self.plan_times(rows[miss], np.asarray(nano)[miss] if np.ndim(nano) else nano).min(axis=0)
-        if len(memo) + len(miss) > 1 << 16:
+        if len(memo) + len(miss) > 1 << 15:  # keys of ~750 bytes: ~30 MB at most
             memo.clear()
         for i, v in zip(miss, t.tolist()):
             got[i] = memo[keys[i]] = v
