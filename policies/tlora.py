@@ -65,6 +65,7 @@ MAX_PROBES = 8
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
+from tlora_sim.policies.tlora_column import ColumnScreen
 from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, batch_refusals, group_features
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
@@ -103,7 +104,7 @@ class TLoRAConfig:
 
 @register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
                                  "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
-class TLoRA(JoinSearch, QueueWalk):
+class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
     """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
@@ -152,6 +153,7 @@ class TLoRA(JoinSearch, QueueWalk):
         self._queue_table = QueueTable()
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
         self.shapes_by_member = 0  # queued shapes found without a join target by ``_no_target_by_member``
+        self.columns_made = 0  # changed groups screened against every waiting shape at once (``tlora_column``)
         self._planned_all: dict[tuple, tuple] = {}
 
     # ---- predicates (pure) -------------------------------------------------------------------

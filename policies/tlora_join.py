@@ -113,7 +113,7 @@ class JoinSearch:
 
         def accepts(g: PlannedGroup) -> bool:  # a planned group (given members or started now)
             if by_member:
-                return not self._planned_refuses(snap, g, job, bound_job)
+                return not self._planned_refuses(snap, plan, g, job, bound_job, kind, jkey)
             return self._join_answer(snap, g, job, can_start)[1]
 
         # this loop is hot on long queues: the planner's sets and the memo read directly
@@ -141,8 +141,11 @@ class JoinSearch:
             if ok is None:
                 if not by_member:
                     ask.append((gid, group_memo(memo, proto)))
-                elif not self._refused_all(snap, proto, job, group_memo(memo, proto)):
-                    return False
+                else:
+                    answers = group_memo(memo, proto)
+                    self._column_running(kind, gid, answers)  # long queues: every waiting shape at once
+                    if answers.get(jkey) is not False and not self._refused_all(snap, proto, job, answers):
+                        return False
         tab = self._tables.get(kind)
         if tab is not None and tab.batch is not None and len(ask) >= SCREEN_MIN \
                 and (row := self._job_row(tab.batch, job)) is not None:
@@ -186,11 +189,12 @@ class JoinSearch:
             answers[key] = hit
         return hit
 
-    def _planned_refuses(self, snap: Snapshot, g: PlannedGroup, job: Job, bound_job: float) -> bool:
+    def _planned_refuses(self, snap: Snapshot, plan: Planner, g: PlannedGroup, job: Job, bound_job: float,
+                         kind: tuple, jkey: tuple) -> bool:
         """Whether planned group ``g`` (given members or started in this decision) surely refuses
-        ``job``: no residual capacity for it, or ``_refused_all`` (kept per planned state, for the
-        decision)."""
-        if self._slack(snap, g, bound_job) <= 0:
+        ``job`` (shape ``jkey`` of ``kind``): no residual capacity for it, its column's refusal
+        (``tlora_column``), or ``_refused_all`` (kept per planned state, for the decision)."""
+        if self._slack(snap, g, bound_job) <= 0 or self._column_refuses(snap, plan, g, kind, jkey):
             return True
         state = (id(g), len(g.members))
         answers = self._planned_all.get(state)

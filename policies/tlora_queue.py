@@ -101,7 +101,8 @@ class QueueTable:
         """The queue in ordering ``how`` (``fifo``/``backfill``: as given; ``urgency``; ``srpt``),
         the same order as ``ordering.order_queue`` (every key ends with the unique job index)."""
         n = len(queue)
-        idx = np.fromiter((j.index for j in queue), np.int64, n)
+        keys = getattr(queue, "indices", None)  # an engine snapshot's queue: its keys are the indices
+        idx = keys() if keys is not None else np.fromiter((j.index for j in queue), np.int64, n)
         if n and int(idx.max()) >= self.cap:
             self._grow(int(idx.max()) + 1)
         for p in np.flatnonzero(~self.seen[idx]).tolist():
@@ -236,6 +237,7 @@ class QueueWalk:
 
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
         self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)
+        self._columns_close()
         placed: set[int] = set()
         # (shape, can_start) -> its kind's plan version when it found no target: a join target
         # depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
@@ -305,6 +307,7 @@ class QueueWalk:
         heap: list[tuple[int, int]] = []
         dormant: dict[tuple, list[int]] = {}  # kind -> shapes that found no target at its version
         first, ids = q.first_of_shapes(p)
+        self._columns_open(q, first, ids)  # closed when the next walk begins
         # asleep: shapes whose last answer, unable to start alone, was "no target" when their kind's
         # running groups were as they are now and nothing of the kind is planned in this decision:
         # ``_join_target`` would answer None from its memo, so they are not asked (a vectorised

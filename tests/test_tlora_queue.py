@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_engine
+from tlora_sim.policies import tlora_column
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
 from tlora_sim.policies.tlora_queue import QueueTable
 from tlora_sim.policies.ordering import order_queue
@@ -44,9 +45,10 @@ class Plain(TLoRA):
     ("synthetic:jobs=800,seed=4,load=1.6,gpus=32", "4x8xH100", "profiled"),
     ("synthetic:jobs=700,seed=7,load=1.6,gpus=32", "4x8xH100", "roofline"),
 ])
-def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, ordering, reliability):
+def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, ordering, reliability, monkeypatch):
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
+    monkeypatch.setattr(tlora_column, "COLUMN_MIN", 2)  # columns from 2 waiting shapes: used here, not only on long queues
     cfg = TLoRAConfig(tick_s=300.0, ordering=ordering)
     plain, indexed = Plain(cfg), TLoRA(cfg)
     a = run_engine(jobs, indexed, spec, cost_model=model, check=False)
@@ -54,6 +56,8 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     assert plain.max_queue >= 50, "the workload must build a long queue"
     assert indexed.shapes_asleep > 0, "shapes whose kind did not change must be left unasked"
     assert indexed.shapes_by_member > 0, "shapes refused by every changed group's member answer must be left unasked"
+    if cost_model == "profiled":  # the batch cost model columns need (none for the roofline)
+        assert indexed.columns_made > 0, "changed groups must be screened against every waiting shape at once"
     assert plain.joins_from_queue > 0, "queued jobs must join running groups"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
@@ -95,13 +99,14 @@ class Checked(TLoRA):
     ("synthetic:jobs=800,seed=4,load=1.6,gpus=32", "4x8xH100", "profiled"),
     ("synthetic:jobs=700,seed=7,load=1.6,gpus=32", "4x8xH100", "roofline"),
 ])
-def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_model, ordering):
+def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_model, ordering, monkeypatch):
     """Every time the carried answer is kept (running groups changed since it, groups planned in
     this decision, a join that is undone by a finish before the next decision; asking ``merge_ok``
     or reading only the groups' refusals of the shape's member), the full search finds no target
     either; and both shortcuts are taken often, so this checks something."""
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
+    monkeypatch.setattr(tlora_column, "COLUMN_MIN", 2)  # the columns' refusals checked too
     pol = Checked(TLoRAConfig(tick_s=300.0, ordering=ordering))
     run_engine(jobs, pol, spec, cost_model=model, check=False)
     assert pol.kept > 100 and pol.kept_by_member > 10 and pol.wrong == 0

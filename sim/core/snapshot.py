@@ -6,6 +6,8 @@ decisions over a read-only snapshot"). The engine validates and applies the acti
 
 from __future__ import annotations
 
+import numpy as np
+
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
@@ -83,6 +85,12 @@ class QueueView(Sequence):
         if self._tuple is None:  # also after ``freeze``, which clears it: ``_live`` raises then
             self._tuple = tuple(self._live().values())
         return self._tuple[i]
+
+    def indices(self) -> np.ndarray:
+        """``Job.index`` of every waiting job, in queue order, shape (len,), int64: read from the
+        engine's keys (its queue is keyed by job index), without touching the jobs."""
+        jobs = self._live()
+        return np.fromiter(jobs.keys(), np.int64, len(jobs))
 
     def freeze(self) -> None:
         """Detach from the engine (called when ``decide`` returns)."""

@@ -1,0 +1,138 @@
+"""Column screens for tLoRA's join search on long queues: one batch cost-model call per changed
+group answers every waiting job shape of its kind at once.
+
+When admission has closed, each waiting shape whose kind changed is checked against the groups
+that changed since it last found no target (``JoinSearch._no_target_by_member``): the shapes x
+changed groups questions grow with the queue, and on long queues most shapes have members of
+their own, so even one question per group state and member is a cost-model call per shape. A
+*column* screens one changed group against every waiting shape of its kind in one call of the
+batch cost model (``tlora_sim.sim.costmodel.batch``) and keeps the certain refusals
+(``tlora_index.batch_refusals``: by more than the batch's margin), which are ``merge_ok``'s own
+answers; the by-member check reads them first. Columns are made only for kinds with at least
+``COLUMN_MIN`` waiting shapes and for group states that a second shape asks about. Session 12
+measured a first version that screened every changed group for every waiting shape in every
+decision: slower on mid-length queues (load 1.2: 25.6 -> 27.9 s), so columns serve only the
+by-member check, where the alternative is a cost-model question per shape (``bench/README.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tlora_sim.policies.planner import Planner, PlannedGroup
+from tlora_sim.policies.tlora_index import batch_refusals, group_features, job_shape
+from tlora_sim.sim.core.snapshot import Snapshot
+
+COLUMN_MIN = 16
+"""Fewest waiting shapes of a kind for which a changed group is screened as a column (fewer:
+asking per shape costs less than the batch call)."""
+COLUMN_AFTER = 1
+"""A running group state's column is made once its memo holds this many answers (so not on the
+first question about a fresh state, often the only one); a planned group's column is made when
+shape number ``COLUMN_AFTER`` asks about it (the first, here). Measured best of 1 and 2 (load 2.0)."""
+COLUMN_DONE = ("column",)
+"""Key marking a running group's answers (``group_memo``) as screened for the shapes waiting then."""
+
+
+class ColumnScreen:
+    """The column-screen half of ``TLoRA``'s join search (a mixin: it reads the policy's config,
+    tables and memos). A walk opens the columns when admission closes (``_columns_open``) and
+    closes them when it ends; in between, ``_column_refuses`` answers from them."""
+
+    _col_q = None
+    columns_made = 0  # a statistic (``TLoRA._reset`` keeps one per policy object)
+
+    def _columns_open(self, q, first: np.ndarray, ids: np.ndarray) -> None:
+        """The join-only phase of a walk over ``q`` (a ``QueueOrder``) begins: ``first`` and ``ids``
+        (arrays of equal length) are the first position and shape id of every shape still queued."""
+        self._col_q = (q, first, ids, q.kind[first])
+        self._col_kinds: dict[tuple, tuple | None] = {}
+        self._col_planned: dict[tuple, set] = {}
+
+    def _columns_close(self) -> None:
+        """The walk ended: its columns (and the planned groups they describe) are dropped."""
+        self._col_q = None
+        self._col_kinds = {}
+        self._col_planned = {}
+
+    def _shapes_of(self, kind: tuple, fb) -> tuple | None:
+        """The waiting shapes of ``kind`` a column covers, as (job-shape keys, batch rows (W, WIDTH),
+        tightest bounds (W,) s, isolated step times (W,) s, cost-model members); None when fewer
+        than ``COLUMN_MIN`` of them have batch rows."""
+        if kind in self._col_kinds:
+            return self._col_kinds[kind]
+        q, first, ids, kinds_of = self._col_q
+        kid = q.table.kind_ids.get(kind)
+        got = None
+        if kid is not None:
+            pos = first[kinds_of == kid]
+            if len(pos) >= COLUMN_MIN:
+                keys, rows, bound, iso, members = [], [], [], [], []
+                for p in pos.tolist():
+                    job = q.job(p)
+                    row = self._job_row(fb, job)
+                    if row is None:
+                        continue
+                    keys.append(job_shape(job, False))
+                    rows.append(row)
+                    bound.append(job.max_slowdown * job.isolated_step_time_s)
+                    iso.append(job.isolated_step_time_s)
+                    members.append(job.member)
+                if len(keys) >= COLUMN_MIN:
+                    got = (keys, np.array(rows), np.array(bound), np.array(iso), members)
+        self._col_kinds[kind] = got
+        return got
+
+    def _screen(self, fb, shapes: tuple, row: np.ndarray, iso: float, step: float, bound: float,
+                nano: float, members: tuple) -> list:
+        """Keys of the shapes the batch refuses for certain to join a group (feature ``row``, Σ
+        isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s, ``nano``
+        nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
+        keys, rows, bound_j, iso_j, mem_j = shapes
+        self.columns_made += 1
+        ref = batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
+                             np.minimum(bound_j, bound), iso_j + iso,
+                             np.full(len(keys), iso / step + self.config.min_gain),
+                             lambda i: members + (mem_j[i],))
+        return [keys[i] for i in np.flatnonzero(ref).tolist()]
+
+    def _column_running(self, kind: tuple, gid: int, answers: dict) -> None:
+        """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of
+        ``kind``: its certain refusals go into ``answers`` (its ``group_memo``, as ``merge_ok``'s
+        answers), once per group state."""
+        if self._col_q is None or len(answers) < COLUMN_AFTER or COLUMN_DONE in answers:
+            return
+        tab = self._tables.get(kind)
+        if tab is None or tab.batch is None:
+            return
+        i = tab.slot.get(gid)
+        shapes = self._shapes_of(kind, tab.batch) if i is not None and tab.known[i] else None
+        if shapes is None:
+            return
+        answers[COLUMN_DONE] = True
+        for key in self._screen(tab.batch, shapes, tab.rows[i], float(tab.iso[i]), float(tab.step[i]),
+                                float(tab.bound[i]), tab.nano[i], tab.members[i]):
+            answers.setdefault(key, False)
+
+    def _column_refuses(self, snap: Snapshot, plan: Planner, g: PlannedGroup, kind: tuple, jkey: tuple) -> bool:
+        """Whether the column of planned group ``g`` (given members or started in this decision, as
+        planned now) refuses job shape ``jkey`` for certain; False without a column."""
+        if self._col_q is None or jkey[-1]:
+            return False
+        state = (plan.serial, id(g), len(g.members))
+        refused = self._col_planned.get(state, 0)
+        if isinstance(refused, int):  # shapes that asked so far
+            if refused + 1 < COLUMN_AFTER:
+                self._col_planned[state] = refused + 1
+                return False
+            refused = set()
+            tab = self._tables.get(kind)
+            fb = tab.batch if tab is not None else None
+            shapes = self._shapes_of(kind, fb) if fb is not None else None
+            feats = group_features(fb, g.members) if shapes is not None else None
+            if feats is not None:
+                step = g.step_time_s(snap, self.plan)
+                refused.update(self._screen(fb, shapes, feats[0], feats[1], step, g.slowdown_bound_s(snap, self.plan),
+                                            g.nano_batches, tuple(j.member for j in g.members)))
+            self._col_planned[state] = refused
+        return jkey in refused
