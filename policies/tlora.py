@@ -39,8 +39,12 @@ as groups change), so the pairs a tick must examine are found with array operati
 profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``; on
 several GPUs ``batch_multigpu``'s lower bound of the planner's step) evaluates every such pair,
 or every join candidate of a large kind, in one call: candidates it refuses by more than its error
-margin are refused without asking ``merge_ok``, which decides the rest as before.
-All of it is exact: the decisions are those of examining everything
+margin are refused without asking ``merge_ok``, which decides the rest as before. Once GPU
+admission has closed, a waiting job shape that found no group is not asked again while its kind's
+groups are unchanged (``QueueTable.no_target_at``), nor when every group changed since refuses its
+cost-model member outright, whatever the job's own bound (``JoinSearch._no_target_by_member``;
+on long queues a changed group is screened against every waiting shape in one batch call,
+``tlora_column``). All of it is exact: the decisions are those of examining everything
 (``tests/test_tlora_incremental.py`` compares whole simulations against the brute-force reading
 under both cost models, and the replay benchmark's output hashes match those from before the
 change).
