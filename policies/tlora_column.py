@@ -8,11 +8,16 @@ their own, so even one question per group state and member is a cost-model call 
 *column* screens one changed group against every waiting shape of its kind in one call of the
 batch cost model (``tlora_sim.sim.costmodel.batch``) and keeps the certain refusals
 (``tlora_index.batch_refusals``: by more than the batch's margin), which are ``merge_ok``'s own
-answers; the by-member check reads them first. Columns are made only for kinds with at least
+answers. With many waiting shapes of a kind, the walk first decides them all at once
+(``_bulk_no_target``): a shape whose kept answer is "no target" and that every group it would ask
+refuses, by residual capacity or by the group's column (one boolean vector per changed group),
+is left out without any question of its own; the rest go through the by-member check, which
+reads the columns first. Columns are made only for kinds with at least
 ``COLUMN_MIN`` waiting shapes and for group states that a second shape asks about. Session 12
 measured a first version that screened every changed group for every waiting shape in every
 decision: slower on mid-length queues (load 1.2: 25.6 -> 27.9 s), so columns serve only the
-by-member check, where the alternative is a cost-model question per shape (``bench/README.md``).
+bulk and by-member checks, where the alternative is a cost-model question per shape
+(``bench/README.md``).
 """
 
 from __future__ import annotations
@@ -48,12 +53,16 @@ class ColumnScreen:
         self._col_q = (q, first, ids, q.kind[first])
         self._col_kinds: dict[tuple, tuple | None] = {}
         self._col_planned: dict[tuple, set] = {}
+        self._col_vec: dict[tuple, tuple] = {}
+        self._col_at: dict[tuple, dict] = {}
 
     def _columns_close(self) -> None:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
         self._col_q = None
         self._col_kinds = {}
         self._col_planned = {}
+        self._col_vec = {}
+        self._col_at = {}
 
     def _shapes_of(self, kind: tuple, fb) -> tuple | None:
         """The waiting shapes of ``kind`` a column covers, as (job-shape keys, batch rows (W, WIDTH),
@@ -88,13 +97,110 @@ class ColumnScreen:
         """Keys of the shapes the batch refuses for certain to join a group (feature ``row``, Σ
         isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s, ``nano``
         nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
+        keys = shapes[0]
+        return [keys[i] for i in np.flatnonzero(self._refusals(fb, shapes, row, iso, step, bound, nano,
+                                                               members)).tolist()]
+
+    def _column_vector(self, snap: Snapshot, plan: Planner, kind: tuple, shapes: tuple, x) -> np.ndarray | None:
+        """The column of group ``x`` (a running group id, unchanged in this decision, or a planned
+        group) over the kind's waiting shapes ``shapes`` (``_shapes_of``): True where the batch
+        refuses the shape for certain; kept for the walk. None where the batch cannot describe it."""
+        planned = not isinstance(x, int)
+        key = (id(x), len(x.members)) if planned else (x, self._protos[x].version, self._protos[x].nano_batches)
+        got = self._col_vec.get(key)
+        if got is not None and (not planned or got[0] is x):
+            return got[1]
+        tab = self._tables[kind]
+        fb = tab.batch
+        if planned:
+            feats = group_features(fb, x.members)
+            vec = None if feats is None else self._refusals(
+                fb, shapes, feats[0], feats[1], x.step_time_s(snap, self.plan), x.slowdown_bound_s(snap, self.plan),
+                x.nano_batches, tuple(j.member for j in x.members))
+        else:
+            i = tab.slot.get(x)
+            vec = None if i is None or not tab.known[i] else self._refusals(
+                fb, shapes, tab.rows[i], float(tab.iso[i]), float(tab.step[i]), float(tab.bound[i]), tab.nano[i],
+                tab.members[i])
+        self._col_vec[key] = (x, vec)
+        return vec
+
+    def _refusals(self, fb, shapes: tuple, row, iso: float, step: float, bound: float, nano, members: tuple) -> np.ndarray:
+        """``_screen``'s refusals as a boolean vector over ``shapes``, shape (W,)."""
         keys, rows, bound_j, iso_j, mem_j = shapes
         self.columns_made += 1
-        ref = batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
-                             np.minimum(bound_j, bound), iso_j + iso,
-                             np.full(len(keys), iso / step + self.config.min_gain),
-                             lambda i: members + (mem_j[i],))
-        return [keys[i] for i in np.flatnonzero(ref).tolist()]
+        return batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
+                              np.minimum(bound_j, bound), iso_j + iso,
+                              np.full(len(keys), iso / step + self.config.min_gain),
+                              lambda i: members + (mem_j[i],))
+
+    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, jobs: list) -> list:
+        """For waiting shapes of ``kind`` unable to start alone (``jobs``: one job of each): which
+        surely have no join target now, decided for all at once. A shape qualifies when its kept
+        answer is "no target" and every group ``_still_no_target`` would ask refuses it by residual
+        capacity or by the group's column (certain batch refusals). Returns, per job, None (not
+        sure: ask it as before) or (job-shape key, validity, stamp covered or None) to record."""
+        out: list = [None] * len(jobs)
+        tab = self._tables.get(kind)
+        if self._col_q is None or tab is None or tab.batch is None or len(jobs) < COLUMN_MIN:
+            return out
+        shapes = self._shapes_of(kind, tab.batch)
+        if shapes is None:
+            return out
+        kv, recent, valid, base = self._memo_state(plan, kind)
+        covered = self._covered(plan, recent, base, kv)
+        at = self._col_at.get(kind)
+        if at is None:
+            at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
+        cand, idx, since, bound_j = [], [], [], []
+        for n, job in enumerate(jobs):
+            jkey = job_shape(job, False)
+            hit = self._target_memo.get((kind, jkey))
+            if hit is None or hit[1] is not None:
+                continue
+            if hit[0] == valid:
+                out[n] = (jkey, valid, None)
+                continue
+            i = at.get(jkey)
+            if i is None:
+                continue
+            cand.append((n, jkey))
+            idx.append(i)
+            since.append(hit[2])
+            bound_j.append(job.max_slowdown * job.isolated_step_time_s)
+        if not cand:
+            return out
+        idx, since, bound_j = np.array(idx), np.array(since), np.array(bound_j)
+        ok = np.ones(len(cand), bool)  # surely no target so far
+        lo = since.min()
+        removed, joined = plan._removed_ids, plan._joined
+        for gid, stamp in reversed(recent.items()) if recent else ():
+            if stamp <= lo:
+                break
+            proto = self._protos.get(gid)
+            if proto is None or gid in removed or (kv and gid in joined):
+                continue  # joined groups: with the planned ones below
+            _, step, bound = proto._cached
+            asks = (since < stamp) & (np.minimum(bound_j, bound) - step > 0)
+            if asks.any():
+                vec = self._column_vector(snap, plan, kind, shapes, gid)
+                ok &= ~asks | (vec[idx] if vec is not None else False)
+                if not ok.any():
+                    return out
+        if kv:
+            planned = [plan.group(gid) for gid in plan.touched_ids()
+                       if not plan.removed(gid) and self._kind_of.get(gid) == kind] + plan.new_of_kind(kind)
+            for g in planned:
+                asks = np.minimum(bound_j, g.slowdown_bound_s(snap, self.plan)) - g.step_time_s(snap, self.plan) > 0
+                if asks.any():
+                    vec = self._column_vector(snap, plan, kind, shapes, g)
+                    ok &= ~asks | (vec[idx] if vec is not None else False)
+                    if not ok.any():
+                        return out
+        for (n, jkey), sure in zip(cand, ok.tolist()):
+            if sure:
+                out[n] = (jkey, valid, covered)
+        return out
 
     def _column_running(self, kind: tuple, gid: int, answers: dict) -> None:
         """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of

@@ -216,24 +216,37 @@ class QueueWalk:
             cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
             self._join_window(snap, plan, target, cands, placed, admission_open)
 
-    def _asleep_by_member(self, snap, plan, q: QueueOrder, kind: tuple, s: int, pos: int, no_target: dict) -> bool:
-        """Whether shape id ``s`` (its job at position ``pos``), unable to start alone, surely has
-        no join target now (``JoinSearch._no_target_by_member``); if so, the answer is recorded as
-        ``target_of`` records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``),
-        so the walk treats the shape as asked."""
-        job = q.job(pos)
-        jkey = job_shape(job, False)
-        got = self._no_target_by_member(snap, plan, job, kind, jkey)
-        if got is None:
-            return False
-        valid, base = got
-        kv = no_target[q.table.shape_key[s] + (False,)] = plan.kind_version.get(kind, 0)
-        if not kv:
-            q.table.no_target_at[s] = self._kind_base(kind)
-        if base is not None:
-            self._target_memo[(kind, jkey)] = (valid, None, base)
-        self.shapes_by_member += 1
-        return True
+    def _none_for(self, snap, plan, q: QueueOrder, kind: tuple, shapes: list[tuple[int, int]],
+                  no_target: dict) -> list[bool]:
+        """For shapes of ``kind`` (position of a job of each, shape id) unable to start alone:
+        whether each surely has no join target now, all at once where the kind's waiting shapes
+        are many (``ColumnScreen._bulk_no_target``), else one by one
+        (``JoinSearch._no_target_by_member``). Each such answer is recorded as ``target_of``
+        records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``), so the walk
+        treats the shape as asked."""
+        jobs = [q.job(pos) for pos, _ in shapes]
+        got = self._bulk_no_target(snap, plan, kind, jobs)
+        kv = plan.kind_version.get(kind, 0)
+        out = []
+        for (pos, s), job, ans in zip(shapes, jobs, got):
+            if ans is None:
+                jkey = job_shape(job, False)
+                ans = self._no_target_by_member(snap, plan, job, kind, jkey)
+                if ans is None:
+                    out.append(False)
+                    continue
+                ans = (jkey,) + ans
+            else:
+                self.shapes_in_bulk += 1
+            jkey, valid, covered = ans
+            no_target[q.table.shape_key[s] + (False,)] = kv
+            if not kv:
+                q.table.no_target_at[s] = valid  # with nothing planned, the kind's last change
+            if covered is not None:
+                self._target_memo[(kind, jkey)] = (valid, None, covered)
+            self.shapes_by_member += 1
+            out.append(True)
+        return out
 
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
         self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)
@@ -320,13 +333,19 @@ class QueueWalk:
         asleep = nt[ids] == quiet[kinds_of]
         asleep_ids, asleep_kinds = ids[asleep], kinds_of[asleep]
         self.shapes_asleep += len(asleep_ids)
+        awake: dict[tuple, list[tuple[int, int]]] = {}  # kind -> (first position, shape id)
         for first_p, s in zip(first[~asleep].tolist(), ids[~asleep].tolist()):
             kind = shape_key[s][2], shape_key[s][1]
-            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0) \
-                    or self._asleep_by_member(snap, plan, q, kind, s, first_p, no_target):
+            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0):
                 dormant.setdefault(kind, []).append(s)
             else:
-                heap.append((first_p, s))
+                awake.setdefault(kind, []).append((first_p, s))
+        for kind, lst in awake.items():
+            for (first_p, s), none in zip(lst, self._none_for(snap, plan, q, kind, lst, no_target)):
+                if none:
+                    dormant.setdefault(kind, []).append(s)
+                else:
+                    heap.append((first_p, s))
         heapq.heapify(heap)
         while heap:
             p, s = heapq.heappop(heap)
@@ -351,11 +370,9 @@ class QueueWalk:
                 if sel.any():
                     woken += asleep_ids[sel].tolist()
                     asleep_kinds[sel] = -1
-            for d in woken:
-                nxt = next_of(d, p)
-                if nxt is None:
-                    continue
-                if self._asleep_by_member(snap, plan, q, kind, d, nxt, no_target):
+            lst = [(nxt, d) for d in woken if (nxt := next_of(d, p)) is not None]
+            for (nxt, d), none in zip(lst, self._none_for(snap, plan, q, kind, lst, no_target)):
+                if none:
                     dormant.setdefault(kind, []).append(d)  # as if asked now: no target
                 else:
                     heapq.heappush(heap, (nxt, d))

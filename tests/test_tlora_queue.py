@@ -58,6 +58,7 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     assert indexed.shapes_by_member > 0, "shapes refused by every changed group's member answer must be left unasked"
     if cost_model == "profiled":  # the batch cost model columns need (none for the roofline)
         assert indexed.columns_made > 0, "changed groups must be screened against every waiting shape at once"
+        assert indexed.shapes_in_bulk > 0, "shapes must be found without a target all at once"
     assert plain.joins_from_queue > 0, "queued jobs must join running groups"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
@@ -83,7 +84,7 @@ class Checked(TLoRA):
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         super().__init__(config)
-        self.kept = self.wrong = self.kept_by_member = 0
+        self.kept = self.wrong = self.kept_by_member = self.kept_in_bulk = 0
 
     def _still_no_target(self, snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw) -> bool:
         kept = super()._still_no_target(snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw)
@@ -92,6 +93,14 @@ class Checked(TLoRA):
             self.kept_by_member += bool(kw.get("by_member"))
             self.wrong += self._join_target_search(snap, plan, job, can_start, kind, jkey) is not None
         return kept
+
+    def _bulk_no_target(self, snap, plan, kind, jobs):
+        got = super()._bulk_no_target(snap, plan, kind, jobs)
+        for job, ans in zip(jobs, got):
+            if ans is not None:
+                self.kept_in_bulk += 1
+                self.wrong += self._join_target_search(snap, plan, job, False, kind, ans[0]) is not None
+        return got
 
 
 @pytest.mark.parametrize("ordering", ["urgency", "fifo", "backfill"])
@@ -110,3 +119,5 @@ def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_
     pol = Checked(TLoRAConfig(tick_s=300.0, ordering=ordering))
     run_engine(jobs, pol, spec, cost_model=model, check=False)
     assert pol.kept > 100 and pol.kept_by_member > 10 and pol.wrong == 0
+    if cost_model == "profiled":
+        assert pol.kept_in_bulk > 10
