@@ -171,24 +171,7 @@ class FusedBatch:
         if not P:
             return np.zeros(0)
         N = nano if isinstance(nano, np.ndarray) and nano.ndim else float(nano)
-        key = np.empty((P, WIDTH + 1))
-        key[:, :WIDTH] = rows
-        key[:, WIDTH] = N
-        keys = key.view(f"V{8 * (WIDTH + 1)}").ravel().tolist()  # one bytes object per row
-        memo = self._step_memo
-        got = list(map(memo.get, keys))
-        if None not in got:
-            return np.fromiter(got, float, P)
-        miss = [i for i, v in enumerate(got) if v is None]
-        if len(miss) == P:
-            t = self._step_times(rows, N)
-        else:
-            t = self._step_times(rows[miss], N[miss] if isinstance(N, np.ndarray) else N)
-        if len(memo) + len(miss) > 1 << 16:
-            memo.clear()
-        for i, v in zip(miss, t.tolist()):
-            got[i] = memo[keys[i]] = v
-        return np.fromiter(got, float, P)
+        return rows_memoised(self._step_memo, rows, N, self._step_times, 1 << 16)
 
     def _step_times(self, rows: np.ndarray, N: np.ndarray | float) -> np.ndarray:
         """``step_times`` evaluated (rows shape (P, WIDTH), P >= 1; ``N`` shape (P,) or a float)."""
@@ -356,6 +339,32 @@ class FusedBatch:
         v0, v1 = self._attn_at(s0, b), self._attn_at(s1, b)
         w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
         return np.exp((1 - w) * np.log(v0) + w * np.log(v1))
+
+
+def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.ndarray:
+    """Shape (P,): ``evaluate(rows, nano)`` (a per-row function of each row of ``rows``, shape
+    (P, W), at its nano-batch count ``nano``, shape (P,) or a scalar) with the answers kept in
+    ``memo`` by (row, nano) as one bytes key per row; only rows not asked before are evaluated,
+    and ``memo`` is emptied when it would pass ``cap`` entries. The same floats as evaluating every
+    row: ``evaluate`` works element by element."""
+    P, W = rows.shape
+    key = np.empty((P, W + 1))
+    key[:, :W] = rows
+    key[:, W] = nano
+    keys = key.view(f"V{8 * (W + 1)}").ravel().tolist()  # one bytes object per row
+    got = list(map(memo.get, keys))
+    if None not in got:
+        return np.fromiter(got, float, P)
+    miss = [i for i, v in enumerate(got) if v is None]
+    if len(miss) == P:
+        t = evaluate(rows, nano)
+    else:
+        t = evaluate(rows[miss], np.asarray(nano)[miss] if np.ndim(nano) else nano)
+    if len(memo) + len(miss) > cap:
+        memo.clear()
+    for i, v in zip(miss, t.tolist()):
+        got[i] = memo[keys[i]] = v
+    return np.fromiter(got, float, P)
 
 
 def loglog_interp(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):

@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tlora_sim.sim.costmodel.batch import LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, TOKENS, FusedBatch
+from tlora_sim.sim.costmodel.batch import LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, TOKENS, FusedBatch, rows_memoised
 from tlora_sim.sim.costmodel.batch import WIDTH as SUB
 from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
@@ -189,25 +189,8 @@ class PlannerBatch:
         P = len(rows)
         if not P:
             return np.zeros(0)
-        W = self.WIDTH
-        key = np.empty((P, W + 1))
-        key[:, :W] = rows
-        key[:, W] = nano
-        keys = key.view(f"V{8 * (W + 1)}").ravel().tolist()  # one bytes object per row
-        memo = self._step_memo
-        got = list(map(memo.get, keys))
-        if None not in got:
-            return np.fromiter(got, float, P)
-        miss = [i for i, v in enumerate(got) if v is None]
-        if len(miss) == P:
-            t = self.plan_times(rows, nano).min(axis=0)
-        else:
-            t = self.plan_times(rows[miss], np.asarray(nano)[miss] if np.ndim(nano) else nano).min(axis=0)
-        if len(memo) + len(miss) > 1 << 15:  # keys of ~750 bytes: ~30 MB at most
-            memo.clear()
-        for i, v in zip(miss, t.tolist()):
-            got[i] = memo[keys[i]] = v
-        return np.fromiter(got, float, P)
+        return rows_memoised(self._step_memo, rows, nano, lambda r, n: self.plan_times(r, n).min(axis=0),
+                             1 << 15)  # keys of ~750 bytes: ~30 MB at most
 
     def plan_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Shape (J, P), seconds: ``plan_step(...)[0]`` of each plan of ``plans`` (J of them) for
