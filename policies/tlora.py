@@ -156,7 +156,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         self._last_now = float("-inf")
         self._queue_table = QueueTable()
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
-        self.shapes_by_member = 0  # queued shapes found without a join target by ``_no_target_by_member``
+        self.shapes_by_member = 0  # queued shapes found without a join target unasked (by member or in bulk)
         self.columns_made = 0  # changed groups screened against every waiting shape at once (``tlora_column``)
         self.shapes_in_bulk = 0  # of those, found by one vector test for all the kind's shapes
         self._planned_all: dict[tuple, tuple] = {}
