@@ -593,3 +593,28 @@ def _processes_mentioning(text: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def test_a_failure_while_unwinding_from_a_signal_exits_as_interrupted(monkeypatch, capsys):
+    """A library that fails while a signal's interruption unwinds through it (matplotlib's PDF
+    writer flushing a half-compressed stream raised ``zlib.error`` on SIGTERM) ends the run as
+    interrupted, exit 128 + the signal, not as a crash."""
+    import tlora_sim.sim.cli.main as cli
+    from tlora_sim.sim.report.rundir import Interrupted
+
+    def run(_args):
+        try:
+            raise Interrupted(signal.SIGTERM)
+        finally:
+            raise RuntimeError("Error -2 while flushing: inconsistent stream state")
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert main(["policies"]) == 128 + signal.SIGTERM
+    assert "interrupted (signal 15)" in capsys.readouterr().err
+
+    def crash(_args):
+        raise RuntimeError("a bug, no signal")
+
+    monkeypatch.setattr(cli, "_run", crash)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["policies"])

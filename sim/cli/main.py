@@ -272,6 +272,19 @@ def _run(args) -> int:
     return 0
 
 
+def _interrupted_by(e: BaseException) -> int | None:
+    """The signal number if ``e`` was raised while an interruption (``KeyboardInterrupt``, e.g.
+    ``rundir.Interrupted``) was unwinding: found in its ``__context__``/``__cause__`` chain."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, KeyboardInterrupt):
+            return getattr(x, "signum", 2)
+        x = x.__cause__ or x.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tlora-sim`` console script; returns the exit status."""
     from tlora_sim.sim.report.rundir import signals_raise_interrupt
@@ -297,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # an engine invariant or a bug: one line, the class says which
         from tlora_sim.sim.core.engine import InvariantError
 
+        signum = _interrupted_by(e)
+        if signum is not None:  # a library failed while unwinding from a signal (e.g. a PDF half-compressed)
+            print(f"tlora-sim: interrupted (signal {signum}); finished files are complete, unfinished ones were "
+                  f"not written", file=sys.stderr)
+            return 128 + signum
         if isinstance(e, InvariantError):
             print(f"tlora-sim: invariant violated: {e}", file=sys.stderr)
             return 3
