@@ -32,9 +32,9 @@ COLUMN_MIN = 16
 """Fewest waiting shapes of a kind for which a changed group is screened as a column (fewer:
 asking per shape costs less than the batch call)."""
 COLUMN_AFTER = 1
-"""A running group state's column is made once its memo holds this many answers (so not on the
-first question about a fresh state, often the only one); a planned group's column is made when
-shape number ``COLUMN_AFTER`` asks about it (the first, here). Measured best of 1 and 2 (load 2.0)."""
+"""A running group state's column is made for the by-member check once its memo holds this many
+answers (so not on the first question about a fresh state, often the only one; measured best of
+1 and 2 at load 2.0); a planned group's column is made on its first question."""
 COLUMN_DONE = ("column",)
 """Key marking a running group's answers (``group_memo``) as screened for the shapes waiting then."""
 
@@ -52,7 +52,6 @@ class ColumnScreen:
         (arrays of equal length) are the first position and shape id of every shape still queued."""
         self._col_q = (q, first, ids, q.kind[first])
         self._col_kinds: dict[tuple, tuple | None] = {}
-        self._col_planned: dict[tuple, set] = {}
         self._col_vec: dict[tuple, tuple] = {}
         self._col_at: dict[tuple, dict] = {}
 
@@ -60,7 +59,6 @@ class ColumnScreen:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
         self._col_q = None
         self._col_kinds = {}
-        self._col_planned = {}
         self._col_vec = {}
         self._col_at = {}
 
@@ -92,15 +90,6 @@ class ColumnScreen:
         self._col_kinds[kind] = got
         return got
 
-    def _screen(self, fb, shapes: tuple, row: np.ndarray, iso: float, step: float, bound: float,
-                nano: float, members: tuple) -> list:
-        """Keys of the shapes the batch refuses for certain to join a group (feature ``row``, Σ
-        isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s, ``nano``
-        nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
-        keys = shapes[0]
-        return [keys[i] for i in np.flatnonzero(self._refusals(fb, shapes, row, iso, step, bound, nano,
-                                                               members)).tolist()]
-
     def _column_vector(self, snap: Snapshot, plan: Planner, kind: tuple, shapes: tuple, x) -> np.ndarray | None:
         """The column of group ``x`` (a running group id, unchanged in this decision, or a planned
         group) over the kind's waiting shapes ``shapes`` (``_shapes_of``): True where the batch
@@ -126,13 +115,22 @@ class ColumnScreen:
         return vec
 
     def _refusals(self, fb, shapes: tuple, row, iso: float, step: float, bound: float, nano, members: tuple) -> np.ndarray:
-        """``_screen``'s refusals as a boolean vector over ``shapes``, shape (W,)."""
+        """Which of ``shapes`` (shape (W,), bool) the batch refuses for certain to join a group
+        (feature ``row``, Σ isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s,
+        ``nano`` nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
         keys, rows, bound_j, iso_j, mem_j = shapes
         self.columns_made += 1
         return batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
                               np.minimum(bound_j, bound), iso_j + iso,
                               np.full(len(keys), iso / step + self.config.min_gain),
                               lambda i: members + (mem_j[i],))
+
+    def _column_index(self, kind: tuple, shapes: tuple) -> dict:
+        """Job-shape key -> position in the kind's column vectors (``_shapes_of``), for the walk."""
+        at = self._col_at.get(kind)
+        if at is None:
+            at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
+        return at
 
     def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, jobs: list) -> list:
         """For waiting shapes of ``kind`` unable to start alone (``jobs``: one job of each): which
@@ -149,9 +147,7 @@ class ColumnScreen:
             return out
         kv, recent, valid, base = self._memo_state(plan, kind)
         covered = self._covered(plan, recent, base, kv)
-        at = self._col_at.get(kind)
-        if at is None:
-            at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
+        at = self._column_index(kind, shapes)
         cand, idx, since, bound_j = [], [], [], []
         for n, job in enumerate(jobs):
             jkey = job_shape(job, False)
@@ -202,43 +198,33 @@ class ColumnScreen:
                 out[n] = (jkey, valid, covered)
         return out
 
-    def _column_running(self, kind: tuple, gid: int, answers: dict) -> None:
+    def _column_running(self, snap: Snapshot, plan: Planner, kind: tuple, gid: int, answers: dict) -> None:
         """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of
-        ``kind``: its certain refusals go into ``answers`` (its ``group_memo``, as ``merge_ok``'s
+        ``kind``: its column's refusals go into ``answers`` (its ``group_memo``, as ``merge_ok``'s
         answers), once per group state."""
         if self._col_q is None or len(answers) < COLUMN_AFTER or COLUMN_DONE in answers:
             return
         tab = self._tables.get(kind)
-        if tab is None or tab.batch is None:
-            return
-        i = tab.slot.get(gid)
-        shapes = self._shapes_of(kind, tab.batch) if i is not None and tab.known[i] else None
-        if shapes is None:
+        shapes = self._shapes_of(kind, tab.batch) if tab is not None and tab.batch is not None else None
+        vec = self._column_vector(snap, plan, kind, shapes, gid) if shapes is not None else None
+        if vec is None:
             return
         answers[COLUMN_DONE] = True
-        for key in self._screen(tab.batch, shapes, tab.rows[i], float(tab.iso[i]), float(tab.step[i]),
-                                float(tab.bound[i]), tab.nano[i], tab.members[i]):
-            answers.setdefault(key, False)
+        keys = shapes[0]
+        for i in np.flatnonzero(vec).tolist():
+            answers.setdefault(keys[i], False)
 
     def _column_refuses(self, snap: Snapshot, plan: Planner, g: PlannedGroup, kind: tuple, jkey: tuple) -> bool:
         """Whether the column of planned group ``g`` (given members or started in this decision, as
         planned now) refuses job shape ``jkey`` for certain; False without a column."""
         if self._col_q is None or jkey[-1]:
             return False
-        state = (plan.serial, id(g), len(g.members))
-        refused = self._col_planned.get(state, 0)
-        if isinstance(refused, int):  # shapes that asked so far
-            if refused + 1 < COLUMN_AFTER:
-                self._col_planned[state] = refused + 1
-                return False
-            refused = set()
-            tab = self._tables.get(kind)
-            fb = tab.batch if tab is not None else None
-            shapes = self._shapes_of(kind, fb) if fb is not None else None
-            feats = group_features(fb, g.members) if shapes is not None else None
-            if feats is not None:
-                step = g.step_time_s(snap, self.plan)
-                refused.update(self._screen(fb, shapes, feats[0], feats[1], step, g.slowdown_bound_s(snap, self.plan),
-                                            g.nano_batches, tuple(j.member for j in g.members)))
-            self._col_planned[state] = refused
-        return jkey in refused
+        tab = self._tables.get(kind)
+        shapes = self._shapes_of(kind, tab.batch) if tab is not None and tab.batch is not None else None
+        if shapes is None:
+            return False
+        i = self._column_index(kind, shapes).get(jkey)
+        if i is None:
+            return False
+        vec = self._column_vector(snap, plan, kind, shapes, g)
+        return vec is not None and bool(vec[i])

@@ -143,7 +143,7 @@ class JoinSearch:
                     ask.append((gid, group_memo(memo, proto)))
                 else:
                     answers = group_memo(memo, proto)
-                    self._column_running(kind, gid, answers)  # long queues: every waiting shape at once
+                    self._column_running(snap, plan, kind, gid, answers)  # long queues: every waiting shape at once
                     if answers.get(jkey) is not False and not self._refused_all(snap, proto, job, answers):
                         return False
         tab = self._tables.get(kind)
