@@ -66,6 +66,15 @@ def roofline_head_ms(m, gpu, t: float) -> float:
                   + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
 
 
+def _keep(memo: dict, key, value):
+    """Store ``value`` under ``key`` in one of ``Tables``' answer memos (emptied first when it
+    holds 2^16 answers) and return it."""
+    if len(memo) >= 1 << 16:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 class Tables:
     """The measured tables of one model in an artifact, with roofline-shaped continuation.
 
@@ -115,11 +124,7 @@ class Tables:
     def l0g(self, t: float) -> tuple[float, bool]:
         """GPU time of the attention-free layer (ms) at t tokens (memoised by t)."""
         got = self._l0g_memo.get(t)
-        if got is None:
-            if len(self._l0g_memo) >= 1 << 16:
-                self._l0g_memo.clear()
-            got = self._l0g_memo[t] = self._l0g(t)
-        return got
+        return got if got is not None else _keep(self._l0g_memo, t, self._l0g(t))
 
     def _l0g(self, t: float) -> tuple[float, bool]:
         if t >= self.l0_from:
@@ -130,11 +135,7 @@ class Tables:
         """LM head, embedding and loss (ms) at t tokens, and whether t is outside the table
         (memoised by t: a pure function of it)."""
         got = self._head_memo.get(t)
-        if got is None:
-            if len(self._head_memo) >= 1 << 16:
-                self._head_memo.clear()
-            got = self._head_memo[t] = self._head(t)
-        return got
+        return got if got is not None else _keep(self._head_memo, t, self._head(t))
 
     def _head(self, t: float) -> tuple[float, bool]:
         lo, hi = self.h_t[0], self.h_t[-1]
@@ -167,11 +168,7 @@ class Tables:
         memoised by (s, b, gpu)."""
         key = (s, b, gpu)
         got = self._attn_memo.get(key)
-        if got is None:
-            if len(self._attn_memo) >= 1 << 16:
-                self._attn_memo.clear()
-            got = self._attn_memo[key] = self._attn_ms(s, b, gpu)
-        return got
+        return got if got is not None else _keep(self._attn_memo, key, self._attn_ms(s, b, gpu))
 
     def _attn_ms(self, s: float, b: float, gpu: bool) -> tuple[float, bool]:
         if b <= 0:
