@@ -282,7 +282,7 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
     acc = acc * scale
     offs = poff + (rows - start)[:, None] * rank + rr[None, :]
     if Q_ATOMIC:   # N split: partial sums into the zeroed fp32 Q
-        tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :])
+        tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :], sem="relaxed")
     else:
         tl.store(Q + offs, acc.to(Q.dtype.element_ty), mask=rmask[:, None] & rkm[None, :])
 
@@ -305,7 +305,7 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
         acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
     acc = acc * scale
     tl.atomic_add(GB + (roff + rr).to(tl.int64)[:, None] * N + cols[None, :], acc,
-                  mask=rkm[:, None] & cm[None, :])
+                  mask=rkm[:, None] & cm[None, :], sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
@@ -420,7 +420,7 @@ def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, pof
         acc = _dot(tl.trans(qb), x, acc, PREC)
     acc = acc * inv_keep
     tl.atomic_add(GA + (roff + rr).to(tl.int64)[:, None] * K + cols[None, :], acc,
-                  mask=rkm[:, None] & cm[None, :])
+                  mask=rkm[:, None] & cm[None, :], sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])
