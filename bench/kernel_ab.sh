@@ -8,9 +8,11 @@
 #   echo /.snap/ >> .git/info/exclude; mkdir -p .snap/old
 #   git archive <commit> profiler | tar -x -C .snap/old
 # There (repository root; carry .snap):
-#   bash bench/kernel_ab.sh $OUT 4096x4096:128x2,4096x4096:64x8 [.snap/old]
+#   bash bench/kernel_ab.sh $OUT 4096x4096:128x2,4096x4096:64x8 [.snap/old] ['[{}, {"waves": 3}]']
+# (the 4th argument: KernelConfig overrides timed for the working tree only, as --configs)
 set -uo pipefail
 out=${1:?output folder}; cases=${2:?comma list of layer:mix}; old=${3:-.snap/old}
+configs=${4:-'[{}]'}
 mkdir -p "$out" /tmp/ns/tlora_sim /tmp/nso/tlora_sim
 for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p; done
 for p in sim policies traces; do ln -sfn "$PWD/$p" /tmp/nso/tlora_sim/$p; done
@@ -21,8 +23,8 @@ PYTHONPATH=/tmp/ns:$PWD python3 bench/kernels.py --check --impls base,fused \
   --layers 4096x4096,4096x14336 --mixes small4 --replays 5 --precompile 0 \
   --out "$out/check.csv" 2>&1 | grep -E "^check|FAIL|Error" | head
 for v in old new; do
-  root=/tmp/ns; [ $v = old ] && root=/tmp/nso
-  PYTHONPATH=$root:$PWD timeout 200 python3 bench/kernel_profile.py --precompile 14 --steps 3 \
-    --cases "$cases" --out "$out/$v.json" > "$out/$v.txt" 2>&1
+  root=/tmp/ns; cf=$configs; [ $v = old ] && root=/tmp/nso && cf='[{}]'
+  PYTHONPATH=$root:$PWD timeout 240 python3 bench/kernel_profile.py --precompile 14 --steps 3 \
+    --cases "$cases" --configs "$cf" --out "$out/$v.json" > "$out/$v.txt" 2>&1
   tail -14 "$out/$v.txt"
 done

@@ -35,9 +35,14 @@ writes P once from it and zeroes it and the counter again, so _f2 reads P once p
 of every split per N group (that re-read cost _f2 up to 2x its Y write at rank >= 64; a
 fixed-order sum of stored partials by the last program measured slower in _f1 than the atomics;
 profiler/KERNELS.md, session 12; the atomics make P's fp32 summation order vary between runs, as
-dA's and dB's already did). N-split partial sums of Q (only when needed) and token-chunk partial
-sums of dA/dB are added with fp32 atomics into a buffer that _f2 zeroes (so no memset launch is
-needed).
+dA's and dB's already did). N-split partial sums of Q (only when needed) are added with fp32
+atomics into a buffer that _f2 zeroes (so no memset launch is needed). dA/dB blocks of an adapter
+with one token chunk are stored straight into the gradients (adapters' dtype); with several
+chunks, the chunks add into an fp32 workspace that stays zeroed between steps and the last chunk
+of each block writes the gradient and re-zeroes it (``_grad_out``: the same counter scheme as P;
+no cast launch, no memset). Every fp32 partial sum uses relaxed atomics (``red``): tl.atomic_add's
+default acq_rel put a GPU-scope fence around each one (b1 84 -> 56 us, b2 71 -> 45 us at rank
+128, profiler/KERNELS.md, session 13).
 
 Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``_keep``;
 ``reference.keep_mask`` is the same function in torch), so _f1 and _b2 regenerate the same mask
@@ -51,7 +56,8 @@ import triton.language as tl
 
 # rank buckets: tile rank R of each bucket (token rows and column widths come from the config)
 BUCKET_R = (16, 32, 64, 128, 256)
-# adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold
+# adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold,
+# token chunks of the adapter (the dA/dB blocks' counter target)
 META_I = 8
 META_F = 2  # fp32: scale, 1/(1-p)
 
@@ -263,6 +269,27 @@ def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm
 
 # ----------------------------------------------------------------------------------------- b1
 @triton.jit
+def _grad_out(acc, G, D, Cnt, offs, gm, cidx, nch, R: tl.constexpr, BC: tl.constexpr):
+    """One token chunk's (R, BC) fp32 share ``acc`` of a dA or dB block (elements ``offs``, mask
+    ``gm``) into the gradient D (the adapters' dtype): stored at once when the adapter has one
+    chunk (nch == 1); else added with relaxed fp32 atomics into the workspace G (zero between
+    steps), and the block's last chunk to finish (int32 counter ``cidx``, acq_rel at GPU scope
+    after a CTA barrier, as ``_f1``'s K splits) reads the sum once, writes D and zeroes its G
+    elements and the counter for the next step. Replaces a workspace memset and a cast launch."""
+    if nch == 1:
+        tl.store(D + offs, acc.to(D.dtype.element_ty), mask=gm)
+    else:
+        tl.atomic_add(G + offs, acc, mask=gm, sem="relaxed")
+        tl.debug_barrier()  # every thread's adds issued before the release below
+        done = tl.atomic_add(Cnt + cidx, 1, sem="acq_rel", scope="gpu")
+        if done == nch - 1:
+            g = tl.load(G + offs, mask=gm, other=0.0, cache_modifier=".cg")
+            tl.store(D + offs, g.to(D.dtype.element_ty), mask=gm)
+            tl.store(G + offs, tl.zeros((R, BC), dtype=tl.float32), mask=gm)
+            tl.atomic_xchg(Cnt + cidx, 0)
+
+
+@triton.jit
 def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
               R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
               PREC: tl.constexpr):
@@ -288,8 +315,9 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
 
 
 @triton.jit
-def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+def _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+              nch, cidx, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              PREC: tl.constexpr):
     rr = tl.arange(0, R)
     rkm = rr < rank
     cols = nb * BN + tl.arange(0, BN)
@@ -304,12 +332,12 @@ def _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
                      mask=rmask[:, None] & cm[None, :], other=0.0)
         acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
     acc = acc * scale
-    tl.atomic_add(GB + (roff + rr).to(tl.int64)[:, None] * N + cols[None, :], acc,
-                  mask=rkm[:, None] & cm[None, :], sem="relaxed")
+    _grad_out(acc, GB, DB, CntB, (roff + rr).to(tl.int64)[:, None] * N + cols[None, :],
+              rkm[:, None] & cm[None, :], cidx, nch, R, BN)
 
 
 @triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
-def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+def _b1_kernel(DY, B, Psave, Q, GB, DB, CntB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -363,33 +391,35 @@ def _b1_kernel(DY, B, Psave, Q, GB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
         roff = tl.load(meta_i + ad * 8 + 3)
         poff = tl.load(meta_i + ad * 8 + 4)
         bucket = tl.load(meta_i + ad * 8 + 5)
+        nch = tl.load(meta_i + ad * 8 + 7)
+        cidx = ad * n_nb + nb
         scale = tl.load(meta_f + ad * 2)
         if BUCKETS & 1:
             if (bucket == 0) & (nb * BN * CM0 < N):
-                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          16, BM0, BN * CM0, PREC)
+                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, cidx, 16, BM0, BN * CM0, PREC)
         if BUCKETS & 2:
             if (bucket == 1) & (nb * BN * CM1 < N):
-                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          32, BM1, BN * CM1, PREC)
+                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, cidx, 32, BM1, BN * CM1, PREC)
         if BUCKETS & 4:
             if (bucket == 2) & (nb * BN * CM2 < N):
-                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          64, BM2, BN * CM2, PREC)
+                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, cidx, 64, BM2, BN * CM2, PREC)
         if BUCKETS & 8:
             if (bucket == 3) & (nb * BN * CM3 < N):
-                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          128, BM3, BN * CM3, PREC)
+                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, cidx, 128, BM3, BN * CM3, PREC)
         if BUCKETS & 16:
             if (bucket == 4) & (nb * BN * CM4 < N):
-                _b1b_body(DY, Psave, GB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-                          256, BM4, BN * CM4, PREC)
+                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, cidx, 256, BM4, BN * CM4, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
-             kb, seed, thresh, inv_keep,
+def _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
+             kb, seed, thresh, inv_keep, nch, cidx,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
     rr = tl.arange(0, R)
@@ -419,12 +449,13 @@ def _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, pof
                      d.to(DXL.dtype.element_ty), mask=xm)
         acc = _dot(tl.trans(qb), x, acc, PREC)
     acc = acc * inv_keep
-    tl.atomic_add(GA + (roff + rr).to(tl.int64)[:, None] * K + cols[None, :], acc,
-                  mask=rkm[:, None] & cm[None, :], sem="relaxed")
+    _grad_out(acc, GA, DA, CntA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
+              rkm[:, None] & cm[None, :], cidx, nch, R, BK)
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])
-def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb, seed,
+def _b2_kernel(X, A, Q, DXL, GA, DA, CntA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
+               seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                CM0: tl.constexpr, CM1: tl.constexpr, CM2: tl.constexpr, CM3: tl.constexpr,
@@ -443,27 +474,34 @@ def _b2_kernel(X, A, Q, DXL, GA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb
     poff = tl.load(meta_i + ad * 8 + 4)
     bucket = tl.load(meta_i + ad * 8 + 5)
     thresh = tl.load(meta_i + ad * 8 + 6)
+    nch = tl.load(meta_i + ad * 8 + 7)
+    cidx = ad * n_kb + kb
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
         if (bucket == 0) & (kb * BK * CM0 < K):
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, 16, BM0, BK * CM0, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, cidx, 16, BM0, BK * CM0, DROPOUT,
+                     WRITE_DX, PREC)
     if BUCKETS & 2:
         if (bucket == 1) & (kb * BK * CM1 < K):
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, 32, BM1, BK * CM1, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, cidx, 32, BM1, BK * CM1, DROPOUT,
+                     WRITE_DX, PREC)
     if BUCKETS & 4:
         if (bucket == 2) & (kb * BK * CM2 < K):
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, 64, BM2, BK * CM2, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, cidx, 64, BM2, BK * CM2, DROPOUT,
+                     WRITE_DX, PREC)
     if BUCKETS & 8:
         if (bucket == 3) & (kb * BK * CM3 < K):
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, 128, BM3, BK * CM3, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, cidx, 128, BM3, BK * CM3, DROPOUT,
+                     WRITE_DX, PREC)
     if BUCKETS & 16:
         if (bucket == 4) & (kb * BK * CM4 < K):
-            _b2_body(X, A, Q, DXL, GA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, 256, BM4, BK * CM4, DROPOUT, WRITE_DX, PREC)
+            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, cidx, 256, BM4, BK * CM4, DROPOUT,
+                     WRITE_DX, PREC)
 
 
 # ------------------------------------------------------------------------------- mask helper
@@ -475,15 +513,3 @@ def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
     tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
              mask=(rows < M)[:, None] & (cols < K)[None, :])
-
-
-# ------------------------------------------------------------------------------ gradient cast
-@triton.jit
-def _cast2_kernel(G, DA, DB, n_a, n_all, BLOCK: tl.constexpr):
-    """The adapters' gradients out of the fp32 workspace in one launch: DA[i] = G[i] for
-    i < n_a, DB[i - n_a] = G[i] for n_a <= i < n_all, converted to DA's / DB's dtype."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n_all
-    v = tl.load(G + offs, mask=m, other=0.0)
-    tl.store(DA + offs, v.to(DA.dtype.element_ty), mask=m & (offs < n_a))
-    tl.store(DB + (offs - n_a), v.to(DB.dtype.element_ty), mask=m & (offs >= n_a))

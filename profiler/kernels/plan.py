@@ -16,7 +16,9 @@ from .config import MAX_RANK, KernelConfig, bucket_of, cdiv, keep_threshold
 class LoRAPlan:
     """Launch plan of one (segments, ranks, layer) configuration, built once and reused.
 
-    Host fields are plain Python; ``meta_i``/``meta_f``/``tiles``/``chunks`` live on the device
+    Host fields are plain Python; ``meta_i`` (per adapter: start, len, rank, rank offset, P offset,
+    bucket, keep threshold, token chunks), ``meta_f`` (scale, 1/(1-p)), ``tiles`` and ``chunks``
+    ((adapter, m0, m1) rows) live on the device
     (uploaded once, so the step itself makes no host-to-device copy and can be graph-captured)."""
     seg_lens: tuple
     ranks: tuple
@@ -122,7 +124,8 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     tiles.sort(key=lambda t: (-t[0], t[2]))
     chunks.sort(key=lambda c: (-(c[3] - c[2]) * (c[0] + 16), c[2]))
     n_tiles, n_chunks = len(tiles), len(chunks)
-    ksplit = max(1, min(cfg.max_split, nkb, cdiv(target, max(n_tiles, 1))))
+    per_tile = ((lambda a, b: a // b) if cfg.split_floor else cdiv)   # programs per row tile
+    ksplit = max(1, min(cfg.max_split, nkb, per_tile(target, max(n_tiles, 1))))
     kb_per = cdiv(nkb, ksplit)
     ksplit = cdiv(nkb, kb_per)
     # Q = dY B^T needs no N split (and no atomics) when the dB programs of the same launch
@@ -131,11 +134,14 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     nsplit = 1 if short <= 0 else max(1, min(cfg.max_split, nnb, cdiv(short, max(n_tiles, 1))))
     nb_per = cdiv(nnb, nsplit)
     nsplit = cdiv(nnb, nb_per)
-    ngroups = max(1, min(nnb, cdiv(target, max(n_tiles, 1))))
+    ngroups = max(1, min(nnb, per_tile(target, max(n_tiles, 1))))
     ng_per = cdiv(nnb, ngroups)
     ngroups = cdiv(nnb, ng_per)
+    nch = [0] * n   # token chunks per adapter (the dA/dB blocks' counter targets)
+    for c in chunks:
+        nch[c[1]] += 1
     meta_i = torch.tensor([[starts[i], seg_lens[i], ranks[i], roffs[i], poffs[i], buckets[i],
-                            keep_threshold(dropout[i]), 0] for i in range(n)],
+                            keep_threshold(dropout[i]), nch[i]] for i in range(n)],
                           dtype=torch.int32).reshape(n, K_.META_I)
     meta_f = torch.tensor([[scales[i], 1.0 / (1.0 - dropout[i])] for i in range(n)],
                           dtype=torch.float32).reshape(n, K_.META_F)

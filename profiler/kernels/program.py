@@ -8,9 +8,10 @@ tables and the constexprs bound once), the choice between cuBLAS and ``lora_gemm
 sizes of the step's buffers. A step then allocates its outputs, launches with only the step's
 tensors and seed as arguments, and recomputes nothing the plan already knows. Programs are cached
 on the plan (``plan.extra``). The forward's fp32 sums of P over ``_f1``'s K splits (``pacc``) and
-its per-tile counters (``cnt``), both left at zero by every launch, are a workspace kept by the program
-and reused by every step: programs assume the steps of one plan run on one CUDA stream (or on
-the CPU), in order.
+its per-tile counters (``cnt``), and the backward's fp32 sums of dA/dB over token chunks (``gacc``)
+and its per-block counters (``cnt_a``, ``cnt_b``), all left at zero by every launch, are
+workspaces kept by the programs and reused by every step: programs assume the steps of one plan
+run on one CUDA stream (or on the CPU), in order.
 
 Programs hold no reference to their plan (the plan holds them: a cycle would keep the weight
 tensors their bound launches reference alive until the cyclic garbage collector runs); ``run``
@@ -38,8 +39,10 @@ def prec_of(dtype: torch.dtype) -> str:
 
 
 def gbuf_numel(plan) -> int:
-    """fp32 workspace of the backward: dA (sum_r x K), dB (sum_r x N), Q (compact, p_size)."""
-    return plan.sum_r * (plan.in_features + plan.out_features) + plan.p_size
+    """fp32 elements of the per-step workspace that ``_f2`` zeroes for the backward: Q's N-split
+    partial sums (compact, p_size) when ``_b1`` splits Q over N, else none (dA and dB go straight
+    to the gradients or through the backward program's own zero-kept ``gacc``)."""
+    return plan.p_size if plan.nsplit > 1 else 0
 
 
 def _wdesc_of(prog, weight, bwd: bool):
@@ -156,53 +159,64 @@ class BackwardProgram:
         self.prec = prec = prec_of(x.dtype)
         self.x_shape = (M, Kf)
         self.ga_end = plan.sum_r * Kf
-        self.gb_end = plan.sum_r * (Kf + Nf)
         self.a_shape, self.b_shape = (plan.sum_r, Kf), (plan.sum_r, Nf)
+        # gradients of adapters without tokens are never written by a kernel: zero-filled
+        self.empty = plan.n_tiles == 0
+        self.zero_grads = self.empty or any(L == 0 for L in plan.seg_lens)
         self.q_atomic = plan.nsplit > 1
         self.p_numel = max(plan.p_size, 1)
-        self.empty = plan.n_tiles == 0
         self.gemm = self._wd = None
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
         if not self.empty:
             n_nb = cdiv(Nf, cfg.bn)
+            n_kb = cdiv(Kf, cfg.bk)
             n_q = plan.n_tiles * plan.nsplit
+            # dA/dB of adapters with several token chunks: fp32 sums and one counter per
+            # (adapter, column block), zero between steps (the last chunk of a block zeroes them)
+            multi = plan.n_chunks > sum(1 for L in plan.seg_lens if L > 0)
+            n_ad = len(plan.ranks)
+            self.gacc = torch.zeros(plan.sum_r * (Kf + Nf) if multi else 1,
+                                    dtype=torch.float32, device=x.device)
+            self.cnt_a = torch.zeros(n_ad * n_kb if multi else 1, dtype=torch.int32,
+                                     device=x.device)
+            self.cnt_b = torch.zeros(n_ad * n_nb if multi else 1, dtype=torch.int32,
+                                     device=x.device)
             self.b1 = BoundLaunch(
                 K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
-                ("DY", "B", "Psave", "Q", "GB"),
-                dict(tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
+                ("DY", "B", "Psave", "Q", "DB"),
+                dict(GB=self.gacc[self.ga_end:] if multi else self.gacc, CntB=self.cnt_b,
+                     tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
                      N=Nf, sdm=dy.stride(0), sbm=lora_B.stride(0), nsplit=plan.nsplit,
                      nb_per=plan.nb_per, n_q=n_q, n_nb=n_nb, BUCKETS=plan.buckets,
                      **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn, Q_ATOMIC=self.q_atomic,
                      PREC=prec),
                 dict(num_warps=cfg.warps_b1), checked=(0,))
-            n_kb = cdiv(Kf, cfg.bk)
             self.b2 = BoundLaunch(
                 K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
-                ("X", "A", "Q", "DXL", "GA", "seed"),
-                dict(chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f, K=Kf,
-                     sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
+                ("X", "A", "Q", "DXL", "DA", "seed"),
+                dict(GA=self.gacc, CntA=self.cnt_a, chunks=plan.chunks, meta_i=plan.meta_i,
+                     meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
                      n_kb=n_kb, BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(),
                      BK=cfg.bk, DROPOUT=dropout, WRITE_DX=self.write_dx, PREC=prec,
                      SEED_PTR=seed_is_tensor),
                 dict(num_warps=cfg.warps_b2), checked=(0,))
-        self.cast = BoundLaunch(
-            K_._cast2_kernel, (max(1, cdiv(self.gb_end, 1024)),), "cast", 0, cfg,
-            ("G", "DA", "DB"), dict(n_a=self.ga_end, n_all=self.gb_end, BLOCK=1024),
-            dict(num_warps=4), start_stages=1, checked=())
 
     def run(self, plan, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool,
             need_B: bool):
         """One backward of ``plan``: (dX (M, K) or None, dA (sum_r, K) or None, dB (sum_r, N) or
         None)."""
         dx = None
+        new = torch.zeros if self.zero_grads else torch.empty
+        dA = new(self.a_shape, dtype=lora_A.dtype, device=self.device)
+        dB = new(self.b_shape, dtype=lora_B.dtype, device=self.device)
         if not self.empty:
             dxl = (torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
                    if self.write_dx else x)
             # Q: fp32 sums of N-split partials in the zeroed workspace, else one bf16/fp16 store
-            q = (gbuf[self.gb_end:] if self.q_atomic
+            q = (gbuf if self.q_atomic
                  else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
-            self.b1(dy, lora_B, psave, q, gbuf[self.ga_end:self.gb_end])
-            self.b2(x, lora_A, q, dxl, gbuf, seed)  # dA^T at offset 0 of the workspace
+            self.b1(dy, lora_B, psave, q, dB)
+            self.b2(x, lora_A, q, dxl, dA, seed)
             if self.write_dx:
                 dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
             elif self.need_x:
@@ -210,16 +224,6 @@ class BackwardProgram:
                 self._gemm(plan, dy, weight, q, lora_A, seed, dx)
         elif self.need_x:
             dx = torch.zeros(self.x_shape, dtype=self.dtype, device=self.device)
-        if not (need_A or need_B):
-            return dx, None, None
-        if lora_A.dtype == torch.float32 and lora_B.dtype == torch.float32:
-            dA = gbuf[: self.ga_end].view(self.a_shape)
-            dB = gbuf[self.ga_end: self.gb_end].view(self.b_shape)
-        else:  # one launch converts both out of the fp32 workspace
-            dA = torch.empty(self.a_shape, dtype=lora_A.dtype, device=self.device)
-            dB = torch.empty(self.b_shape, dtype=lora_B.dtype, device=self.device)
-            if self.gb_end:
-                self.cast(gbuf, dA, dB)
         return dx, (dA if need_A else None), (dB if need_B else None)
 
     def _wdesc(self, weight):
@@ -244,6 +248,7 @@ class BackwardProgram:
 
 def _key(x, lora_A, lora_B, seed, dropout: bool, extra) -> tuple:
     return (x.dtype, x.device, x.stride(0), lora_A.stride(0), lora_B.stride(0),
+            lora_A.dtype, lora_B.dtype,   # the gradients' dtypes are bound into b1 and b2
             isinstance(seed, torch.Tensor), dropout) + extra
 
 
