@@ -283,8 +283,8 @@ def test_k_split_workspace_is_left_zeroed_across_steps():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grad_blocks_single_and_multi_chunk_across_steps(dtype):
     """dA/dB go straight into the gradients: adapters with one token chunk store their blocks,
-    adapters with several add into a workspace whose last chunk per block writes the gradient and
-    zeroes it (``_triton._grad_out``). Three steps (new seeds) each match the float64 reference,
+    adapters with several add into a workspace that ``_gfin`` converts and zeroes again
+    (``_triton._grad_out``). Three steps (new seeds) each match the float64 reference,
     the empty adapter's gradients are exactly zero, and workspace and counters are zero after
     each step."""
     segs, ranks, K, N = [300, 0, 41, 129], [5, 64, 130, 17], 96, 72
@@ -300,6 +300,5 @@ def test_grad_blocks_single_and_multi_chunk_across_steps(dtype):
         assert out["dA"].dtype == dtype and out["dB"].dtype == dtype
         assert not out["dA"][5:69].any() and not out["dB"][5:69].any()   # the empty adapter
         progs = [p for k, v in plan.extra.items() if k[0] == "fwdprog" for p in v.bwd.values()]
-        assert progs and all(int(p.cnt_a.abs().sum() + p.cnt_b.abs().sum()) == 0 for p in progs)
-        assert all(float(p.gacc.abs().sum()) == 0.0 for p in progs)
+        assert progs and all(float(p.gacc.abs().sum()) == 0.0 for p in progs)
         assert all(p.gacc.numel() == plan.sum_r * (K + N) for p in progs)

@@ -38,9 +38,8 @@ profiler/KERNELS.md, session 12; the atomics make P's fp32 summation order vary 
 dA's and dB's already did). N-split partial sums of Q (only when needed) are added with fp32
 atomics into a buffer that _f2 zeroes (so no memset launch is needed). dA/dB blocks of an adapter
 with one token chunk are stored straight into the gradients (adapters' dtype); with several
-chunks, the chunks add into an fp32 workspace that stays zeroed between steps and the last chunk
-of each block writes the gradient and re-zeroes it (``_grad_out``: the same counter scheme as P;
-no cast launch, no memset). Every fp32 partial sum uses relaxed atomics (``red``): tl.atomic_add's
+chunks, the chunks add into an fp32 workspace that stays zeroed between steps, and ``_gfin`` (only
+launched when such an adapter exists) converts those rows and zeroes them again (no memset). Every fp32 partial sum uses relaxed atomics (``red``): tl.atomic_add's
 default acq_rel put a GPU-scope fence around each one (b1 84 -> 56 us, b2 71 -> 45 us at rank
 128, profiler/KERNELS.md, session 13).
 
@@ -269,24 +268,17 @@ def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm
 
 # ----------------------------------------------------------------------------------------- b1
 @triton.jit
-def _grad_out(acc, G, D, Cnt, offs, gm, cidx, nch, R: tl.constexpr, BC: tl.constexpr):
-    """One token chunk's (R, BC) fp32 share ``acc`` of a dA or dB block (elements ``offs``, mask
-    ``gm``) into the gradient D (the adapters' dtype): stored at once when the adapter has one
-    chunk (nch == 1); else added with relaxed fp32 atomics into the workspace G (zero between
-    steps), and the block's last chunk to finish (int32 counter ``cidx``, acq_rel at GPU scope
-    after a CTA barrier, as ``_f1``'s K splits) reads the sum once, writes D and zeroes its G
-    elements and the counter for the next step. Replaces a workspace memset and a cast launch."""
+def _grad_out(acc, G, D, offs, gm, nch):
+    """One token chunk's fp32 share ``acc`` of a dA or dB block (elements ``offs``, mask ``gm``):
+    stored into the gradient D (the adapters' dtype) when the adapter has one chunk (nch == 1),
+    else added with relaxed fp32 atomics into the workspace G (zero between steps), which
+    ``_gfin_kernel`` then converts into D and zeroes again. (The block's last chunk writing D
+    itself, behind a per-block counter as _f1 does for P, measured slower: the acq_rel counter
+    waits for every chunk's atomics, profiler/KERNELS.md, session 13.)"""
     if nch == 1:
         tl.store(D + offs, acc.to(D.dtype.element_ty), mask=gm)
     else:
         tl.atomic_add(G + offs, acc, mask=gm, sem="relaxed")
-        tl.debug_barrier()  # every thread's adds issued before the release below
-        done = tl.atomic_add(Cnt + cidx, 1, sem="acq_rel", scope="gpu")
-        if done == nch - 1:
-            g = tl.load(G + offs, mask=gm, other=0.0, cache_modifier=".cg")
-            tl.store(D + offs, g.to(D.dtype.element_ty), mask=gm)
-            tl.store(G + offs, tl.zeros((R, BC), dtype=tl.float32), mask=gm)
-            tl.atomic_xchg(Cnt + cidx, 0)
 
 
 @triton.jit
@@ -315,8 +307,8 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
 
 
 @triton.jit
-def _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
-              nch, cidx, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+              nch, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
     rr = tl.arange(0, R)
     rkm = rr < rank
@@ -332,12 +324,12 @@ def _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, 
                      mask=rmask[:, None] & cm[None, :], other=0.0)
         acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
     acc = acc * scale
-    _grad_out(acc, GB, DB, CntB, (roff + rr).to(tl.int64)[:, None] * N + cols[None, :],
-              rkm[:, None] & cm[None, :], cidx, nch, R, BN)
+    _grad_out(acc, GB, DB, (roff + rr).to(tl.int64)[:, None] * N + cols[None, :],
+              rkm[:, None] & cm[None, :], nch)
 
 
 @triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
-def _b1_kernel(DY, B, Psave, Q, GB, DB, CntB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+def _b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -392,34 +384,33 @@ def _b1_kernel(DY, B, Psave, Q, GB, DB, CntB, tiles, chunks, meta_i, meta_f, N, 
         poff = tl.load(meta_i + ad * 8 + 4)
         bucket = tl.load(meta_i + ad * 8 + 5)
         nch = tl.load(meta_i + ad * 8 + 7)
-        cidx = ad * n_nb + nb
         scale = tl.load(meta_f + ad * 2)
         if BUCKETS & 1:
             if (bucket == 0) & (nb * BN * CM0 < N):
-                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
-                          scale, nch, cidx, 16, BM0, BN * CM0, PREC)
+                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, 16, BM0, BN * CM0, PREC)
         if BUCKETS & 2:
             if (bucket == 1) & (nb * BN * CM1 < N):
-                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
-                          scale, nch, cidx, 32, BM1, BN * CM1, PREC)
+                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, 32, BM1, BN * CM1, PREC)
         if BUCKETS & 4:
             if (bucket == 2) & (nb * BN * CM2 < N):
-                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
-                          scale, nch, cidx, 64, BM2, BN * CM2, PREC)
+                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, 64, BM2, BN * CM2, PREC)
         if BUCKETS & 8:
             if (bucket == 3) & (nb * BN * CM3 < N):
-                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
-                          scale, nch, cidx, 128, BM3, BN * CM3, PREC)
+                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, 128, BM3, BN * CM3, PREC)
         if BUCKETS & 16:
             if (bucket == 4) & (nb * BN * CM4 < N):
-                _b1b_body(DY, Psave, GB, DB, CntB, sdm, N, m0, m1, start, rank, roff, poff, nb,
-                          scale, nch, cidx, 256, BM4, BN * CM4, PREC)
+                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                          scale, nch, 256, BM4, BN * CM4, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
-             kb, seed, thresh, inv_keep, nch, cidx,
+def _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
+             kb, seed, thresh, inv_keep, nch,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
     rr = tl.arange(0, R)
@@ -449,12 +440,12 @@ def _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank,
                      d.to(DXL.dtype.element_ty), mask=xm)
         acc = _dot(tl.trans(qb), x, acc, PREC)
     acc = acc * inv_keep
-    _grad_out(acc, GA, DA, CntA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
-              rkm[:, None] & cm[None, :], cidx, nch, R, BK)
+    _grad_out(acc, GA, DA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
+              rkm[:, None] & cm[None, :], nch)
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])
-def _b2_kernel(X, A, Q, DXL, GA, DA, CntA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
+def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
                seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -475,32 +466,31 @@ def _b2_kernel(X, A, Q, DXL, GA, DA, CntA, chunks, meta_i, meta_f, K, sxm, sam, 
     bucket = tl.load(meta_i + ad * 8 + 5)
     thresh = tl.load(meta_i + ad * 8 + 6)
     nch = tl.load(meta_i + ad * 8 + 7)
-    cidx = ad * n_kb + kb
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
         if (bucket == 0) & (kb * BK * CM0 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, nch, cidx, 16, BM0, BK * CM0, DROPOUT,
+            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, 16, BM0, BK * CM0, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 2:
         if (bucket == 1) & (kb * BK * CM1 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, nch, cidx, 32, BM1, BK * CM1, DROPOUT,
+            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, 32, BM1, BK * CM1, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 4:
         if (bucket == 2) & (kb * BK * CM2 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, nch, cidx, 64, BM2, BK * CM2, DROPOUT,
+            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, 64, BM2, BK * CM2, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 8:
         if (bucket == 3) & (kb * BK * CM3 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, nch, cidx, 128, BM3, BK * CM3, DROPOUT,
+            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, 128, BM3, BK * CM3, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 16:
         if (bucket == 4) & (kb * BK * CM4 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, CntA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
-                     poff, kb, seed, thresh, inv_keep, nch, cidx, 256, BM4, BK * CM4, DROPOUT,
+            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+                     poff, kb, seed, thresh, inv_keep, nch, 256, BM4, BK * CM4, DROPOUT,
                      WRITE_DX, PREC)
 
 
@@ -513,3 +503,31 @@ def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
     tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
              mask=(rows < M)[:, None] & (cols < K)[None, :])
+
+
+# --------------------------------------------------------------------- multi-chunk gradients
+@triton.jit
+def _gfin_row(g, d, n, BLOCK: tl.constexpr):
+    """d[0:n] = g[0:n] in d's dtype, then g[0:n] = 0."""
+    for c in range(0, n, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(g + offs, mask=m, other=0.0)
+        tl.store(d + offs, v.to(d.dtype.element_ty), mask=m)
+        tl.store(g + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=m)
+
+
+@triton.jit(do_not_specialize=["sum_r", "K", "N"])
+def _gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
+    """dA/dB rows of the adapters with several token chunks out of the fp32 workspace G (dA^T
+    rows (sum_r, K) then dB rows (sum_r, N)), converted to DA's / DB's dtype; G is zeroed again for
+    the next step. Program i < sum_r: dA row i, else dB row i - sum_r; rows with multi[row] == 0
+    (one-chunk adapters, already stored by _b1/_b2) are left alone."""
+    pid = tl.program_id(0)
+    r = pid % sum_r
+    if tl.load(multi + r) != 0:
+        if pid < sum_r:
+            _gfin_row(G + r.to(tl.int64) * K, DA + r.to(tl.int64) * K, K, BLOCK)
+        else:
+            _gfin_row(G + sum_r.to(tl.int64) * K + r.to(tl.int64) * N, DB + r.to(tl.int64) * N,
+                      N, BLOCK)

@@ -55,7 +55,8 @@ class KernelConfig:
     tiles for high ranks cut those re-reads); waves: target programs per SM
     used to choose the K/N splits and token chunks; split_floor: the K splits of ``_f1`` and N
     groups of ``_f2`` are rounded down (grid <= the target, e.g. 4 x 64 tiles = 256 programs = two
-    waves at one program per SM) instead of up (5 x 64 = 320: a third, part-empty wave); num_warps / num_stages: Triton launch
+    waves at one program per SM) instead of up (5 x 64 = 320: a third, part-empty wave; H100,
+    128x2: f1 46 -> 41 us, f2 30 -> 23 us, profiler/KERNELS.md session 13); num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2). base_gemm: who runs the frozen layer's two GEMMs:
     "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
@@ -68,7 +69,7 @@ class KernelConfig:
     bn: int = 128
     waves: float = 2.0
     max_split: int = 16
-    split_floor: bool = False
+    split_floor: bool = True
     warps_f1: int = 8
     warps_f2: int = 8
     warps_b1: int = 8

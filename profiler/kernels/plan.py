@@ -47,6 +47,9 @@ class LoRAPlan:
     meta_f_nodrop: torch.Tensor  # meta_f with 1/(1-p) = 1 (dropout off)
     extra: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     """Derived launch data cached per plan (row tiles and GEMM choices of ``lora_gemm``)."""
+    nch: tuple = ()
+    """Token chunks of each adapter (as meta_i's last column): dA/dB of adapters with more than
+    one go through the backward's fp32 workspace and ``_gfin``."""
 
     @property
     def n_tokens(self) -> int:
@@ -153,5 +156,5 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
                     tuple(starts), tuple(roffs), ro, po, mask, n_tiles, n_chunks,
                     ksplit, kb_per, nsplit, nb_per, ngroups, ng_per, cfg,
                     meta_i.to(device), meta_f.to(device), t_t.to(device), c_t.to(device),
-                    meta_f_nodrop.to(device))
+                    meta_f_nodrop.to(device), nch=tuple(nch))
 

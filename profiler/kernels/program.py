@@ -8,9 +8,9 @@ tables and the constexprs bound once), the choice between cuBLAS and ``lora_gemm
 sizes of the step's buffers. A step then allocates its outputs, launches with only the step's
 tensors and seed as arguments, and recomputes nothing the plan already knows. Programs are cached
 on the plan (``plan.extra``). The forward's fp32 sums of P over ``_f1``'s K splits (``pacc``) and
-its per-tile counters (``cnt``), and the backward's fp32 sums of dA/dB over token chunks (``gacc``)
-and its per-block counters (``cnt_a``, ``cnt_b``), all left at zero by every launch, are
-workspaces kept by the programs and reused by every step: programs assume the steps of one plan
+its per-tile counters (``cnt``), and the backward's fp32 sums of dA/dB over token chunks (``gacc``,
+zeroed again by ``_gfin``), all left at zero by every step, are workspaces kept by the programs
+and reused by every step: programs assume the steps of one plan
 run on one CUDA stream (or on the CPU), in order.
 
 Programs hold no reference to their plan (the plan holds them: a cycle would keep the weight
@@ -171,21 +171,15 @@ class BackwardProgram:
             n_nb = cdiv(Nf, cfg.bn)
             n_kb = cdiv(Kf, cfg.bk)
             n_q = plan.n_tiles * plan.nsplit
-            # dA/dB of adapters with several token chunks: fp32 sums and one counter per
-            # (adapter, column block), zero between steps (the last chunk of a block zeroes them)
-            multi = plan.n_chunks > sum(1 for L in plan.seg_lens if L > 0)
-            n_ad = len(plan.ranks)
+            # dA/dB of adapters with several token chunks: fp32 sums in a workspace that is
+            # zero between steps (_gfin converts their rows and zeroes them again)
+            multi = any(c > 1 for c in plan.nch)
             self.gacc = torch.zeros(plan.sum_r * (Kf + Nf) if multi else 1,
                                     dtype=torch.float32, device=x.device)
-            self.cnt_a = torch.zeros(n_ad * n_kb if multi else 1, dtype=torch.int32,
-                                     device=x.device)
-            self.cnt_b = torch.zeros(n_ad * n_nb if multi else 1, dtype=torch.int32,
-                                     device=x.device)
             self.b1 = BoundLaunch(
                 K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
                 ("DY", "B", "Psave", "Q", "DB"),
-                dict(GB=self.gacc[self.ga_end:] if multi else self.gacc, CntB=self.cnt_b,
-                     tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
+                dict(GB=self.gacc[self.ga_end:] if multi else self.gacc, tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
                      N=Nf, sdm=dy.stride(0), sbm=lora_B.stride(0), nsplit=plan.nsplit,
                      nb_per=plan.nb_per, n_q=n_q, n_nb=n_nb, BUCKETS=plan.buckets,
                      **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn, Q_ATOMIC=self.q_atomic,
@@ -194,12 +188,20 @@ class BackwardProgram:
             self.b2 = BoundLaunch(
                 K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
                 ("X", "A", "Q", "DXL", "DA", "seed"),
-                dict(GA=self.gacc, CntA=self.cnt_a, chunks=plan.chunks, meta_i=plan.meta_i,
+                dict(GA=self.gacc, chunks=plan.chunks, meta_i=plan.meta_i,
                      meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
                      n_kb=n_kb, BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(),
                      BK=cfg.bk, DROPOUT=dropout, WRITE_DX=self.write_dx, PREC=prec,
                      SEED_PTR=seed_is_tensor),
                 dict(num_warps=cfg.warps_b2), checked=(0,))
+            self.gfin = None
+            if multi:
+                rows = [int(c > 1) for c, r in zip(plan.nch, plan.ranks) for _ in range(r)]
+                self.gfin = BoundLaunch(
+                    K_._gfin_kernel, (2 * plan.sum_r,), "gfin", 0, cfg, ("DA", "DB"),
+                    dict(G=self.gacc, multi=torch.tensor(rows, dtype=torch.int32).to(x.device),
+                         sum_r=plan.sum_r, K=Kf, N=Nf, BLOCK=1024),
+                    dict(num_warps=4), start_stages=1, checked=())
 
     def run(self, plan, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool,
             need_B: bool):
@@ -217,6 +219,8 @@ class BackwardProgram:
                  else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
             self.b1(dy, lora_B, psave, q, dB)
             self.b2(x, lora_A, q, dxl, dA, seed)
+            if self.gfin is not None:
+                self.gfin(dA, dB)
             if self.write_dx:
                 dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
             elif self.need_x:
