@@ -53,10 +53,12 @@ class KernelConfig:
     bk / bn: columns of X / of Y per tile (powers of two >= 32); cms: column-width multiplier of
     each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
     tiles for high ranks cut those re-reads); waves: target programs per SM
-    used to choose the K/N splits and token chunks; split_floor: the K splits of ``_f1`` and N
-    groups of ``_f2`` are rounded down (grid <= the target, e.g. 4 x 64 tiles = 256 programs = two
-    waves at one program per SM) instead of up (5 x 64 = 320: a third, part-empty wave; H100,
-    128x2: f1 46 -> 41 us, f2 30 -> 23 us, profiler/KERNELS.md session 13); num_warps / num_stages: Triton launch
+    used to choose the K/N splits and token chunks; split_floor: when every adapter's rank is
+    >= 33 (rank buckets 64-256: one program per SM), the K splits of ``_f1`` and N groups of
+    ``_f2`` are rounded down (grid <= the target, e.g. 4 x 64 tiles = 256 programs = two waves)
+    instead of up (5 x 64 = 320: a third, part-empty wave; H100, 128x2: f1 46 -> 41 us, f2 30 ->
+    23 us; with low ranks in the mix it lost, 8-128x8 f1 58 -> 65 us; profiler/KERNELS.md,
+    session 13); num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2). base_gemm: who runs the frozen layer's two GEMMs:
     "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where

@@ -127,7 +127,10 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     tiles.sort(key=lambda t: (-t[0], t[2]))
     chunks.sort(key=lambda c: (-(c[3] - c[2]) * (c[0] + 16), c[2]))
     n_tiles, n_chunks = len(tiles), len(chunks)
-    per_tile = ((lambda a, b: a // b) if cfg.split_floor else cdiv)   # programs per row tile
+    # programs per row tile: rounded down to whole waves when every tile is of rank >= 33 (one
+    # program per SM at the default tiles), else up (profiler/KERNELS.md, session 13)
+    floor = cfg.split_floor and not mask & 0b11
+    per_tile = (lambda a, b: a // b) if floor else cdiv
     ksplit = max(1, min(cfg.max_split, nkb, per_tile(target, max(n_tiles, 1))))
     kb_per = cdiv(nkb, ksplit)
     ksplit = cdiv(nkb, kb_per)
