@@ -155,6 +155,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         self._last_tick = float("-inf")
         self._last_now = float("-inf")
         self._queue_table = QueueTable()
+        self._srows: dict = {}  # the column screens' batch rows per waiting shape (``ColumnScreen._shape_rows``)
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
         self.shapes_by_member = 0  # queued shapes found without a join target unasked (by member or in bulk)
         self.columns_made = 0  # changed groups screened against every waiting shape at once (``tlora_column``)

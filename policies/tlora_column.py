@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import batch_refusals, group_features, job_shape
+from tlora_sim.policies.tlora_index import batch_refusals, group_features
 from tlora_sim.sim.core.snapshot import Snapshot
 
 COLUMN_MIN = 16
@@ -54,6 +54,7 @@ class ColumnScreen:
         self._col_kinds: dict[tuple, tuple | None] = {}
         self._col_vec: dict[tuple, tuple] = {}
         self._col_at: dict[tuple, dict] = {}
+        self._col_pos: dict[tuple, dict] = {}
 
     def _columns_close(self) -> None:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
@@ -61,34 +62,61 @@ class ColumnScreen:
         self._col_kinds = {}
         self._col_vec = {}
         self._col_at = {}
+        self._col_pos = {}
 
     def _shapes_of(self, kind: tuple, fb) -> tuple | None:
         """The waiting shapes of ``kind`` a column covers, as (job-shape keys, batch rows (W, WIDTH),
-        tightest bounds (W,) s, isolated step times (W,) s, cost-model members); None when fewer
-        than ``COLUMN_MIN`` of them have batch rows."""
+        tightest bounds (W,) s, isolated step times (W,) s, cost-model members, shape ids (W,));
+        None when fewer than ``COLUMN_MIN`` of them have batch rows. Read from the queue table's
+        per-shape arrays and ``_shape_rows`` (no per-job work)."""
         if kind in self._col_kinds:
             return self._col_kinds[kind]
         q, first, ids, kinds_of = self._col_q
-        kid = q.table.kind_ids.get(kind)
+        t = q.table
+        kid = t.kind_ids.get(kind)
         got = None
         if kid is not None:
-            pos = first[kinds_of == kid]
-            if len(pos) >= COLUMN_MIN:
-                keys, rows, bound, iso, members = [], [], [], [], []
-                for p in pos.tolist():
-                    job = q.job(p)
-                    row = self._job_row(fb, job)
-                    if row is None:
-                        continue
-                    keys.append(job_shape(job, False))
-                    rows.append(row)
-                    bound.append(job.max_slowdown * job.isolated_step_time_s)
-                    iso.append(job.isolated_step_time_s)
-                    members.append(job.member)
-                if len(keys) >= COLUMN_MIN:
-                    got = (keys, np.array(rows), np.array(bound), np.array(iso), members)
+            sids = ids[kinds_of == kid]
+            if len(sids) >= COLUMN_MIN:
+                rows, have = self._shape_rows(fb, t, sids)
+                sids, rows = sids[have], rows[have]
+                if len(sids) >= COLUMN_MIN:
+                    sl = sids.tolist()
+                    jk, mem = t.jkey_of, t.member_of
+                    got = ([jk[s] for s in sl], rows, t.bound_of[sids], t.iso_of[sids], [mem[s] for s in sl], sids)
         self._col_kinds[kind] = got
         return got
+
+    def _shape_rows(self, fb, t, sids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(batch feature rows (len(sids), WIDTH), whether each has one (len(sids),) bool) of shape
+        ids ``sids`` of queue table ``t``: ``fb.row`` of each shape's member (as ``_job_row``), kept
+        per shape for the simulation (a shape's member never changes)."""
+        ent = self._srows.get(id(fb))
+        if ent is None or ent[0] is not fb or ent[1] is not t:
+            ent = self._srows[id(fb)] = [fb, t, None, np.zeros(0, np.int8)]
+        need = int(sids.max()) + 1
+        if need > len(ent[3]):
+            state = np.zeros(max(need, 2 * len(ent[3]), 256), np.int8)
+            state[: len(ent[3])] = ent[3]
+            ent[3] = state
+            if ent[2] is not None:
+                mat = np.zeros((len(state), ent[2].shape[1]), ent[2].dtype)
+                mat[: len(ent[2])] = ent[2]
+                ent[2] = mat
+        state = ent[3]
+        for s in sids[state[sids] == 0].tolist():  # shapes seen for the first time
+            row = fb.row([t.member_of[s]])
+            if row is None:
+                state[s] = 2
+                continue
+            if ent[2] is None:
+                ent[2] = np.zeros((len(state), len(row)), np.asarray(row).dtype)
+            ent[2][s] = row
+            state[s] = 1
+        have = state[sids] == 1
+        if ent[2] is None:
+            return np.zeros((len(sids), 0)), have
+        return ent[2][sids], have
 
     def _column_vector(self, snap: Snapshot, plan: Planner, kind: tuple, shapes: tuple, x) -> np.ndarray | None:
         """The column of group ``x`` (a running group id, unchanged in this decision, or a planned
@@ -118,7 +146,7 @@ class ColumnScreen:
         """Which of ``shapes`` (shape (W,), bool) the batch refuses for certain to join a group
         (feature ``row``, Σ isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s,
         ``nano`` nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
-        keys, rows, bound_j, iso_j, mem_j = shapes
+        keys, rows, bound_j, iso_j, mem_j = shapes[:5]
         self.columns_made += 1
         return batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
                               np.minimum(bound_j, bound), iso_j + iso,
@@ -132,41 +160,45 @@ class ColumnScreen:
             at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
         return at
 
-    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, jobs: list) -> list:
-        """For waiting shapes of ``kind`` unable to start alone (``jobs``: one job of each): which
-        surely have no join target now, decided for all at once. A shape qualifies when its kept
-        answer is "no target" and every group ``_still_no_target`` would ask refuses it by residual
-        capacity or by the group's column (certain batch refusals). Returns, per job, None (not
-        sure: ask it as before) or (job-shape key, validity, stamp covered or None) to record."""
-        out: list = [None] * len(jobs)
+    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: list[int]) -> list:
+        """For waiting shapes of ``kind`` unable to start alone (``sids``: their ids in the walk's
+        queue table): which surely have no join target now, decided for all at once. A shape
+        qualifies when its kept answer is "no target" and every group ``_still_no_target`` would
+        ask refuses it by residual capacity or by the group's column (certain batch refusals).
+        Returns, per shape, None (not sure: ask it as before) or (job-shape key, validity, stamp
+        covered or None) to record."""
+        out: list = [None] * len(sids)
         tab = self._tables.get(kind)
-        if self._col_q is None or tab is None or tab.batch is None or len(jobs) < COLUMN_MIN:
+        if self._col_q is None or tab is None or tab.batch is None or len(sids) < COLUMN_MIN:
             return out
         shapes = self._shapes_of(kind, tab.batch)
         if shapes is None:
             return out
         kv, recent, valid, base = self._memo_state(plan, kind)
         covered = self._covered(plan, recent, base, kv)
-        at = self._column_index(kind, shapes)
-        cand, idx, since, bound_j = [], [], [], []
-        for n, job in enumerate(jobs):
-            jkey = job_shape(job, False)
-            hit = self._target_memo.get((kind, jkey))
+        at = self._col_pos.get(kind)
+        if at is None:  # shape id -> position in the kind's column vectors
+            at = self._col_pos[kind] = dict(zip(shapes[5].tolist(), range(len(shapes[5]))))
+        jkey_of, memo = self._col_q[0].table.jkey_of, self._target_memo
+        cand, idx, since = [], [], []
+        for n, s in enumerate(sids):
+            jkey = jkey_of[s]
+            hit = memo.get((kind, jkey))
             if hit is None or hit[1] is not None:
                 continue
             if hit[0] == valid:
                 out[n] = (jkey, valid, None)
                 continue
-            i = at.get(jkey)
+            i = at.get(s)
             if i is None:
                 continue
             cand.append((n, jkey))
             idx.append(i)
             since.append(hit[2])
-            bound_j.append(job.max_slowdown * job.isolated_step_time_s)
         if not cand:
             return out
-        idx, since, bound_j = np.array(idx), np.array(since), np.array(bound_j)
+        idx, since = np.array(idx), np.array(since)
+        bound_j = shapes[2][idx]
         ok = np.ones(len(cand), bool)  # surely no target so far
         lo = since.min()
         removed, joined = plan._removed_ids, plan._joined

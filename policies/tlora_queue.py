@@ -63,6 +63,13 @@ class QueueTable:
         #: at which the shape, unable to start alone, last found no join target with nothing of
         #: its kind planned; -2 if never (stamps are >= -1)
         self.no_target_at = np.zeros(0, np.int64)
+        #: per shape id: its join-memo key unable to start alone (``job_shape(job, False)``), its
+        #: cost-model member, its tightest bound (max_slowdown x isolated step time, s) and isolated
+        #: step time (s): what the column screens read per waiting shape (``tlora_column``)
+        self.jkey_of: list[tuple] = []
+        self.member_of: list = []
+        self.bound_of = np.zeros(0)
+        self.iso_of = np.zeros(0)
 
     def _grow(self, need: int) -> None:
         cap = max(need, 2 * self.cap, 1024)
@@ -86,9 +93,16 @@ class QueueTable:
             s = self.shape_ids[shape] = len(self.shape_key)
             self.shape_key.append(shape)
             if s >= len(self.no_target_at):
-                grown = np.full(max(1024, 2 * len(self.no_target_at)), -2, np.int64)
-                grown[: len(self.no_target_at)] = self.no_target_at
-                self.no_target_at = grown
+                cap = max(1024, 2 * len(self.no_target_at))
+                for name, fill in (("no_target_at", -2), ("bound_of", 0.0), ("iso_of", 0.0)):
+                    old = getattr(self, name)
+                    grown = np.full(cap, fill, old.dtype)
+                    grown[: len(old)] = old
+                    setattr(self, name, grown)
+            self.jkey_of.append(job_shape(j, False))
+            self.member_of.append(j.member)
+            self.bound_of[s] = j.max_slowdown * j.isolated_step_time_s
+            self.iso_of[s] = j.isolated_step_time_s
         self.submit[i] = j.submit_time_s
         self.runtime[i] = j.isolated_runtime_s
         self.slowdown[i] = j.max_slowdown
@@ -224,14 +238,14 @@ class QueueWalk:
         (``JoinSearch._no_target_by_member``). Each such answer is recorded as ``target_of``
         records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``), so the walk
         treats the shape as asked."""
-        jobs = [q.job(pos) for pos, _ in shapes]
-        got = self._bulk_no_target(snap, plan, kind, jobs)
+        got = self._bulk_no_target(snap, plan, kind, [s for _, s in shapes])
         kv = plan.kind_version.get(kind, 0)
         out = []
-        for (pos, s), job, ans in zip(shapes, jobs, got):
+        jkey_of = q.table.jkey_of
+        for (pos, s), ans in zip(shapes, got):
             if ans is None:
-                jkey = job_shape(job, False)
-                ans = self._no_target_by_member(snap, plan, job, kind, jkey)
+                jkey = jkey_of[s]
+                ans = self._no_target_by_member(snap, plan, q.job(pos), kind, jkey)
                 if ans is None:
                     out.append(False)
                     continue

@@ -15,6 +15,7 @@ import pytest
 from conftest import run_engine
 from tlora_sim.policies import tlora_column
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
+from tlora_sim.policies.tlora_index import job_shape
 from tlora_sim.policies.tlora_queue import QueueTable
 from tlora_sim.policies.ordering import order_queue
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
@@ -94,10 +95,13 @@ class Checked(TLoRA):
             self.wrong += self._join_target_search(snap, plan, job, can_start, kind, jkey) is not None
         return kept
 
-    def _bulk_no_target(self, snap, plan, kind, jobs):
-        got = super()._bulk_no_target(snap, plan, kind, jobs)
-        for job, ans in zip(jobs, got):
+    def _bulk_no_target(self, snap, plan, kind, sids):
+        got = super()._bulk_no_target(snap, plan, kind, sids)
+        q, first, ids, _ = self._col_q
+        for s, ans in zip(sids, got):
             if ans is not None:
+                job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
+                assert ans[0] == job_shape(job, False)
                 self.kept_in_bulk += 1
                 self.wrong += self._join_target_search(snap, plan, job, False, kind, ans[0]) is not None
         return got
