@@ -16,6 +16,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRD = ROOT / "profiler" / "data" / "validation" / "h100_third"
+
+
+@pytest.fixture
+def planned_as_executed(monkeypatch):
+    """Replays of the committed run plan with the cost model it was executed under (its
+    config.json's cost_model.artifact, h100-2026-11-23-d00b4b0f, kept beside it), not the shipped one:
+    the replay's decisions are the policy's answers from that model, and a later artifact (the
+    fused refit of 2026-11-26: faster launch path) rightly decides other groups."""
+    import json
+
+    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, load_artifact
+
+    art = json.loads((THIRD / "tlora" / "config.json").read_text())["cost_model"]["artifact"]
+    path = THIRD / f"costmodel_h100_{art.rsplit('-', 1)[1]}.json"
+    monkeypatch.setattr("tlora_sim.sim.executor.workload.executor_cost_model",
+                        lambda gpu: ProfiledCostModel(load_artifact(path), checkpointing=False))
+
+
 LORA = str(ROOT / "profiler" / "validation" / "lora_validation.json")
 
 
@@ -38,7 +56,7 @@ def test_placements_and_the_first_divergence():
     assert d.first_divergence.tolist() == [False, False, True]
 
 
-def test_the_committed_tlora_replay_follows_the_executed_schedule():
+def test_the_committed_tlora_replay_follows_the_executed_schedule(planned_as_executed):
     from tlora_sim.sim.executor.validate import simulate
 
     row, both, div = simulate(THIRD / "tlora", None, "measured")
@@ -49,7 +67,7 @@ def test_the_committed_tlora_replay_follows_the_executed_schedule():
     assert float(by_size["3"]) > float(by_size["1"])  # more members to save and restore
 
 
-def test_without_serial_pauses_the_tlora_replay_parts_at_17_s(monkeypatch):
+def test_without_serial_pauses_the_tlora_replay_parts_at_17_s(monkeypatch, planned_as_executed):
     from tlora_sim.sim.core.engine import Engine
     from tlora_sim.sim.executor.validate import simulate
 
