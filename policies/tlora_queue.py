@@ -119,8 +119,9 @@ class QueueTable:
         idx = keys() if keys is not None else np.fromiter((j.index for j in queue), np.int64, n)
         if n and int(idx.max()) >= self.cap:
             self._grow(int(idx.max()) + 1)
-        for p in np.flatnonzero(~self.seen[idx]).tolist():
-            self._add(queue[p])
+        by_index = getattr(queue, "by_index", None)
+        for p in np.flatnonzero(~self.seen[idx]).tolist():  # jobs seen for the first time
+            self._add(queue[p] if by_index is None else by_index(int(idx[p])))
         if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
             pos = np.lexsort((idx, -(self.slowdown[idx] - 1.0), -urg))
@@ -141,22 +142,27 @@ class QueueOrder:
         self.table = table
         self.queue = queue
         self.index = index
-        self._pos = pos.tolist()
+        by_index = getattr(queue, "by_index", None)  # an engine snapshot's queue: jobs by index, no copy
+        self._by_index = by_index
+        self._pos = None if by_index is not None else pos.tolist()
+        self._n = len(index)
         self.kind = table.kind[index]
         self.shape = table.shape[index]
         self._kinds: dict[int, list[int]] = {}
         self._by_shape: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self._pos)
+        return self._n
 
     def job(self, p: int) -> Job:
         """The job at position ``p``."""
+        if self._pos is None:
+            return self._by_index(int(self.index[p]))
         return self.queue[self._pos[p]]
 
     def min_gpus(self) -> int | None:
         """Fewest GPUs any queued job asks for (None for an empty queue)."""
-        return int(self.table.gpus[self.index].min()) if len(self._pos) else None
+        return int(self.table.gpus[self.index].min()) if self._n else None
 
     def kind_positions(self, k: int) -> list[int]:
         """Positions of kind id ``k``, ascending."""

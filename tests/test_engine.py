@@ -352,3 +352,37 @@ def test_snapshot_queue_is_read_in_place_and_only_while_deciding():
         len(kept[0])
     with pytest.raises(RuntimeError, match="after the decision returned"):
         kept[0][0]
+
+
+def test_queue_keys_follow_the_queue_dict():
+    """``QueueKeys`` (the engine's queue keys kept as an array from its reported changes) reads
+    back the dict's keys in order after any run of arrivals, removals, re-sorts and unread spells."""
+    import random
+
+    import numpy as np
+
+    from tlora_sim.sim.core.snapshot import QueueKeys, QueueView
+
+    rng = random.Random(5)
+    q: dict[int, str] = {}
+    keys, nxt = QueueKeys(), 0
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.45:  # arrivals: new keys at the end
+            new = list(range(nxt, nxt + rng.randint(1, 4)))
+            nxt = new[-1] + 1
+            q.update((k, "j") for k in new)
+            keys.added(new)
+        elif r < 0.9 and q:  # starts: some queued keys leave
+            gone = rng.sample(list(q), min(len(q), rng.randint(1, 3)))
+            for k in gone:
+                del q[k]
+            keys.removed(gone)
+        elif r < 0.93 and q:  # preempted jobs back in the queue, re-sorted
+            back = list(range(max(0, nxt - 50), nxt))
+            q.update((k, "j") for k in back if rng.random() < 0.2)
+            q = dict(sorted(q.items()))
+            keys.reset()
+        if rng.random() < 0.7:  # most decisions read it (others leave the changes to pile up)
+            got = QueueView(q, keys).indices()
+            assert got.dtype == np.int64 and got.tolist() == list(q), step

@@ -34,7 +34,7 @@ from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, Inva
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
-from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
+from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -127,6 +127,7 @@ class Engine:
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
         self.queue: dict[int, Job] = {}  # insertion (arrival) order
+        self._queue_keys = QueueKeys()  # its keys as an array, told of every change below
         self.remaining_queued: dict[int, float] = {}  # progress kept by preempted jobs
         self.groups: dict[int, _Group] = {}
         self.records = [JobRecord() for _ in self.jobs]
@@ -185,6 +186,7 @@ class Engine:
             while i < len(jobs) and jobs[i].submit_time_s <= env.now:
                 self.queue[i] = jobs[i]
                 i += 1
+            self._queue_keys.added(range(first, i))
             if self._obs is not None:
                 self._obs.arrive(env.now, range(first, i))
             self._events += 1
@@ -198,7 +200,7 @@ class Engine:
     # ---- policy ----------------------------------------------------------------------------
     def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
         """The read-only view handed to the policy (group views built on first access)."""
-        return Snapshot(self.env.now, QueueView(self.queue), _LazyViews(self), self.free.copy(), self.cluster,
+        return Snapshot(self.env.now, QueueView(self.queue, self._queue_keys), _LazyViews(self), self.free.copy(), self.cluster,
                         self.cost_model, self._kinds, changed)
 
     def _view(self, g: "_Group", now: float) -> GroupView:
@@ -268,6 +270,7 @@ class Engine:
             self._fail(f"{what} names a job twice: {indices}")
         for i in indices:
             del self.queue[i]
+        self._queue_keys.removed(indices)
         return list(indices)
 
     def _start_group(self, a: StartGroup) -> None:
@@ -335,6 +338,7 @@ class Engine:
             self.queue[i] = self.jobs[i]
             self.records[i].group_changes += 1
         self.queue = dict(sorted(self.queue.items()))
+        self._queue_keys.reset()
         if g.members:
             self._pause(g)
             self._retime(g)

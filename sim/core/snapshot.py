@@ -57,6 +57,61 @@ class GroupView:
         return tuple(j.member for j in self.members)
 
 
+class QueueKeys:
+    """The engine's queue keys (job indices, in queue order) as an int64 array kept up to date by
+    the changes the engine reports, so that ``QueueView.indices`` costs O(changes) numpy work per
+    decision instead of a Python-level pass over a long queue (issue 20). Mirrors a dict's order:
+    new keys go last (``added``: keys never queued before), removals keep the order
+    (``removed``); any other change (``reset``: the engine re-sorted its queue, or changes piled
+    up unread) makes the next read rebuild from the dict."""
+
+    __slots__ = ("_arr", "_add", "_drop", "_stale")
+
+    def __init__(self) -> None:
+        self._arr = np.zeros(0, np.int64)
+        self._add: list[int] = []
+        self._drop: list[int] = []
+        self._stale = True
+
+    def _full(self) -> bool:
+        if not self._stale and len(self._add) + len(self._drop) > 2 * len(self._arr) + 4096:
+            self.reset()  # nobody reads the array (another policy): stop recording
+        return self._stale
+
+    def added(self, indices) -> None:
+        """Keys inserted at the end of the queue, in order."""
+        if not self._full():
+            self._add.extend(indices)
+
+    def removed(self, indices) -> None:
+        """Keys deleted from the queue."""
+        if not self._full():
+            self._drop.extend(indices)
+
+    def reset(self) -> None:
+        """The queue changed otherwise: the next read rebuilds from the dict."""
+        self._stale = True
+        self._add.clear()
+        self._drop.clear()
+
+    def array(self, jobs: Mapping[int, Job]) -> np.ndarray:
+        """The keys of ``jobs`` (the engine's queue) in order, shape (len(jobs),), int64."""
+        if not self._stale:
+            arr = self._arr
+            if self._add:
+                arr = np.concatenate((arr, np.array(self._add, np.int64)))
+            if self._drop:
+                arr = arr[~np.isin(arr, np.array(self._drop, np.int64))]
+            self._stale = len(arr) != len(jobs)  # a safety net: never an array of another length
+            self._arr = arr
+        if self._stale:
+            self._arr = np.fromiter(jobs.keys(), np.int64, len(jobs))
+        self._add.clear()
+        self._drop.clear()
+        self._stale = False
+        return self._arr
+
+
 class QueueView(Sequence):
     """``Snapshot.queue`` of an engine snapshot: the waiting jobs in arrival order, read from the
     engine's queue without copying it (issue 20: a decision that reads the first few jobs costs the
@@ -64,11 +119,12 @@ class QueueView(Sequence):
     or slice makes one tuple. Valid while the policy decides: the engine calls ``freeze`` once
     ``decide`` returns, after which any read raises (a policy must copy what it keeps)."""
 
-    __slots__ = ("_jobs", "_tuple")
+    __slots__ = ("_jobs", "_tuple", "_keys")
 
-    def __init__(self, jobs: Mapping[int, Job]) -> None:
+    def __init__(self, jobs: Mapping[int, Job], keys: QueueKeys | None = None) -> None:
         self._jobs: Mapping[int, Job] | None = jobs  # job index -> job, arrival order; not mutated while deciding
         self._tuple: tuple[Job, ...] | None = None
+        self._keys = keys  # the engine's running copy of the keys, if it keeps one
 
     def _live(self) -> Mapping[int, Job]:
         if self._jobs is None:
@@ -90,7 +146,13 @@ class QueueView(Sequence):
         """``Job.index`` of every waiting job, in queue order, shape (len,), int64: read from the
         engine's keys (its queue is keyed by job index), without touching the jobs."""
         jobs = self._live()
+        if self._keys is not None:
+            return self._keys.array(jobs)
         return np.fromiter(jobs.keys(), np.int64, len(jobs))
+
+    def by_index(self, index: int) -> Job:
+        """The waiting job whose ``Job.index`` is ``index`` (KeyError if it is not queued)."""
+        return self._live()[index]
 
     def freeze(self) -> None:
         """Detach from the engine (called when ``decide`` returns)."""
