@@ -354,15 +354,18 @@ def test_snapshot_queue_is_read_in_place_and_only_while_deciding():
         kept[0][0]
 
 
-def test_queue_keys_follow_the_queue_dict():
+@pytest.mark.parametrize("short", [0, 100])
+def test_queue_keys_follow_the_queue_dict(short, monkeypatch):
     """``QueueKeys`` (the engine's queue keys kept as an array from its reported changes) reads
-    back the dict's keys in order after any run of arrivals, removals, re-sorts and unread spells."""
+    back the dict's keys in order after any run of arrivals, removals, re-sorts and unread spells
+    (``short``: queues below it are read from the dict; 0: always kept incrementally)."""
     import random
 
     import numpy as np
 
     from tlora_sim.sim.core.snapshot import QueueKeys, QueueView
 
+    monkeypatch.setattr(QueueKeys, "SHORT", short)
     rng = random.Random(5)
     q: dict[int, str] = {}
     keys, nxt = QueueKeys(), 0

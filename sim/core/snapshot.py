@@ -94,8 +94,13 @@ class QueueKeys:
         self._add.clear()
         self._drop.clear()
 
+    SHORT = 1500
+    """Queues shorter than this are read from the dict (numpy's per-call cost exceeds the pass)."""
+
     def array(self, jobs: Mapping[int, Job]) -> np.ndarray:
         """The keys of ``jobs`` (the engine's queue) in order, shape (len(jobs),), int64."""
+        if len(jobs) < self.SHORT:
+            self._stale = True
         if not self._stale:
             arr = self._arr
             if self._add:
