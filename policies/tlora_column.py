@@ -82,8 +82,8 @@ class ColumnScreen:
                 sids, rows = sids[have], rows[have]
                 if len(sids) >= COLUMN_MIN:
                     sl = sids.tolist()
-                    jk, mem = t.jkey_of, t.member_of
-                    got = ([jk[s] for s in sl], rows, t.bound_of[sids], t.iso_of[sids], [mem[s] for s in sl], sids)
+                    jk, sk = t.jkey_of, t.shape_key
+                    got = ([jk[s] for s in sl], rows, t.bound_of[sids], t.iso_of[sids], [sk[s][0] for s in sl], sids)
         self._col_kinds[kind] = got
         return got
 
@@ -105,7 +105,7 @@ class ColumnScreen:
                 ent[2] = mat
         state = ent[3]
         for s in sids[state[sids] == 0].tolist():  # shapes seen for the first time
-            row = fb.row([t.member_of[s]])
+            row = fb.row([t.shape_key[s][0]])
             if row is None:
                 state[s] = 2
                 continue

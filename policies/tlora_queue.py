@@ -64,10 +64,9 @@ class QueueTable:
         #: its kind planned; -2 if never (stamps are >= -1)
         self.no_target_at = np.zeros(0, np.int64)
         #: per shape id: its join-memo key unable to start alone (``job_shape(job, False)``), its
-        #: cost-model member, its tightest bound (max_slowdown x isolated step time, s) and isolated
-        #: step time (s): what the column screens read per waiting shape (``tlora_column``)
+        #: tightest bound (max_slowdown x isolated step time, s) and isolated step time (s): what
+        #: the column screens read per waiting shape (``tlora_column``; the member: ``shape_key[s][0]``)
         self.jkey_of: list[tuple] = []
-        self.member_of: list = []
         self.bound_of = np.zeros(0)
         self.iso_of = np.zeros(0)
 
@@ -100,7 +99,6 @@ class QueueTable:
                     grown[: len(old)] = old
                     setattr(self, name, grown)
             self.jkey_of.append(job_shape(j, False))
-            self.member_of.append(j.member)
             self.bound_of[s] = j.max_slowdown * j.isolated_step_time_s
             self.iso_of[s] = j.isolated_step_time_s
         self.submit[i] = j.submit_time_s
@@ -145,14 +143,13 @@ class QueueOrder:
         by_index = getattr(queue, "by_index", None)  # an engine snapshot's queue: jobs by index, no copy
         self._by_index = by_index
         self._pos = None if by_index is not None else pos.tolist()
-        self._n = len(index)
         self.kind = table.kind[index]
         self.shape = table.shape[index]
         self._kinds: dict[int, list[int]] = {}
         self._by_shape: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return self._n
+        return len(self.index)
 
     def job(self, p: int) -> Job:
         """The job at position ``p``."""
@@ -162,7 +159,7 @@ class QueueOrder:
 
     def min_gpus(self) -> int | None:
         """Fewest GPUs any queued job asks for (None for an empty queue)."""
-        return int(self.table.gpus[self.index].min()) if self._n else None
+        return int(self.table.gpus[self.index].min()) if len(self.index) else None
 
     def kind_positions(self, k: int) -> list[int]:
         """Positions of kind id ``k``, ascending."""

@@ -67,6 +67,9 @@ class QueueKeys:
 
     __slots__ = ("_arr", "_add", "_drop", "_stale")
 
+    SHORT = 1500
+    """Queues shorter than this are read from the dict (numpy's per-call cost exceeds the pass)."""
+
     def __init__(self) -> None:
         self._arr = np.zeros(0, np.int64)
         self._add: list[int] = []
@@ -93,9 +96,6 @@ class QueueKeys:
         self._stale = True
         self._add.clear()
         self._drop.clear()
-
-    SHORT = 1500
-    """Queues shorter than this are read from the dict (numpy's per-call cost exceeds the pass)."""
 
     def array(self, jobs: Mapping[int, Job]) -> np.ndarray:
         """The keys of ``jobs`` (the engine's queue) in order, shape (len(jobs),), int64."""
