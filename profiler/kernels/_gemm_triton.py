@@ -12,7 +12,8 @@ adapter's rank bucket R (16..256) taken in chunks of at most 64 ranks (the chunk
 epilogue's shared memory; chunks past the adapter's rank are skipped at run time). Rows past a
 tile's end are computed from the next segment's rows and never stored. Psave (P_i, already
 divided by 1 - p_i) and Q_i are the compact per-adapter buffers of ``_triton`` (row-major
-(len_i, r_i) at offset poff_i); B_i and A_i^T are rows roff_i .. roff_i + r_i of lora_B / lora_A.
+(len_i, R_i) at offset poff_i, rows padded to the bucket with zeros); B_i and A_i^T are rows
+roff_i .. roff_i + r_i of lora_B / lora_A.
 
 The main loop reads its operands through TMA tensor descriptors where the tensors allow it
 (16-byte aligned base and row strides), else through plain pointers.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton import _dot, _keep, _seed_value
+from ._triton import _dot, _keep, _prow, _seed_value
 
 
 @triton.jit
@@ -38,8 +39,8 @@ def _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank, 
         if r0 < rank:
             rr = r0 + tl.arange(0, RC)
             rkm = rr < rank
-            lo = tl.load(LO + poff + (rows - start)[:, None] * rank + rr[None, :],
-                         mask=rmask[:, None] & rkm[None, :], other=0.0)
+            lo = tl.load(LO + _prow(poff) + (rows - start)[:, None] * R + rr[None, :],
+                         mask=rmask[:, None], other=0.0)   # rows padded to R (zeros)
             ri = tl.load(RI + (roff + rr).to(tl.int64)[:, None] * sri + cols[None, :],
                          mask=rkm[:, None] & cmask[None, :], other=0.0)
             lo = (lo.to(tl.float32) * lo_scale).to(ri.dtype)

@@ -11,7 +11,11 @@ adapters i own contiguous token segments X_i of X (M x K); with P_i = drop(X_i) 
 
 The base GEMMs (X W and dY W^T) go to cuBLAS; these kernels do the low-rank work.
 Storage: the adapters are packed, A_i = lora_A[o_i:o_i+r_i] as an (r_i, K) block (A_i transposed,
-PEFT's lora_A.weight layout) and B_i = lora_B[o_i:o_i+r_i] as an (r_i, N) block.
+PEFT's lora_A.weight layout) and B_i = lora_B[o_i:o_i+r_i] as an (r_i, N) block. P_i and Q_i are
+compact per adapter, (len_i, R_i) row-major at offset poff_i (a multiple of 16), rows padded to
+the rank bucket R_i (columns r_i..R_i-1 hold zeros), so their loads and stores need no mask on the
+run-time rank and are 16-byte vectors (element-wise before: b1 and b2 waited on them every
+iteration, profiler/KERNELS.md, session 14).
 
 Tiles follow each adapter's own rank: every tile carries its adapter, and the adapter's rank
 bucket R (the next power of two >= max(r_i, 16): 16, 32, 64, 128, 256) selects, at run time,
@@ -56,7 +60,7 @@ import triton.language as tl
 # rank buckets: tile rank R of each bucket (token rows and column widths come from the config)
 BUCKET_R = (16, 32, 64, 128, 256)
 # adapter meta columns (int32): start, len, rank, rank offset, P offset, bucket, keep threshold,
-# token chunks of the adapter (the dA/dB blocks' counter target)
+# token chunks of the adapter (> 1: its dA/dB add into the workspace that _gfin converts)
 META_I = 8
 META_F = 2  # fp32: scale, 1/(1-p)
 
@@ -110,6 +114,14 @@ def _dot(a, b, acc, PREC: tl.constexpr):
         return tl.dot(a, b, acc, input_precision=PREC)
 
 
+@triton.jit
+def _prow(poff):
+    """P's / Q's offset ``poff`` of an adapter, a multiple of 16 (rows padded to R), written so
+    that the compiler knows it (tl.multiple_of is dropped on a scalar): the accesses to P and Q
+    become 16-byte vectors and cp.async copies instead of element-wise loads and stores."""
+    return poff // 16 * 16
+
+
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
 def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
@@ -132,8 +144,10 @@ def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
-    pm = rmask[:, None] & rkm[None, :]
-    poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
+    # P's rows are padded to R: columns rank..R-1 are stored too (zeros: A's rows past rank load
+    # as 0), so P and Q need only the row mask and their accesses stay 16-byte vectors
+    pm = rmask[:, None]
+    poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
     if ksplit == 1:
         tl.store(Psave + poffs, (acc * inv_keep).to(Psave.dtype.element_ty), mask=pm)
     else:  # K split: fp32 adds into Pacc; the tile's last program to finish writes P once
@@ -200,9 +214,8 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
     rmask = rows < m1
     rr = tl.arange(0, R)
     rkm = rr < rank
-    pm = rmask[:, None] & rkm[None, :]
-    poffs = poff + (rows - start)[:, None] * rank + rr[None, :]
-    p = tl.load(Psave + poffs, mask=pm, other=0.0).to(tl.float32)  # P / (1-p), from _f1
+    poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
+    p = tl.load(Psave + poffs, mask=rmask[:, None], other=0.0).to(tl.float32)  # P / (1-p)
     ps = (p * scale).to(Y.dtype.element_ty)
     yrow = Y + rows.to(tl.int64)[:, None] * syn
     brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
@@ -299,11 +312,11 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
-    offs = poff + (rows - start)[:, None] * rank + rr[None, :]
+    offs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]   # padded rows, as P's
     if Q_ATOMIC:   # N split: partial sums into the zeroed fp32 Q
-        tl.atomic_add(Q + offs, acc, mask=rmask[:, None] & rkm[None, :], sem="relaxed")
+        tl.atomic_add(Q + offs, acc, mask=rmask[:, None], sem="relaxed")
     else:
-        tl.store(Q + offs, acc.to(Q.dtype.element_ty), mask=rmask[:, None] & rkm[None, :])
+        tl.store(Q + offs, acc.to(Q.dtype.element_ty), mask=rmask[:, None])
 
 
 @triton.jit
@@ -318,8 +331,8 @@ def _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, sc
     for m in range(m0, m1, BM):
         rows = m + tl.arange(0, BM)
         rmask = rows < m1
-        p = tl.load(Psave + poff + (rows - start)[:, None] * rank + rr[None, :],
-                    mask=rmask[:, None] & rkm[None, :], other=0.0)
+        p = tl.load(Psave + _prow(poff) + (rows - start)[:, None] * R + rr[None, :],
+                    mask=rmask[:, None], other=0.0)
         dy = tl.load(DY + rows.to(tl.int64)[:, None] * sdm + cols[None, :],
                      mask=rmask[:, None] & cm[None, :], other=0.0)
         acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
@@ -424,8 +437,8 @@ def _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
     for m in range(m0, m1, BM):
         rows = m + tl.arange(0, BM)
         rmask = rows < m1
-        qm = rmask[:, None] & rkm[None, :]
-        qoffs = poff + (rows - start)[:, None] * rank + rr[None, :]
+        qm = rmask[:, None]
+        qoffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
         qb = tl.load(Q + qoffs, mask=qm, other=0.0).to(X.dtype.element_ty)
         xm = rmask[:, None] & cm[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)

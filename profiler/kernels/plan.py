@@ -100,12 +100,14 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
                 if device.type == "cuda" else 8)
     target = max(1, int(cfg.waves * n_sm))
     Kf, Nf = in_features, out_features
+    buckets = [bucket_of(r) for r in ranks]
+    # P and Q: (len_i, R_i) per adapter, rows padded to the rank bucket, so every offset is a
+    # multiple of 16 elements (the kernels' 16-byte accesses to them rely on it)
     starts, roffs, poffs = [], [], []
     s = ro = po = 0
-    for L, r in zip(seg_lens, ranks):
+    for L, r, b in zip(seg_lens, ranks, buckets):
         starts.append(s); roffs.append(ro); poffs.append(po)
-        s += L; ro += r; po += L * r
-    buckets = [bucket_of(r) for r in ranks]
+        s += L; ro += r; po += L * K_.BUCKET_R[b]
     mask = 0
     tiles, chunks = [], []
     M = s
@@ -143,7 +145,7 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     ngroups = max(1, min(nnb, per_tile(target, max(n_tiles, 1))))
     ng_per = cdiv(nnb, ngroups)
     ngroups = cdiv(nnb, ng_per)
-    nch = [0] * n   # token chunks per adapter (the dA/dB blocks' counter targets)
+    nch = [0] * n   # token chunks per adapter (> 1: dA/dB through the workspace and _gfin)
     for c in chunks:
         nch[c[1]] += 1
     meta_i = torch.tensor([[starts[i], seg_lens[i], ranks[i], roffs[i], poffs[i], buckets[i],
