@@ -10,6 +10,9 @@
 # There (repository root; carry .snap):
 #   bash bench/kernel_ab.sh $OUT 4096x4096:128x2,4096x4096:64x8 [.snap/old] ['[{}, {"waves": 3}]']
 # (the 4th argument: KernelConfig overrides timed for the working tree only, as --configs)
+# ROUNDS=n repeats old then new n times (files old.json/new.json, then old_2.json, new_2.json,
+# ...): on the wide layers the graph-timed step moved by 5% between the halves of one call
+# (clocks), so alternating rounds show that spread; CHECK=0 skips the bf16 check.
 set -uo pipefail
 out=${1:?output folder}; cases=${2:?comma list of layer:mix}; old=${3:-.snap/old}
 configs=${4:-'[{}]'}
@@ -19,12 +22,15 @@ for p in sim policies traces; do ln -sfn "$PWD/$p" /tmp/nso/tlora_sim/$p; done
 ln -sfn "$PWD/$old/profiler" /tmp/nso/tlora_sim/profiler
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-PYTHONPATH=/tmp/ns:$PWD python3 bench/kernels.py --check --impls base,fused \
-  --layers 4096x4096,4096x14336 --mixes small4 --replays 5 --precompile 0 \
+[ "${CHECK:-1}" = 0 ] || PYTHONPATH=/tmp/ns:$PWD python3 bench/kernels.py --check \
+  --impls base,fused --layers 4096x4096,4096x14336 --mixes small4 --replays 5 --precompile 0 \
   --out "$out/check.csv" 2>&1 | grep -E "^check|FAIL|Error" | head
-for v in old new; do
-  root=/tmp/ns; cf=$configs; [ $v = old ] && root=/tmp/nso && cf='[{}]'
-  PYTHONPATH=$root:$PWD timeout 240 python3 bench/kernel_profile.py --precompile 14 --steps 3 \
-    --cases "$cases" --configs "$cf" --out "$out/$v.json" > "$out/$v.txt" 2>&1
-  tail -14 "$out/$v.txt"
+for r in $(seq "${ROUNDS:-1}"); do
+  sfx=; [ "$r" = 1 ] || sfx=_$r
+  for v in old new; do
+    root=/tmp/ns; cf=$configs; [ $v = old ] && root=/tmp/nso && cf='[{}]'
+    PYTHONPATH=$root:$PWD timeout 240 python3 bench/kernel_profile.py --precompile 14 --steps 3 \
+      --cases "$cases" --configs "$cf" --out "$out/$v$sfx.json" > "$out/$v$sfx.txt" 2>&1
+    tail -14 "$out/$v$sfx.txt"
+  done
 done
