@@ -146,7 +146,7 @@ class QueueOrder:
         self.kind = table.kind[index]
         self.shape = table.shape[index]
         self._kinds: dict[int, list[int]] = {}
-        self._by_shape: tuple[np.ndarray, np.ndarray] | None = None
+        self._by_shape: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -168,21 +168,53 @@ class QueueOrder:
             got = self._kinds[k] = np.flatnonzero(self.kind == k).tolist()
         return got
 
+    def _shape_sorted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions ordered by (shape id, position), their shape ids, shape id x len + position:
+        ascending, for ``searchsorted``), one stable sort per decision (radix on 16-bit ids)."""
+        if self._by_shape is None:
+            shape, n = self.shape, len(self.shape)
+            small = shape.astype(np.int16) if n and int(shape.max()) < 32768 else shape
+            perm = np.argsort(small, kind="stable")  # ties (equal ids) keep position order
+            ids = shape[perm]
+            self._by_shape = (perm, ids, ids * max(n, 1) + perm)
+        return self._by_shape
+
     def first_of_shapes(self, start: int) -> tuple[np.ndarray, np.ndarray]:
         """(first position >= ``start``, shape id), two arrays ordered by shape id, for every
         shape present from ``start`` on."""
-        ids, first = np.unique(self.shape[start:], return_index=True)
-        return first + start, ids
+        perm, ids, _ = self._shape_sorted()
+        if start:
+            keep = perm >= start
+            perm, ids = perm[keep], ids[keep]
+        if not len(ids):
+            return perm, ids
+        head = np.empty(len(ids), bool)
+        head[0] = True
+        np.not_equal(ids[1:], ids[:-1], out=head[1:])
+        return perm[head], ids[head]
 
     def shape_positions(self, s: int) -> np.ndarray:
         """Positions of shape id ``s``, ascending."""
-        if self._by_shape is None:
-            perm = np.lexsort((np.arange(len(self.shape)), self.shape))
-            ids = self.shape[perm]
-            self._by_shape = (perm, ids)
-        perm, ids = self._by_shape
+        perm, ids, _ = self._shape_sorted()
         lo, hi = np.searchsorted(ids, s, "left"), np.searchsorted(ids, s, "right")
         return perm[lo:hi]
+
+    def next_of_shapes(self, shapes: list[int], after: int, placed: set[int]) -> list[tuple[int, int]]:
+        """(first position > ``after`` whose job is not in ``placed`` (job indices), shape id) for
+        each of ``shapes`` that has one, in the order of ``shapes``: one ``searchsorted`` for all."""
+        if not shapes:
+            return []
+        perm, ids, key = self._shape_sorted()
+        sh = np.asarray(shapes, np.int64)
+        k = np.searchsorted(key, sh * max(len(self.shape), 1) + after, "right")
+        out = []
+        index, m = self.index, len(ids)
+        for d, i in zip(shapes, k.tolist()):
+            while i < m and ids[i] == d and int(index[perm[i]]) in placed:
+                i += 1
+            if i < m and ids[i] == d:
+                out.append((int(perm[i]), d))
+        return out
 
 
 class QueueWalk:
@@ -256,7 +288,7 @@ class QueueWalk:
             else:
                 self.shapes_in_bulk += 1
             jkey, valid, covered = ans
-            no_target[q.table.shape_key[s] + (False,)] = kv
+            no_target[2 * s] = kv
             if not kv:
                 q.table.no_target_at[s] = valid  # with nothing planned, the kind's last change
             if covered is not None:
@@ -269,19 +301,19 @@ class QueueWalk:
         self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)
         self._columns_close()
         placed: set[int] = set()
-        # (shape, can_start) -> its kind's plan version when it found no target: a join target
-        # depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
-        no_target: dict[tuple, int] = {}
+        # 2 x shape id + can_start -> its kind's plan version when it found no target: a join
+        # target depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
+        no_target: dict[int, int] = {}
         kind_version = plan.kind_version
         cursor: dict[int, int] = {}
-        shape_key, kind_key = q.table.shape_key, q.table.kind_key
+        kind_key = q.table.kind_key
         grouping = self.config.grouping
 
         nt = q.table.no_target_at
 
-        def target_of(head: Job, key: tuple, kind: tuple, can_start: bool, s: int):
-            """``head``'s join target, unless its shape ``key`` (id ``s``) found none since
-            ``kind`` last changed."""
+        def target_of(head: Job, key: int, kind: tuple, can_start: bool, s: int):
+            """``head``'s join target, unless its shape (id ``s``; ``key`` = 2 s + can_start) found
+            none since ``kind`` last changed."""
             if no_target.get(key) == kind_version.get(kind, 0):
                 return None
             target = self._join_target(snap, plan, head, can_start)
@@ -305,7 +337,7 @@ class QueueWalk:
                 plan.start(head)
                 continue
             s = int(q.shape[p - 1])
-            target = target_of(head, shape_key[s] + (can_start,), kind_key[q.kind[p - 1]], can_start, s)
+            target = target_of(head, 2 * s + can_start, kind_key[q.kind[p - 1]], can_start, s)
             if target is None:
                 if not can_start:
                     break  # admission closes
@@ -317,23 +349,6 @@ class QueueWalk:
         else:
             return
         # admission closed: only joins remain; one head per shape until its kind changes
-        nexts: dict[int, tuple[np.ndarray, int]] = {}
-
-        def next_of(s: int, after: int) -> int | None:
-            """First unplaced position of shape ``s`` after ``after``."""
-            got = nexts.get(s)
-            if got is None:
-                pos = q.shape_positions(s)
-                k = int(np.searchsorted(pos, after, "right"))
-            else:
-                pos, k = got
-                while k < len(pos) and pos[k] <= after:
-                    k += 1
-            while k < len(pos) and q.index[pos[k]] in placed:
-                k += 1
-            nexts[s] = (pos, k)
-            return int(pos[k]) if k < len(pos) else None
-
         heap: list[tuple[int, int]] = []
         dormant: dict[tuple, list[int]] = {}  # kind -> shapes that found no target at its version
         first, ids = q.first_of_shapes(p)
@@ -351,9 +366,9 @@ class QueueWalk:
         asleep_ids, asleep_kinds = ids[asleep], kinds_of[asleep]
         self.shapes_asleep += len(asleep_ids)
         awake: dict[tuple, list[tuple[int, int]]] = {}  # kind -> (first position, shape id)
-        for first_p, s in zip(first[~asleep].tolist(), ids[~asleep].tolist()):
-            kind = shape_key[s][2], shape_key[s][1]
-            if no_target.get(shape_key[s] + (False,)) == kind_version.get(kind, 0):
+        for first_p, s, k in zip(first[~asleep].tolist(), ids[~asleep].tolist(), kinds_of[~asleep].tolist()):
+            kind = kind_key[k]
+            if no_target.get(2 * s) == kind_version.get(kind, 0):
                 dormant.setdefault(kind, []).append(s)
             else:
                 awake.setdefault(kind, []).append((first_p, s))
@@ -368,12 +383,11 @@ class QueueWalk:
             p, s = heapq.heappop(heap)
             head = q.job(p)
             if head.index in placed:
-                nxt = next_of(s, p)
-                if nxt is not None:
-                    heapq.heappush(heap, (nxt, s))
+                for nxt in q.next_of_shapes([s], p, placed):
+                    heapq.heappush(heap, nxt)
                 continue
-            kind = shape_key[s][2], shape_key[s][1]
-            target = target_of(head, shape_key[s] + (False,), kind, False, s)
+            kind = kind_key[q.kind[p]]
+            target = target_of(head, 2 * s, kind, False, s)
             if target is None:
                 dormant.setdefault(kind, []).append(s)
                 continue
@@ -387,7 +401,7 @@ class QueueWalk:
                 if sel.any():
                     woken += asleep_ids[sel].tolist()
                     asleep_kinds[sel] = -1
-            lst = [(nxt, d) for d in woken if (nxt := next_of(d, p)) is not None]
+            lst = q.next_of_shapes(woken, p, placed)
             for (nxt, d), none in zip(lst, self._none_for(snap, plan, q, kind, lst, no_target)):
                 if none:
                     dormant.setdefault(kind, []).append(d)  # as if asked now: no target

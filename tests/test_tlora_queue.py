@@ -80,6 +80,33 @@ def test_queue_table_orders_as_order_queue(how):
         assert got.min_gpus() == min(j.num_gpus for j in queue)
 
 
+
+def test_queue_order_shape_positions_match_a_plain_reading():
+    """``first_of_shapes``, ``shape_positions`` and ``next_of_shapes`` (one stable sort of the shape
+    ids per decision) answer what a scan of the queue order answers, from every start position and
+    with placed jobs skipped."""
+    jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=600,seed=5,load=1.0,gpus=32", policy="tlora",
+                                          cluster="4x8xH100", seed=0, cost_model="roofline"))
+    queue = tuple(jobs[::2])
+    got = QueueTable().order(queue, "urgency", 7_000.0)
+    shape = [int(x) for x in got.shape]
+    n = len(shape)
+    assert len(set(shape)) >= 10, "the queue must hold several shapes"
+    placed = {got.job(p).index for p in range(0, n, 3)}  # every third position placed
+    for start in (0, 1, 7, n // 2, n - 1, n):
+        first, ids = got.first_of_shapes(start)
+        want = {}
+        for p in range(start, n):
+            want.setdefault(shape[p], p)
+        assert ids.tolist() == sorted(want) and first.tolist() == [want[s] for s in sorted(want)]
+        shapes = sorted(set(shape)) + [max(shape) + 1]  # one absent shape id
+        nxt = got.next_of_shapes(shapes[::-1], start - 1, placed)
+        plain = [(next(p for p in range(start, n) if shape[p] == s and got.job(p).index not in placed), s)
+                 for s in shapes[::-1] if any(shape[p] == s and got.job(p).index not in placed for p in range(start, n))]
+        assert nxt == plain
+    for s in set(shape):
+        assert got.shape_positions(s).tolist() == [p for p in range(n) if shape[p] == s]
+
 class Checked(TLoRA):
     """tLoRA that, whenever a carried "no join target" answer is kept, asks the full search too."""
 
