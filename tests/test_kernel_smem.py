@@ -53,3 +53,12 @@ def test_low_rank_mixes_keep_the_tuned_stages():
 
 def test_every_rank_maps_to_a_bucket():
     assert [bucket_of(r) for r in (1, 16, 17, 64, 65, 200, MAX_RANK)] == [0, 0, 1, 2, 3, 4, 4]
+
+
+def test_b1_takes_its_high_rank_stages_only_without_low_ranks():
+    cfg = KernelConfig()
+    assert stages_for("b1", 0b01000, cfg) == stages_for("b1", 0b01100, cfg) == cfg.stages_b1_hi == 4
+    assert stages_for("b1", 0b01001, cfg) == stages_for("b1", 0b01010, cfg) == cfg.stages_b1 == 3
+    assert stages_for("b1", 0b10000, cfg) == 2   # rank 256: lowered to fit, as before
+    assert stages_for("b2", 0b01000, cfg) == cfg.stages_b2   # b1 only
+    assert smem_bytes("b1", 2, cfg, 4) <= SMEM_LIMIT_BYTES and smem_bytes("b1", 3, cfg, 4) <= SMEM_LIMIT_BYTES

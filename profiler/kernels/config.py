@@ -59,7 +59,9 @@ class KernelConfig:
     instead of up (5 x 64 = 320: a third, part-empty wave; H100, 128x2: f1 46 -> 41 us, f2 30 ->
     23 us; with low ranks in the mix it lost, 8-128x8 f1 58 -> 65 us; profiler/KERNELS.md,
     session 13); num_warps / num_stages: Triton launch
-    options per kernel (f1, f2, b1, b2). base_gemm: who runs the frozen layer's two GEMMs:
+    options per kernel (f1, f2, b1, b2); stages_b1_hi: b1's stages instead when every rank is >=
+    33 (H100: b1 37 -> 33 us at 128x2, 32 -> 28 at 64x8, 111 -> 104 at 4096x14336 64x8; with
+    rank-16 tiles in the mix 4 stages lost, 16x4 41 -> 44; profiler/KERNELS.md, session 14). base_gemm: who runs the frozen layer's two GEMMs:
     "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
     ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
@@ -80,6 +82,7 @@ class KernelConfig:
     stages_f2: int = 3
     stages_b1: int = 3
     stages_b2: int = 3
+    stages_b1_hi: int = 4
     base_gemm: str = "auto"
     gemm_tma: bool = True
     gemm_fwd: "GemmConfig | None" = None
@@ -150,10 +153,12 @@ def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> in
 
 
 def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
-    """The configured ``num_stages`` of ``kernel``, lowered (down to 1) until every rank bucket in the
-    ``buckets`` bit mask fits ``SMEM_LIMIT_BYTES`` (``smem_bytes``); mixes of low ranks keep the
-    tuned stages."""
+    """The configured ``num_stages`` of ``kernel`` (``stages_b1_hi`` for b1 when no bucket below
+    rank 33 is in ``buckets``), lowered (down to 1) until every rank bucket in the ``buckets`` bit
+    mask fits ``SMEM_LIMIT_BYTES`` (``smem_bytes``); mixes of low ranks keep the tuned stages."""
     stages = int(getattr(cfg, f"stages_{kernel}"))
+    if kernel == "b1" and buckets and not buckets & 0b11:   # every rank >= 33
+        stages = int(cfg.stages_b1_hi)
     included = [b for b in range(len(_RANKS_OF_BUCKET)) if buckets >> b & 1]
     while stages > 1 and any(smem_bytes(kernel, b, cfg, stages) > SMEM_LIMIT_BYTES for b in included):
         stages -= 1
