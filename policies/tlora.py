@@ -70,7 +70,7 @@ from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora_column import ColumnScreen
-from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, batch_refusals, group_features
+from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, TargetMemo, batch_refusals, group_features
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.traces.errors import InputError
@@ -135,7 +135,8 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         self._scan_memo: dict[int, tuple[tuple, dict]] = {}
-        self._target_memo: dict[tuple, tuple] = {}  # (kind, job shape) -> (validity, answer, running-groups stamp it covers)
+        self._target_memo = TargetMemo()  # (kind, job shape) -> (validity, answer, running-groups stamp it covers)
+        self._mid_of = np.full(0, -1, np.int64)  # queue-table shape id -> its ``_target_memo`` id unable to start alone
         self._batches: dict[tuple, tuple] = {}  # (cost model id, GPU, kind) -> (cost model, FusedBatch or None)
         self._feats: dict[int, tuple] = {}  # group id -> (membership version, batch, (feature row, Σ T_iso))
         self._tables: dict[tuple, KindTable] = {}  # kind -> its running groups as arrays (``_note_changes``)

@@ -54,7 +54,7 @@ class ColumnScreen:
         self._col_kinds: dict[tuple, tuple | None] = {}
         self._col_vec: dict[tuple, tuple] = {}
         self._col_at: dict[tuple, dict] = {}
-        self._col_pos: dict[tuple, dict] = {}
+        self._col_pos: dict[tuple, np.ndarray] = {}
 
     def _columns_close(self) -> None:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
@@ -160,44 +160,50 @@ class ColumnScreen:
             at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
         return at
 
-    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: list[int]) -> list:
+    def _shape_mids(self, kind: tuple, sids: np.ndarray) -> np.ndarray:
+        """The ``_target_memo`` ids of queue-table shapes ``sids`` (of ``kind``) unable to start
+        alone, kept per shape id for the simulation."""
+        t = self._col_q[0].table
+        arr = self._mid_of
+        if len(arr) < len(t.shape_key):
+            arr = self._mid_of = np.concatenate([arr, np.full(max(len(t.shape_key), 2 * len(arr), 256) - len(arr), -1,
+                                                              np.int64)])
+        mids = arr[sids]
+        for i in np.flatnonzero(mids < 0).tolist():  # shapes seen for the first time
+            s = int(sids[i])
+            mids[i] = arr[s] = self._target_memo.key(kind, t.jkey_of[s])
+        return mids
+
+    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: np.ndarray) -> tuple | None:
         """For waiting shapes of ``kind`` unable to start alone (``sids``: their ids in the walk's
-        queue table): which surely have no join target now, decided for all at once. A shape
-        qualifies when its kept answer is "no target" and every group ``_still_no_target`` would
-        ask refuses it by residual capacity or by the group's column (certain batch refusals).
-        Returns, per shape, None (not sure: ask it as before) or (job-shape key, validity, stamp
-        covered or None) to record."""
-        out: list = [None] * len(sids)
+        queue table, distinct): which surely have no join target now, decided for all at once. A
+        shape qualifies when its kept answer is "no target" and every group ``_still_no_target``
+        would ask refuses it by residual capacity or by the group's column (certain batch
+        refusals). Returns None (no bulk answer: ask each shape as before) or (current, sure,
+        validity, stamp covered): ``current`` (bool, per shape) where the kept answer stands as
+        is, ``sure`` where it stands for the validity and covered stamp given (to record)."""
         tab = self._tables.get(kind)
         if self._col_q is None or tab is None or tab.batch is None or len(sids) < COLUMN_MIN:
-            return out
+            return None
         shapes = self._shapes_of(kind, tab.batch)
         if shapes is None:
-            return out
+            return None
         kv, recent, valid, base = self._memo_state(plan, kind)
         covered = self._covered(plan, recent, base, kv)
         at = self._col_pos.get(kind)
-        if at is None:  # shape id -> position in the kind's column vectors
-            at = self._col_pos[kind] = dict(zip(shapes[5].tolist(), range(len(shapes[5]))))
-        jkey_of, memo = self._col_q[0].table.jkey_of, self._target_memo
-        cand, idx, since = [], [], []
-        for n, s in enumerate(sids):
-            jkey = jkey_of[s]
-            hit = memo.get((kind, jkey))
-            if hit is None or hit[1] is not None:
-                continue
-            if hit[0] == valid:
-                out[n] = (jkey, valid, None)
-                continue
-            i = at.get(s)
-            if i is None:
-                continue
-            cand.append((n, jkey))
-            idx.append(i)
-            since.append(hit[2])
-        if not cand:
-            return out
-        idx, since = np.array(idx), np.array(since)
+        if at is None:  # shape id -> position in the kind's column vectors (-1: not in them)
+            at = self._col_pos[kind] = np.full(len(self._col_q[0].table.shape_key), -1, np.int64)
+            at[shapes[5]] = np.arange(len(shapes[5]))
+        memo = self._target_memo
+        mids = self._shape_mids(kind, sids)
+        none = memo.none[mids]
+        current = none & (memo.valid[mids] == memo.code(valid))
+        sure = np.zeros(len(sids), bool)
+        pos = at[sids]
+        cand = np.flatnonzero(none & ~current & (pos >= 0))
+        if not len(cand):
+            return current, sure, valid, covered
+        idx, since = pos[cand], memo.since[mids[cand]]
         bound_j = shapes[2][idx]
         ok = np.ones(len(cand), bool)  # surely no target so far
         lo = since.min()
@@ -214,7 +220,7 @@ class ColumnScreen:
                 vec = self._column_vector(snap, plan, kind, shapes, gid)
                 ok &= ~asks | (vec[idx] if vec is not None else False)
                 if not ok.any():
-                    return out
+                    return current, sure, valid, covered
         if kv:
             planned = [plan.group(gid) for gid in plan.touched_ids()
                        if not plan.removed(gid) and self._kind_of.get(gid) == kind] + plan.new_of_kind(kind)
@@ -224,11 +230,9 @@ class ColumnScreen:
                     vec = self._column_vector(snap, plan, kind, shapes, g)
                     ok &= ~asks | (vec[idx] if vec is not None else False)
                     if not ok.any():
-                        return out
-        for (n, jkey), sure in zip(cand, ok.tolist()):
-            if sure:
-                out[n] = (jkey, valid, covered)
-        return out
+                        return current, sure, valid, covered
+        sure[cand[ok]] = True
+        return current, sure, valid, covered
 
     def _column_running(self, snap: Snapshot, plan: Planner, kind: tuple, gid: int, answers: dict) -> None:
         """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of

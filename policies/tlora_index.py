@@ -104,6 +104,94 @@ class KindTable:
         return np.fromiter((slot[g] for g in gids), int, len(gids))
 
 
+
+class TargetMemo:
+    """tLoRA's kept join answers (``JoinSearch._join_target``), per (kind, job shape): (validity,
+    answer, running-groups stamp the answer covers). ``key`` gives a pair its id (kept for the
+    simulation); "no target" answers (None) live in arrays by id, so that the walk reads and
+    writes the answers of many waiting shapes at once (``ColumnScreen._bulk_no_target``), the
+    others in a dict. A validity is a stamp (int >= -1) or, inside one decision, (planner serial,
+    kind version): one int64 in the arrays (``code``). ``len`` counts the answers kept; ``clear``
+    forgets them (not the ids)."""
+
+    KV_BITS = 21
+    """Bits of the kind version in a coded (serial, kind version) validity."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}
+        self._other: dict[int, tuple] = {}  # id -> answer that is a group
+        self.none = np.zeros(256, bool)  # id holds a "no target" answer
+        self.valid = np.zeros(256, np.int64)  # its validity, coded
+        self.since = np.zeros(256, np.int64)  # the stamp it covers
+        self._n_none = 0
+
+    def __len__(self) -> int:
+        return self._n_none + len(self._other)
+
+    def key(self, kind: tuple, jkey: tuple) -> int:
+        """The id of (``kind``, job shape ``jkey``)."""
+        mid = self.ids.get((kind, jkey))
+        if mid is None:
+            mid = self.ids[(kind, jkey)] = len(self.ids)
+            if mid >= len(self.none):
+                for name in ("none", "valid", "since"):
+                    old = getattr(self, name)
+                    new = np.zeros(2 * len(old), old.dtype)
+                    new[: len(old)] = old
+                    setattr(self, name, new)
+        return mid
+
+    @classmethod
+    def code(cls, valid) -> int:
+        """A validity as one int: a stamp as is, (serial, kind version) as a number below -1.
+        Raises ValueError for a kind version of ``KV_BITS`` bits or more."""
+        if not isinstance(valid, tuple):
+            return int(valid)
+        serial, kv = valid
+        if not 0 <= kv < 1 << cls.KV_BITS:
+            raise ValueError(f"kind version {kv} out of range for TargetMemo.code")
+        return -2 - ((serial << cls.KV_BITS) | kv)
+
+    @classmethod
+    def decode(cls, c: int):
+        """The validity ``code`` made ``c`` from."""
+        if c >= -1:
+            return c
+        return divmod(-2 - c, 1 << cls.KV_BITS)
+
+    def get(self, mid: int) -> tuple | None:
+        """(validity, answer, stamp covered) kept for id ``mid``, or None."""
+        if self.none[mid]:
+            return self.decode(int(self.valid[mid])), None, int(self.since[mid])
+        return self._other.get(mid)
+
+    def put(self, mid: int, valid, answer, since: int) -> None:
+        """Keep ``answer`` (None: no target; else a group or group id) for id ``mid``."""
+        if answer is None:
+            self.put_none(np.array([mid]), valid, since)
+            return
+        if self.none[mid]:
+            self.none[mid] = False
+            self._n_none -= 1
+        self._other[mid] = (valid, answer, since)
+
+    def put_none(self, mids: np.ndarray, valid, since: int) -> None:
+        """Keep "no target" at validity ``valid``, covering stamp ``since``, for ids ``mids``
+        (distinct)."""
+        self._n_none += int(np.count_nonzero(~self.none[mids]))
+        self.none[mids] = True
+        self.valid[mids] = self.code(valid)
+        self.since[mids] = since
+        if self._other:
+            for m in mids.tolist():
+                self._other.pop(m, None)
+
+    def clear(self) -> None:
+        """Forget every answer (ids stay)."""
+        self.none[:] = False
+        self._n_none = 0
+        self._other.clear()
+
 def job_shape(job: Job, can_start: bool) -> tuple:
     """What a join answer for ``job`` depends on (its cost-model member, slowdown bound terms, and
     whether it could start alone now): the key of the join memos."""

@@ -74,7 +74,9 @@ class JoinSearch:
         # the answer for this job shape stands while nothing of its kind changed (queued jobs of one
         # shape are asked about again and again while they wait)
         kv, recent, valid, base = self._memo_state(plan, kind)
-        hit = self._target_memo.get((kind, jkey))
+        memo = self._target_memo
+        mid = memo.key(kind, jkey)
+        hit = memo.get(mid)
         if hit is not None and hit[0] == valid:
             x = hit[1]
             if x is None or isinstance(x, PlannedGroup):
@@ -84,11 +86,11 @@ class JoinSearch:
         base = self._covered(plan, recent, base, kv)
         if hit is not None and hit[1] is None \
                 and self._still_no_target(snap, plan, job, can_start, kind, recent, hit[2], jkey, kv):
-            self._target_memo[(kind, jkey)] = (valid, None, base)
+            memo.put(mid, valid, None, base)
             return None
         best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
         ans = best if best is None or best.group_id is None else best.group_id
-        self._target_memo[(kind, jkey)] = (valid, ans, base)
+        memo.put(mid, valid, ans, base)
         return best
 
     def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
@@ -211,7 +213,7 @@ class JoinSearch:
         the answer covers) for ``_target_memo`` (the stamp None: the kept answer is current),
         or None when unsure (then the shape is asked as before): ``_still_no_target`` over the same
         groups with ``by_member``; a refusal read there is one ``merge_ok`` gives."""
-        hit = self._target_memo.get((kind, jkey))
+        hit = self._target_memo.get(self._target_memo.key(kind, jkey))
         if hit is None or hit[1] is not None:
             return None
         kv, recent, valid, base = self._memo_state(plan, kind)

@@ -122,13 +122,25 @@ class QueueTable:
             self._add(queue[p] if by_index is None else by_index(int(idx[p])))
         if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
-            pos = np.lexsort((idx, -(self.slowdown[idx] - 1.0), -urg))
+            pos = _sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
         elif how == "srpt":
-            pos = np.lexsort((idx, self.runtime[idx]))
+            run = self.runtime[idx]
+            pos = _sort_first(run, lambda: (idx, run))
         else:
             pos = np.arange(n)
         return QueueOrder(self, queue, idx[pos], pos)
 
+
+
+def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
+    """``numpy.lexsort(keys())`` (whose last key is ``primary``): one plain argsort of ``primary``
+    where its values are distinct and not NaN (the later keys then never decide), else the full
+    lexsort."""
+    pos = np.argsort(primary)
+    v = primary[pos]
+    if len(v) < 2 or not (v[1:] == v[:-1]).any() and not np.isnan(v[-1]):
+        return pos  # NaNs sort last: v[-1] is NaN exactly when there is one
+    return np.lexsort(keys())
 
 class QueueOrder:
     """One decision's queue in order. Position ``p`` (0 = first in order) holds job ``job(p)``
@@ -273,29 +285,38 @@ class QueueWalk:
         (``JoinSearch._no_target_by_member``). Each such answer is recorded as ``target_of``
         records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``), so the walk
         treats the shape as asked."""
-        got = self._bulk_no_target(snap, plan, kind, [s for _, s in shapes])
+        sids = np.fromiter((s for _, s in shapes), np.int64, len(shapes))
+        bulk = self._bulk_no_target(snap, plan, kind, sids)
         kv = plan.kind_version.get(kind, 0)
-        out = []
+        out = np.zeros(len(shapes), bool)
+        if bulk is not None:  # the shapes answered at once: recorded at once
+            current, sure, valid, covered = bulk
+            out = current | sure
+            done = sids[out]
+            for s in done.tolist():
+                no_target[2 * s] = kv
+            if not kv:
+                q.table.no_target_at[done] = valid  # with nothing planned, the kind's last change
+            if sure.any():
+                self._target_memo.put_none(self._shape_mids(kind, sids[sure]), valid, covered)
+            self.shapes_in_bulk += len(done)
+            self.shapes_by_member += len(done)
         jkey_of = q.table.jkey_of
-        for (pos, s), ans in zip(shapes, got):
+        for i in np.flatnonzero(~out).tolist():
+            pos, s = shapes[i]
+            jkey = jkey_of[s]
+            ans = self._no_target_by_member(snap, plan, q.job(pos), kind, jkey)
             if ans is None:
-                jkey = jkey_of[s]
-                ans = self._no_target_by_member(snap, plan, q.job(pos), kind, jkey)
-                if ans is None:
-                    out.append(False)
-                    continue
-                ans = (jkey,) + ans
-            else:
-                self.shapes_in_bulk += 1
-            jkey, valid, covered = ans
+                continue
+            valid, covered = ans
             no_target[2 * s] = kv
             if not kv:
-                q.table.no_target_at[s] = valid  # with nothing planned, the kind's last change
+                q.table.no_target_at[s] = valid
             if covered is not None:
-                self._target_memo[(kind, jkey)] = (valid, None, covered)
+                self._target_memo.put(self._target_memo.key(kind, jkey), valid, None, covered)
             self.shapes_by_member += 1
-            out.append(True)
-        return out
+            out[i] = True
+        return out.tolist()
 
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
         self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)

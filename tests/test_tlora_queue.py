@@ -10,13 +10,15 @@ records and timelines under every queue discipline, with joins from the queue ac
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import example, given, strategies as st
 
 from conftest import run_engine
 from tlora_sim.policies import tlora_column
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
 from tlora_sim.policies.tlora_index import job_shape
-from tlora_sim.policies.tlora_queue import QueueTable
+from tlora_sim.policies.tlora_queue import QueueTable, _sort_first
 from tlora_sim.policies.ordering import order_queue
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
@@ -81,6 +83,18 @@ def test_queue_table_orders_as_order_queue(how):
 
 
 
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, -0.0, 1.5, 2.5, float("nan"), float("inf")]) | st.floats(-1e6, 1e6),
+                          st.sampled_from([1.0, 1.5, 3.0])), max_size=40))
+@example([(float("nan"), 3.0), (float("nan"), 1.0), (0.0, 1.0)])
+def test_sort_first_is_lexsort(rows):
+    """The argsort shortcut gives ``lexsort``'s order: ties, signed zeros, NaN and inf included."""
+    primary = np.array([r[0] for r in rows], float)
+    second = np.array([r[1] for r in rows], float)
+    idx = np.arange(len(rows))[::-1].copy()  # a tie-break key that is not the position
+    want = np.lexsort((idx, second, primary))
+    assert _sort_first(primary, lambda: (idx, second, primary)).tolist() == want.tolist()
+
 def test_queue_order_shape_positions_match_a_plain_reading():
     """``first_of_shapes``, ``shape_positions`` and ``next_of_shapes`` (one stable sort of the shape
     ids per decision) answer what a scan of the queue order answers, from every start position and
@@ -124,13 +138,13 @@ class Checked(TLoRA):
 
     def _bulk_no_target(self, snap, plan, kind, sids):
         got = super()._bulk_no_target(snap, plan, kind, sids)
+        if got is None:
+            return got
         q, first, ids, _ = self._col_q
-        for s, ans in zip(sids, got):
-            if ans is not None:
-                job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
-                assert ans[0] == job_shape(job, False)
-                self.kept_in_bulk += 1
-                self.wrong += self._join_target_search(snap, plan, job, False, kind, ans[0]) is not None
+        for s in sids[got[0] | got[1]].tolist():
+            job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
+            self.kept_in_bulk += 1
+            self.wrong += self._join_target_search(snap, plan, job, False, kind, job_shape(job, False)) is not None
         return got
 
 
@@ -152,3 +166,33 @@ def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_
     assert pol.kept > 100 and pol.kept_by_member > 10 and pol.wrong == 0
     if cost_model == "profiled":
         assert pol.kept_in_bulk > 10
+
+
+def test_target_memo_keeps_answers_as_a_dict_would():
+    """``TargetMemo`` answers as the (kind, job shape) -> (validity, answer, stamp) dict it replaced:
+    "no target" answers in arrays (one at a time or many at once), group answers in a dict, a
+    later answer replacing an earlier one of the other sort, validities that are stamps or
+    (serial, kind version) pairs."""
+    from tlora_sim.policies.tlora_index import TargetMemo
+
+    memo, plain = TargetMemo(), {}
+    keys = [(("m", g), ("member", r, 1.5, False)) for g in (1, 2) for r in range(300)]  # grows past 256 ids
+    for n, k in enumerate(keys):
+        valid = n if n % 3 else (10**6 + n, n % 5)
+        ans = None if n % 2 else f"group {n}"
+        memo.put(memo.key(*k), valid, ans, n - 1)
+        plain[k] = (valid, ans, n - 1)
+    mids = np.array([memo.key(*k) for k in keys[::7]])
+    memo.put_none(mids, (123, 4), 77)  # group answers among them become "no target"
+    for k in keys[::7]:
+        plain[k] = ((123, 4), None, 77)
+    memo.put(memo.key(*keys[1]), 5, "group x", 3)  # a "no target" answer replaced by a group
+    plain[keys[1]] = (5, "group x", 3)
+    assert len(memo) == len(plain)
+    assert all(memo.get(memo.key(*k)) == v for k, v in plain.items())
+    assert memo.get(memo.key(("m", 9), ("other", 1, 1.0, False))) is None
+    assert memo.code(-1) == -1 and memo.decode(memo.code((2**40, 2**21 - 1))) == (2**40, 2**21 - 1)
+    with pytest.raises(ValueError):
+        memo.code((1, 2**21))
+    memo.clear()
+    assert len(memo) == 0 and all(memo.get(memo.key(*k)) is None for k in keys)
