@@ -302,24 +302,3 @@ def test_grad_blocks_single_and_multi_chunk_across_steps(dtype):
         progs = [p for k, v in plan.extra.items() if k[0] == "fwdprog" for p in v.bwd.values()]
         assert progs and all(float(p.gacc.abs().sum()) == 0.0 for p in progs)
         assert all(p.gacc.numel() == plan.sum_r * (K + N) for p in progs)
-
-
-def test_gfin_column_blocks_and_row_list(monkeypatch):
-    """``_gfin`` runs over (rank row of a multi-chunk adapter, column block): with 32-column
-    blocks, K = 96 and N = 72 take 3 blocks each (the last dB block clipped at 8 columns), and
-    only the rows of adapters with several chunks are in its list. Two steps match the float64
-    reference and leave the workspace zero; a kernel that skipped, misplaced or repeated a block
-    or row would fail the check (the one-chunk adapter's rows are stored by _b1/_b2 alone)."""
-    from tlora_sim.profiler.kernels import program as P
-    monkeypatch.setattr(P, "GFIN_BLOCK", 32)
-    segs, ranks, K, N = [300, 41, 129], [5, 130, 17], 96, 72
-    gen = torch.Generator().manual_seed(79)
-    (x, W, A, B, dy), sc = _inputs(gen, segs, ranks, K, N)
-    plan = build_plan(segs, ranks, sc, 0.1, K, N, DEV, CFG_SPLIT)
-    assert plan.nch[0] > 1 and plan.nch[1] == 1 and plan.nch[2] > 1
-    for seed in (4, 5):
-        ref = reference_forward_backward(x, W, A, B, segs, ranks, sc, dy, dropout=0.1, seed=seed)
-        _check(_run(x, W, A, B, dy, plan, seed=seed), ref, F32_TOL)
-        progs = [p for v in plan.extra.values() if hasattr(v, "bwd") for p in v.bwd.values()]
-        assert progs and all(p.gfin.grid == (2 * (5 + 17), 3, 1) for p in progs)
-        assert all(float(p.gacc.abs().sum()) == 0.0 for p in progs)

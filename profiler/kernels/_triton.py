@@ -520,31 +520,31 @@ def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
 
 # --------------------------------------------------------------------- multi-chunk gradients
 @triton.jit
-def _gfin_block(g, d, n, j, BLOCK: tl.constexpr):
-    """d[j*BLOCK:(j+1)*BLOCK] = g[same] in d's dtype (clipped at n), then g[same] = 0."""
-    if j * BLOCK < n:
-        offs = j * BLOCK + tl.arange(0, BLOCK)
+def _gfin_row(g, d, n, BLOCK: tl.constexpr):
+    """d[0:n] = g[0:n] in d's dtype, then g[0:n] = 0."""
+    for c in range(0, n, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
         m = offs < n
         v = tl.load(g + offs, mask=m, other=0.0)
         tl.store(d + offs, v.to(d.dtype.element_ty), mask=m)
         tl.store(g + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=m)
 
 
-@triton.jit(do_not_specialize=["n_rows", "sum_r"])
-def _gfin_kernel(G, DA, DB, rows, n_rows, sum_r, K, N, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["sum_r", "K", "N"])
+def _gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
     """dA/dB rows of the adapters with several token chunks out of the fp32 workspace G (dA^T
     rows (sum_r, K) then dB rows (sum_r, N)), converted to DA's / DB's dtype; G is zeroed again for
-    the next step. ``rows`` lists those adapters' n_rows rank rows (one-chunk adapters, already
-    stored by _b1/_b2, are not in it). Grid (2 n_rows, cdiv(max(K, N), BLOCK)): program (i, j)
-    does column block j of dA row rows[i] (i < n_rows), else of dB row rows[i - n_rows]; blocks
-    past the row's end return. (One program per row with a serial loop over its columns, and K, N
-    unspecialised, ran element-wise at ~2 programs per SM: 14 us on 4096x14336 8-64 where the
-    old one-pass cast took 5, profiler/KERNELS.md, session 14.)"""
-    i = tl.program_id(0)
-    j = tl.program_id(1)
-    if i < n_rows:
-        r = tl.load(rows + i).to(tl.int64)
-        _gfin_block(G + r * K, DA + r * K, K, j, BLOCK)
-    else:
-        r = tl.load(rows + i - n_rows).to(tl.int64)
-        _gfin_block(G + sum_r.to(tl.int64) * K + r * N, DB + r * N, N, j, BLOCK)
+    the next step. Program i < sum_r: dA row i, else dB row i - sum_r; rows with multi[row] == 0
+    (one-chunk adapters, already stored by _b1/_b2) are left alone. (A grid over (multi-chunk row,
+    1,024-column block) with K and N specialised took 9 instead of 14 us on 4096x14336 8-64, but
+    on the H100 the second step of a plan then had a 128 x 256 block of a multi-chunk adapter's
+    dB wrong (bf16 check 4.8e-3 to 1.3e-2 instead of 2.35e-3); not kept, cause not found,
+    profiler/KERNELS.md, session 14.)"""
+    pid = tl.program_id(0)
+    r = pid % sum_r
+    if tl.load(multi + r) != 0:
+        if pid < sum_r:
+            _gfin_row(G + r.to(tl.int64) * K, DA + r.to(tl.int64) * K, K, BLOCK)
+        else:
+            _gfin_row(G + sum_r.to(tl.int64) * K + r.to(tl.int64) * N, DB + r.to(tl.int64) * N,
+                      N, BLOCK)

@@ -29,8 +29,6 @@ from .lora_gemm import bound_gemm, choose_gemm, gemm_lora_backward, gemm_lora_fo
 __all__ = ["ForwardProgram", "BackwardProgram", "forward_program", "backward_program",
            "gbuf_numel", "prec_of"]
 
-GFIN_BLOCK = 1024   # columns of one dA/dB row per ``_gfin`` program
-
 
 def prec_of(dtype: torch.dtype) -> str:
     """Dot mode: fp32 inputs exact ("ieee"); under the CPU interpreter, bf16/fp16 dots in fp32."""
@@ -197,14 +195,12 @@ class BackwardProgram:
                      SEED_PTR=seed_is_tensor),
                 dict(num_warps=cfg.warps_b2), checked=(0,))
             self.gfin = None
-            if multi:   # the rank rows of the adapters with several chunks
-                rows = [o + k for c, r, o in zip(plan.nch, plan.ranks, plan.roffs) if c > 1
-                        for k in range(r)]
+            if multi:
+                rows = [int(c > 1) for c, r in zip(plan.nch, plan.ranks) for _ in range(r)]
                 self.gfin = BoundLaunch(
-                    K_._gfin_kernel, (2 * len(rows), cdiv(max(Kf, Nf), GFIN_BLOCK)), "gfin", 0,
-                    cfg, ("DA", "DB"),
-                    dict(G=self.gacc, rows=torch.tensor(rows, dtype=torch.int32).to(x.device),
-                         n_rows=len(rows), sum_r=plan.sum_r, K=Kf, N=Nf, BLOCK=GFIN_BLOCK),
+                    K_._gfin_kernel, (2 * plan.sum_r,), "gfin", 0, cfg, ("DA", "DB"),
+                    dict(G=self.gacc, multi=torch.tensor(rows, dtype=torch.int32).to(x.device),
+                         sum_r=plan.sum_r, K=Kf, N=Nf, BLOCK=1024),
                     dict(num_warps=4), start_stages=1, checked=())
 
     def run(self, plan, dy, x, weight, lora_A, lora_B, psave, gbuf, seed, need_A: bool,
