@@ -37,6 +37,10 @@ Columns (times in s unless named otherwise):
   decade ``"10-99"`` (issue 20's target: per-decision time flat within 2x from queue length 10 to
   10,000, i.e. <= 2); empty when ``"10-99"`` has fewer than 20 decisions or no larger decade has 20
   (the queue never got past 99: nothing to compare). These columns come last, after ``date``.
+* ``decision_cpu_ms_q_flat`` (last column; printed as ``q_cpu``): the same ratio from each decade's
+  ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, in ``decision_ms_by_queue``
+  too): on a shared machine other processes inflate the wall times of whole stretches of a run
+  (so of some decades more than others), not its CPU times. Empty in rows from before it.
 
 Rows of the same (case, policy, cost_model) are replaced, others kept; a ``skipped`` row (nothing ran)
 never replaces a row of its (case, policy) and is replaced by any; the file is rewritten after every
@@ -176,7 +180,8 @@ FLAT_MIN_DECISIONS = 20
 COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s", "jobs_per_s", "us_per_job", "events",
            "events_per_s", "decisions", "decision_ms", "decision_share", "peak_rss_mb", "base_rss_mb", "status",
            "trace", "cluster", "invariants", "tag", "host", "cpu_model", "cpus", "python", "commit", "dirty",
-           "src_sha", "out_sha", "date", "queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue"]
+           "src_sha", "out_sha", "date", "queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue",
+           "decision_cpu_ms_q_flat"]
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
@@ -229,25 +234,28 @@ def _decade_low(key: str) -> int:
     return int(key.split("-")[0])
 
 
-def decision_flatness(by_queue: dict) -> float | None:
-    """The ``decision_ms_q_flat`` column: ms per decision in the largest queue-length decade with
-    at least ``FLAT_MIN_DECISIONS`` decisions over ms per decision in decade ``"10-99"`` (issue 20:
-    flat within 2x from queue length 10 to 10,000). None (an empty cell) when ``"10-99"`` has fewer
-    decisions, when no larger decade has enough (queues never got past 99: nothing to compare), or
-    when the reference time is 0."""
+def decision_flatness(by_queue: dict, time: str = "ms_per_call") -> float | None:
+    """The ``decision_ms_q_flat`` column (``time="cpu_ms_per_call"``: ``decision_cpu_ms_q_flat``):
+    ms per decision in the largest queue-length decade with at least ``FLAT_MIN_DECISIONS``
+    decisions over ms per decision in decade ``"10-99"`` (issue 20: flat within 2x from queue
+    length 10 to 10,000). None (an empty cell) when ``"10-99"`` has fewer decisions, when no larger
+    decade has enough (queues never got past 99: nothing to compare), or when the reference time
+    is 0 or missing (``perf.json`` files from before the CPU times)."""
     ref = by_queue.get("10-99")
-    if not ref or ref.get("decisions", 0) < FLAT_MIN_DECISIONS or not ref.get("ms_per_call"):
+    if not ref or ref.get("decisions", 0) < FLAT_MIN_DECISIONS or not ref.get(time):
         return None
     big = [k for k, v in by_queue.items() if _decade_low(k) > 10 and v.get("decisions", 0) >= FLAT_MIN_DECISIONS]
-    if not big:
+    if not big or time not in by_queue[max(big, key=_decade_low)]:
         return None
-    return by_queue[max(big, key=_decade_low)]["ms_per_call"] / ref["ms_per_call"]
+    return by_queue[max(big, key=_decade_low)][time] / ref[time]
 
 
 def compact_by_queue(by_queue: dict) -> str:
     """``decision_ms_by_queue`` as compact JSON (4 significant digits for the times and means)."""
     out = {k: {"decisions": int(v.get("decisions", 0)), "mean_queue": float(f"{v.get('mean_queue', 0.0):.4g}"),
-               "ms_per_call": float(f"{v.get('ms_per_call', 0.0):.4g}")} for k, v in by_queue.items()}
+               "ms_per_call": float(f"{v.get('ms_per_call', 0.0):.4g}"),
+               **({"cpu_ms_per_call": float(f"{v['cpu_ms_per_call']:.4g}")} if "cpu_ms_per_call" in v else {})}
+           for k, v in by_queue.items()}
     return json.dumps(out, separators=(",", ":"))
 
 
@@ -287,7 +295,8 @@ def _child(spec: dict) -> dict:
             "events": perf["events"], "decisions": perf["decisions"], "decision_ms": perf["decision_ms_per_call"],
             "peak_rss_mb": peak, "base_rss_mb": base_rss, "src_sha": src, "out_sha": out_sha,
             "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm), **queue,
-            "decision_ms_q_flat": decision_flatness(by_queue), "decision_ms_by_queue": compact_by_queue(by_queue)}
+            "decision_ms_q_flat": decision_flatness(by_queue), "decision_ms_by_queue": compact_by_queue(by_queue),
+            "decision_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_call")}
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -412,7 +421,7 @@ def _fmt(r: dict) -> str:
     return (f"{r['case']:>15} {r['policy']:>12} {str(r.get('cost_model'))[:9]:>9} {r['jobs']:>8} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} "
             f"{r['jobs_per_s']:9.0f} {r['us_per_job']:8.0f} {r['events_per_s']:9.0f} {r['decision_ms']:8.3f} "
             f"{r['peak_rss_mb']:7.0f} {r.get('queue_mean', 0):8.1f} {r.get('queue_max', 0):7d} "
-            f"{_opt(r.get('decision_ms_q_flat')):>6}")
+            f"{_opt(r.get('decision_ms_q_flat')):>6} {_opt(r.get('decision_cpu_ms_q_flat')):>6}")
 
 
 def _opt(x: float | None) -> str:
@@ -481,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table, names, policies, machine, tag, path = plan_runs(ap, args, "replay", DEFAULT_CASES)
     print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
-          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6}", flush=True)
+          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6} {'q_cpu':>6}", flush=True)
     philly = philly_path(args.philly)
     failed = 0
     for name in names:

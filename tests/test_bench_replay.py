@@ -58,13 +58,14 @@ def test_quick_run_writes_one_row_per_policy_and_replaces_on_rerun(tmp_path):
         assert (df[col] > 0).all(), col
     assert df["commit"].notna().all() and df["date"].str.endswith("Z").all()
     # queue columns, appended after the older ones (older files keep loading)
-    assert list(df.columns[-4:]) == ["queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue"]
+    assert list(df.columns[-5:]) == ["queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue",
+                                     "decision_cpu_ms_q_flat"]
     assert (df["queue_mean"] >= 0).all() and (df["queue_max"] >= df["queue_mean"]).all()
     assert (df["queue_max"] > 0).all()  # 300 jobs at load 0.7 on 32 GPUs: some wait
     for _, row in df.iterrows():
         by_queue = json.loads(row["decision_ms_by_queue"])
         assert sum(v["decisions"] for v in by_queue.values()) == row["decisions"]
-        assert all(set(v) == {"decisions", "mean_queue", "ms_per_call"} for v in by_queue.values())
+        assert all(set(v) == {"decisions", "mean_queue", "ms_per_call", "cpu_ms_per_call"} for v in by_queue.values())
         assert all(v["ms_per_call"] > 0 for v in by_queue.values())
     # same case + policy again: the row is replaced, not appended
     r = subprocess.run(cmd[:4] + ["independent"] + cmd[5:], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -146,6 +147,11 @@ def test_decision_flatness(bench):
     assert bench.decision_flatness({"1-9": dec(50, 0.2), "10-99": dec(40, 0.5)}) is None  # nothing above 99
     assert bench.decision_flatness({"100-999": dec(40, 0.5)}) is None  # no reference decade
     assert bench.decision_flatness({"10-99": dec(5, 0.5), "100-999": dec(40, 0.5)}) is None  # reference too small
+    # the CPU-time ratio (decision_cpu_ms_q_flat) reads cpu_ms_per_call; rows without it give None
+    cpu = {"10-99": {**dec(40, 0.9), "cpu_ms_per_call": 0.4}, "100-999": {**dec(30, 3.0), "cpu_ms_per_call": 0.6}}
+    assert bench.decision_flatness(cpu, "cpu_ms_per_call") == pytest.approx(1.5)
+    assert bench.decision_flatness(cpu) == pytest.approx(3.0 / 0.9)
+    assert bench.decision_flatness(by_queue, "cpu_ms_per_call") is None
     text = bench.compact_by_queue({"10-99": {"decisions": 3, "ms_per_call": 0.123456789, "mean_queue": 12.3456}})
     assert " " not in text and json.loads(text) == {"10-99": {"decisions": 3, "mean_queue": 12.35, "ms_per_call": 0.1235}}
 

@@ -141,7 +141,7 @@ class Engine:
         self._events = 0
         self._decisions = 0
         self._decision_time = 0.0
-        self._by_queue: dict[int, list] = {}  # queue-length decade -> [decisions, time s, Σ length]
+        self._by_queue: dict[int, list] = {}  # queue-length decade -> [decisions, wall s, Σ length, CPU s]
         self._groups_started = 0
         self._finished = 0
         self._running = 0  # members of running groups
@@ -218,7 +218,7 @@ class Engine:
             self._record()
             return
         self._shrunk = False
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
         actions = self.policy.decide(snap)
@@ -228,10 +228,11 @@ class Engine:
         dt = time.perf_counter() - t0
         self._decision_time += dt
         self._decisions += 1
-        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0])
+        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0, 0.0])
         b[0] += 1
         b[1] += dt
         b[2] += qlen
+        b[3] += time.thread_time() - c0
         if self._obs is not None:
             self._obs.decision(self.env.now, actions)
         for a in actions:

@@ -161,10 +161,14 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
 
 def decisions_by_queue(by_queue: dict[int, list]) -> dict[str, dict]:
     """Decision cost by queue length, for ``perf.json``: ``{"10-99": {"decisions": n, "ms_per_call":
-    x, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty queue), in order."""
+    x, "cpu_ms_per_call": c, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty
+    queue), in order; ``ms_per_call`` is wall time, ``cpu_ms_per_call`` the CPU time of the engine's
+    thread (``time.thread_time``), which other work on the machine does not inflate."""
     out = {}
     for d in sorted(by_queue):
-        n, t, q = by_queue[d]
+        n, t, q, *cpu = by_queue[d]
         key = "0" if d == 0 else f"{10 ** (d - 1)}-{10 ** d - 1}"
         out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0, "mean_queue": q / n if n else 0.0}
+        if cpu:
+            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / n if n else 0.0
     return out
