@@ -174,14 +174,15 @@ class ColumnScreen:
             mids[i] = arr[s] = self._target_memo.key(kind, t.jkey_of[s])
         return mids
 
-    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: np.ndarray) -> tuple | None:
+    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: list[int]) -> tuple | None:
         """For waiting shapes of ``kind`` unable to start alone (``sids``: their ids in the walk's
         queue table, distinct): which surely have no join target now, decided for all at once. A
         shape qualifies when its kept answer is "no target" and every group ``_still_no_target``
         would ask refuses it by residual capacity or by the group's column (certain batch
         refusals). Returns None (no bulk answer: ask each shape as before) or (current, sure,
-        validity, stamp covered): ``current`` (bool, per shape) where the kept answer stands as
-        is, ``sure`` where it stands for the validity and covered stamp given (to record)."""
+        validity, stamp covered, ``sids`` as an array): ``current`` (bool, per shape) where the
+        kept answer stands as is, ``sure`` where it stands for the validity and covered stamp
+        given (to record)."""
         tab = self._tables.get(kind)
         if self._col_q is None or tab is None or tab.batch is None or len(sids) < COLUMN_MIN:
             return None
@@ -195,6 +196,7 @@ class ColumnScreen:
             at = self._col_pos[kind] = np.full(len(self._col_q[0].table.shape_key), -1, np.int64)
             at[shapes[5]] = np.arange(len(shapes[5]))
         memo = self._target_memo
+        sids = np.array(sids, np.int64)
         mids = self._shape_mids(kind, sids)
         none = memo.none[mids]
         current = none & (memo.valid[mids] == memo.code(valid))
@@ -202,7 +204,7 @@ class ColumnScreen:
         pos = at[sids]
         cand = np.flatnonzero(none & ~current & (pos >= 0))
         if not len(cand):
-            return current, sure, valid, covered
+            return current, sure, valid, covered, sids
         idx, since = pos[cand], memo.since[mids[cand]]
         bound_j = shapes[2][idx]
         ok = np.ones(len(cand), bool)  # surely no target so far
@@ -220,7 +222,7 @@ class ColumnScreen:
                 vec = self._column_vector(snap, plan, kind, shapes, gid)
                 ok &= ~asks | (vec[idx] if vec is not None else False)
                 if not ok.any():
-                    return current, sure, valid, covered
+                    return current, sure, valid, covered, sids
         if kv:
             planned = [plan.group(gid) for gid in plan.touched_ids()
                        if not plan.removed(gid) and self._kind_of.get(gid) == kind] + plan.new_of_kind(kind)
@@ -230,9 +232,9 @@ class ColumnScreen:
                     vec = self._column_vector(snap, plan, kind, shapes, g)
                     ok &= ~asks | (vec[idx] if vec is not None else False)
                     if not ok.any():
-                        return current, sure, valid, covered
+                        return current, sure, valid, covered, sids
         sure[cand[ok]] = True
-        return current, sure, valid, covered
+        return current, sure, valid, covered, sids
 
     def _column_running(self, snap: Snapshot, plan: Planner, kind: tuple, gid: int, answers: dict) -> None:
         """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of

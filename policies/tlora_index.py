@@ -168,7 +168,13 @@ class TargetMemo:
     def put(self, mid: int, valid, answer, since: int) -> None:
         """Keep ``answer`` (None: no target; else a group or group id) for id ``mid``."""
         if answer is None:
-            self.put_none(np.array([mid]), valid, since)
+            if not self.none[mid]:
+                self._n_none += 1
+                self.none[mid] = True
+            self.valid[mid] = self.code(valid)
+            self.since[mid] = since
+            if self._other:
+                self._other.pop(mid, None)
             return
         if self.none[mid]:
             self.none[mid] = False

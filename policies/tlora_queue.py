@@ -285,14 +285,17 @@ class QueueWalk:
         (``JoinSearch._no_target_by_member``). Each such answer is recorded as ``target_of``
         records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``), so the walk
         treats the shape as asked."""
-        sids = np.fromiter((s for _, s in shapes), np.int64, len(shapes))
+        sids = [s for _, s in shapes]
         bulk = self._bulk_no_target(snap, plan, kind, sids)
         kv = plan.kind_version.get(kind, 0)
-        out = np.zeros(len(shapes), bool)
+        out = [False] * len(shapes)
+        rest = range(len(shapes))
         if bulk is not None:  # the shapes answered at once: recorded at once
-            current, sure, valid, covered = bulk
-            out = current | sure
-            done = sids[out]
+            current, sure, valid, covered, sids = bulk
+            got = current | sure
+            rest = np.flatnonzero(~got).tolist()
+            out = got.tolist()
+            done = sids[got]
             for s in done.tolist():
                 no_target[2 * s] = kv
             if not kv:
@@ -302,7 +305,7 @@ class QueueWalk:
             self.shapes_in_bulk += len(done)
             self.shapes_by_member += len(done)
         jkey_of = q.table.jkey_of
-        for i in np.flatnonzero(~out).tolist():
+        for i in rest:
             pos, s = shapes[i]
             jkey = jkey_of[s]
             ans = self._no_target_by_member(snap, plan, q.job(pos), kind, jkey)
@@ -316,7 +319,7 @@ class QueueWalk:
                 self._target_memo.put(self._target_memo.key(kind, jkey), valid, None, covered)
             self.shapes_by_member += 1
             out[i] = True
-        return out.tolist()
+        return out
 
     def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
         self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)

@@ -141,7 +141,7 @@ class Checked(TLoRA):
         if got is None:
             return got
         q, first, ids, _ = self._col_q
-        for s in sids[got[0] | got[1]].tolist():
+        for s in got[4][got[0] | got[1]].tolist():
             job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
             self.kept_in_bulk += 1
             self.wrong += self._join_target_search(snap, plan, job, False, kind, job_shape(job, False)) is not None
