@@ -16,8 +16,10 @@ make most of that walk unnecessary, without changing a decision:
   out with one array comparison, so a decision costs nothing per queued shape of a kind that did
   not change (``TLoRA._join_target`` would answer None from its memo);
 * the order itself is a sort of numbers the policy already has per job (submit time, isolated
-  runtime, tolerated slowdown, index), done by ``numpy.lexsort`` over arrays kept per job index
-  instead of a Python sort over ``Job`` objects.
+  runtime, tolerated slowdown, index), done by ``numpy`` over arrays kept per job index instead of
+  a Python sort over ``Job`` objects (one ``argsort`` where the first key has no ties, else
+  ``lexsort``); the walk's per-shape questions (first waiting job of each shape, the next one
+  after a placement) read one stable sort of the shape ids per decision.
 
 ``QueueTable`` keeps the per-job arrays for the lifetime of a simulation (a job's attributes never
 change; rows are filled the first time a job is seen); ``QueueOrder`` is one decision's view: the
@@ -131,7 +133,6 @@ class QueueTable:
         return QueueOrder(self, queue, idx[pos], pos)
 
 
-
 def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
     """``numpy.lexsort(keys())`` (whose last key is ``primary``): one plain argsort of ``primary``
     where its values are distinct and not NaN (the later keys then never decide), else the full
@@ -141,6 +142,7 @@ def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
     if len(v) < 2 or not (v[1:] == v[:-1]).any() and not np.isnan(v[-1]):
         return pos  # NaNs sort last: v[-1] is NaN exactly when there is one
     return np.lexsort(keys())
+
 
 class QueueOrder:
     """One decision's queue in order. Position ``p`` (0 = first in order) holds job ``job(p)``
