@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 
-import numpy as np
-
 from tlora_sim.policies.binpack import pack_micro_batches
 from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
 from tlora_sim.policies.registry import register
@@ -84,54 +82,6 @@ class LoRAFusion:
         if self.config.group_size < 1 or self.config.microbatch_tokens < 1:
             raise InputError("lorafusion needs group_size >= 1 and microbatch_tokens >= 1", field="lorafusion")
         self.packings = {"milp": 0, "greedy": 0}
-        self._reset()
-
-    def _reset(self) -> None:
-        """Forget the per-simulation kind index (at construction, and when time runs backwards:
-        the object is serving a new simulation)."""
-        self._kind_ids: dict[tuple[str, int], int] = {}
-        self._kind_of = np.full(0, -1, np.int64)  # Job.index -> kind id (-1: not seen)
-        self._last_now = float("-inf")
-
-    def _kinds(self, queue) -> tuple[np.ndarray, np.ndarray] | None:
-        """(kind id (base model, GPU count), ``Job.index``) of each queue position, two arrays of
-        shape (len,), from the engine's queue keys and a per-job kind index kept for the
-        simulation; None for a queue without keys (hand-built snapshots, reordered queues: the
-        candidates are then found by a scan)."""
-        keys = getattr(queue, "indices", None)
-        if keys is None:
-            return None
-        idx = keys()
-        if len(idx) and int(idx.max()) >= len(self._kind_of):
-            grown = np.full(max(int(idx.max()) + 1, 2 * len(self._kind_of), 1024), -1, np.int64)
-            grown[: len(self._kind_of)] = self._kind_of
-            self._kind_of = grown
-        kinds = self._kind_of[idx]
-        for p in np.flatnonzero(kinds < 0).tolist():  # jobs seen for the first time
-            j = queue.by_index(int(idx[p]))
-            k = self._kind_ids.setdefault((j.model, j.num_gpus), len(self._kind_ids))
-            kinds[p] = self._kind_of[j.index] = k
-        return kinds, idx
-
-    def _candidates(self, queue, pos: int, head: Job, taken: set[int], index: list) -> list[Job]:
-        """The first ``window`` jobs after position ``pos`` (the head's) of the head's base model
-        and GPU count that are not ``taken``, in queue order: one array comparison over the queue's
-        kind ids where the queue has keys, else a scan. ``index``: a one-element list caching
-        ``_kinds(queue)`` for the decision (``[...]`` until computed)."""
-        if index[0] is ...:
-            index[0] = self._kinds(queue)
-        if index[0] is None:
-            return list(islice((j for j in islice(queue, pos + 1, None) if j.index not in taken
-                                and j.model == head.model and j.num_gpus == head.num_gpus), self.config.window))
-        kinds, idx = index[0]
-        out = []
-        for p in (np.flatnonzero(kinds[pos + 1:] == kinds[pos]) + (pos + 1)).tolist():
-            j = queue.by_index(int(idx[p]))
-            if j.index not in taken:
-                out.append(j)
-                if len(out) == self.config.window:
-                    break
-        return out
 
     def micro_batches(self, members: list[Job], n_gpus: int) -> int:
         """Micro-batches of the group's sequences under the packing (>= 1)."""
@@ -157,14 +107,10 @@ class LoRAFusion:
     def decide(self, snap: Snapshot) -> list[Action]:
         """Re-pack changed groups, then form groups for the queue head while its GPUs are free
         (strict FIFO)."""
-        if snap.now_s < self._last_now:
-            self._reset()
-        self._last_now = snap.now_s
         free = snap.free.copy()
         out: list[Action] = self.repack(snap)
         taken: set[int] = set()
         queue = ordered(snap, self.config.ordering).queue  # read in place: no copy per decision
-        index: list = [...]  # the queue's kind index, made on the first start that groups
         for pos, head in enumerate(queue):
             if head.index in taken:
                 continue
@@ -172,7 +118,9 @@ class LoRAFusion:
                 break
             members = [head]
             if self.config.grouping:
-                cands = self._candidates(queue, pos, head, taken, index)
+                cands = list(islice((j for j in islice(queue, pos + 1, None) if j.index not in taken
+                                     and j.model == head.model and j.num_gpus == head.num_gpus),
+                                    self.config.window))
                 pairs = head_tail_pairs([head] + cands)
                 pairs.sort(key=lambda p: head not in p)  # the head's pair first, then pairing order
                 members = []
