@@ -569,6 +569,13 @@ class _LazyViews(Mapping):
             raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
         return iter(self._groups)
 
+    def size(self, gid: int) -> int:
+        """Number of members of running group ``gid`` (``len(self[gid].members)``) without building
+        its view. KeyError if it is not running."""
+        if self._groups is None:
+            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+        return len(self._groups[gid].members)
+
     def __len__(self) -> int:
         return len(self._groups) if self._groups is not None else len(self._views)
 
