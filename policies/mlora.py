@@ -55,8 +55,8 @@ class MLoRA:
         """Pack or start queued jobs in arrival order until one can do neither."""
         plan = Planner(snap, self.plan)
         for job in ordered(snap, self.config.ordering).queue:
-            group = None if not self.config.grouping else next((g for g in self._open(snap, plan, job)
-                          if len(g.members) < self.config.concurrency_num and g.fits(snap, self.plan, job)), None)
+            group = None if not self.config.grouping else next(
+                (g for g in plan.open_candidates(job, self.config.concurrency_num) if g.fits(snap, self.plan, job)), None)
             if group is not None:
                 plan.join(group, job)
             elif plan.start(job) is None:
@@ -65,19 +65,3 @@ class MLoRA:
         if self.config.ordering == "backfill":
             out += backfill_starts(snap, out, self.plan)
         return out
-
-    def _open(self, snap: Snapshot, plan: Planner, job):
-        """``plan.candidates(job)`` (start order, then planned order) without the running groups
-        that already have ``concurrency_num`` members and were not changed in this decision: read
-        by size (``Snapshot.groups.size``) instead of making their planned copies; a planned copy
-        only gains members here, so a group skipped could not take ``job``."""
-        size = getattr(snap.groups, "size", None)
-        if snap.kinds is None or size is None:
-            yield from plan.candidates(job)
-            return
-        kind, cap = (job.model, job.num_gpus), self.config.concurrency_num
-        for gid in snap.kinds.get(kind, ()):
-            if not plan.joined(gid) and size(gid) >= cap:
-                continue
-            yield plan.group(gid)
-        yield from plan.new_of_kind(kind)

@@ -7,7 +7,7 @@ membership consistent while they do, then emits the engine actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.placement import Placement
@@ -151,6 +151,27 @@ class Planner:
     def candidates(self, job: Job) -> list[PlannedGroup]:
         """Groups ``job`` could join: same base model and GPU count (start/plan order)."""
         return self._kind((job.model, job.num_gpus))
+
+    def open_candidates(self, job: Job, below: int) -> Iterator[PlannedGroup]:
+        """The groups of ``candidates(job)`` with fewer than ``below`` members, in the same order,
+        made lazily. A running group this decision has not copied yet is judged by its size in the
+        snapshot (``Snapshot.groups.size`` of an engine snapshot), so the full ones are skipped
+        without building their views or planned copies."""
+        size = getattr(self.snap.groups, "size", None)
+        kind = (job.model, job.num_gpus)
+        if self._kinds is None or size is None or kind in self._by_kind:
+            yield from (g for g in self.candidates(job) if len(g.members) < below)
+            return
+        for gid in self._kinds.get(kind, ()):
+            if gid in self._removed_ids:
+                continue
+            g = self._copies.get(gid)
+            if g is None and size(gid) >= below:
+                continue
+            g = self.group(gid) if g is None else g
+            if len(g.members) < below:
+                yield g
+        yield from (g for g in self._new_by_kind.get(kind, []) if len(g.members) < below)
 
     def of_kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
         """Groups of base model and GPU count ``kind`` (start/plan order)."""
