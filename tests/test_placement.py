@@ -88,3 +88,37 @@ def test_random_take_and_release_never_double_books(ops, nodes, gpn):
         for node in range(nodes):
             assert f.free[node] == sum(1 for s in owner[node] if s is None)
 
+
+
+@given(free=st.lists(st.integers(0, 8), min_size=1, max_size=40), n=st.integers(-1, 70),
+       npr=st.sampled_from([1, 2, 4]))
+def test_find_answers_as_place_does(free, n, npr):
+    """``FreeGpus.find`` answers one-node requests from its per-count index: the same placement as
+    the plain scan of ``place`` (best fit, lowest index on ties), and None exactly where it is None."""
+    f = FreeGpus(list(free), 8, npr)
+    assert f.find(n) == place(free, n, 8, npr)
+    assert f.total == sum(free)
+
+
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 12)), min_size=1, max_size=80),
+       nodes=st.integers(1, 8), gpn=st.sampled_from([1, 2, 4, 8]))
+def test_index_follows_takes_releases_and_copies(ops, nodes, gpn):
+    """After any sequence of takes and releases (on the object and on copies of it), each find
+    equals ``place`` on the current ``free`` and the total is their sum; a copy's changes do not
+    reach the original."""
+    f = FreeGpus([gpn] * nodes, gpn, 2)
+    held = []
+    for take, n in ops:
+        assert f.find(n) == place(list(f.free), n, gpn, 2)
+        if take or not held:
+            c = f.copy()
+            before = list(f.free)
+            if c.take(n) is not None:
+                assert f.free == before and f.total == sum(before)
+            p = f.take(n)
+            if p is not None:
+                held.append(p)
+        else:
+            f.apply(held.pop(n % len(held)), +1)
+        assert f.total == sum(f.free)
+        assert all(f.find(k) == place(list(f.free), k, gpn, 2) for k in range(1, gpn + 1))

@@ -19,7 +19,10 @@ class FreeGpus:
     """Free GPUs per node; a mutable working copy a policy may plan on.
 
     Attributes:
-        free: free GPU count per node (list of int, one per node).
+        free: free GPU count per node (list of int, one per node). Change it only through
+            :meth:`apply` (or :meth:`take`): the object keeps, next to it, how many nodes have each
+            free count and the cluster total, so that :meth:`find` answers a one-node request from
+            those counts (one C-level ``list.index``) instead of a Python scan of every node.
         gpus_per_node: GPUs in each node.
         nodes_per_rack: nodes in a rack.
     """
@@ -28,17 +31,41 @@ class FreeGpus:
     gpus_per_node: int
     nodes_per_rack: int = 4
 
+    def __post_init__(self) -> None:
+        count = [0] * (self.gpus_per_node + 1)
+        for f in self.free:
+            count[f] += 1
+        self._count = count  # nodes with c free GPUs, c = 0..gpus_per_node
+        self._total = sum(self.free)
+
     @property
     def total(self) -> int:
         """Free GPUs in the cluster."""
-        return sum(self.free)
+        return self._total
 
     def copy(self) -> "FreeGpus":
         """An independent copy to plan on."""
-        return FreeGpus(list(self.free), self.gpus_per_node, self.nodes_per_rack)
+        c = FreeGpus.__new__(FreeGpus)
+        c.free, c.gpus_per_node, c.nodes_per_rack = list(self.free), self.gpus_per_node, self.nodes_per_rack
+        c._count, c._total = list(self._count), self._total
+        return c
 
     def find(self, n_gpus: int) -> Placement | None:
-        """Where ``n_gpus`` GPUs would go now, or None if they do not fit (nothing is taken)."""
+        """Where ``n_gpus`` GPUs would go now, or None if they do not fit (nothing is taken).
+
+        The same answer as :func:`place` on ``free``: for a one-node request the best fit is the
+        lowest-index node among those with the fewest free GPUs that still fit, i.e. the first
+        node whose free count is the smallest non-empty count >= ``n_gpus``."""
+        if n_gpus <= 0 or n_gpus > self._total:
+            return None
+        if n_gpus <= self.gpus_per_node:
+            count = self._count
+            for c in range(n_gpus, self.gpus_per_node + 1):
+                if count[c]:
+                    return ((self.free.index(c), n_gpus),)
+            return None
+        if self._count[self.gpus_per_node] < n_gpus // self.gpus_per_node:  # too few whole nodes
+            return None
         return place(self.free, n_gpus, self.gpus_per_node, self.nodes_per_rack)
 
     def take(self, n_gpus: int) -> Placement | None:
@@ -52,13 +79,18 @@ class FreeGpus:
         """Reserve (sign=-1) or release (sign=+1) a placement.
 
         Raises:
-            RuntimeError: the result would leave a node below 0 or above its GPUs (double booking).
+            RuntimeError: the result would leave a node below 0 or above its GPUs (double booking);
+                nodes before the offending one in ``placement`` stay changed, as before.
         """
+        free, count = self.free, self._count
         for node, k in placement:
-            v = self.free[node] + sign * k
+            v = free[node] + sign * k
             if v < 0 or v > self.gpus_per_node:
-                raise RuntimeError(f"GPU accounting broken on node {node}: {self.free[node]} free, change {sign * k}")
-            self.free[node] = v
+                raise RuntimeError(f"GPU accounting broken on node {node}: {free[node]} free, change {sign * k}")
+            count[free[node]] -= 1
+            count[v] += 1
+            self._total += sign * k
+            free[node] = v
 
 
 def place(free: list[int], n_gpus: int, gpus_per_node: int, nodes_per_rack: int = 4) -> Placement | None:
