@@ -38,7 +38,8 @@ Columns (times in s unless named otherwise):
   10,000, i.e. <= 2); empty when ``"10-99"`` has fewer than 20 decisions or no larger decade has 20
   (the queue never got past 99: nothing to compare). These columns come last, after ``date``.
 * ``decision_cpu_ms_q_flat`` (last column; printed as ``q_cpu``): the same ratio from each decade's
-  ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, in ``decision_ms_by_queue``
+  ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, over the ``cpu_timed``
+  decisions of the decade the engine CPU-times: every 8th since session 15, all before; in ``decision_ms_by_queue``
   too): on a shared machine other processes inflate the wall times of whole stretches of a run
   (so of some decades more than others), not its CPU times. Empty in rows from before it.
 
@@ -254,7 +255,8 @@ def compact_by_queue(by_queue: dict) -> str:
     """``decision_ms_by_queue`` as compact JSON (4 significant digits for the times and means)."""
     out = {k: {"decisions": int(v.get("decisions", 0)), "mean_queue": float(f"{v.get('mean_queue', 0.0):.4g}"),
                "ms_per_call": float(f"{v.get('ms_per_call', 0.0):.4g}"),
-               **({"cpu_ms_per_call": float(f"{v['cpu_ms_per_call']:.4g}")} if "cpu_ms_per_call" in v else {})}
+               **({"cpu_ms_per_call": float(f"{v['cpu_ms_per_call']:.4g}")} if "cpu_ms_per_call" in v else {}),
+               **({"cpu_timed": int(v["cpu_timed"])} if "cpu_timed" in v else {})}
            for k, v in by_queue.items()}
     return json.dumps(out, separators=(",", ":"))
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tlora_sim.sim.core.engine import CPU_SAMPLE
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "replay.py"
 CONTENDED = ["itp-all-sized", "philly", "load-0.5", "load-0.7", "load-0.9", "load-1.0", "load-1.1", "load-1.2",
@@ -65,7 +67,10 @@ def test_quick_run_writes_one_row_per_policy_and_replaces_on_rerun(tmp_path):
     for _, row in df.iterrows():
         by_queue = json.loads(row["decision_ms_by_queue"])
         assert sum(v["decisions"] for v in by_queue.values()) == row["decisions"]
-        assert all(set(v) == {"decisions", "mean_queue", "ms_per_call", "cpu_ms_per_call"} for v in by_queue.values())
+        assert all(set(v) == {"decisions", "mean_queue", "ms_per_call", "cpu_ms_per_call", "cpu_timed"}
+                   for v in by_queue.values())
+        # the engine CPU-times every CPU_SAMPLE-th decision of each decade, the first included
+        assert all(v["cpu_timed"] == -(-v["decisions"] // CPU_SAMPLE) for v in by_queue.values())
         assert all(v["ms_per_call"] > 0 for v in by_queue.values())
     # same case + policy again: the row is replaced, not appended
     r = subprocess.run(cmd[:4] + ["independent"] + cmd[5:], cwd=ROOT, capture_output=True, text=True, timeout=300)

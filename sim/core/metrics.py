@@ -162,13 +162,17 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
 def decisions_by_queue(by_queue: dict[int, list]) -> dict[str, dict]:
     """Decision cost by queue length, for ``perf.json``: ``{"10-99": {"decisions": n, "ms_per_call":
     x, "cpu_ms_per_call": c, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty
-    queue), in order; ``ms_per_call`` is wall time, ``cpu_ms_per_call`` the CPU time of the engine's
-    thread (``time.thread_time``), which other work on the machine does not inflate."""
+    queue), in order; ``ms_per_call`` is wall time over every decision, ``cpu_ms_per_call`` the CPU
+    time of the engine's thread (``time.thread_time``), which other work on the machine does not
+    inflate, averaged over the ``cpu_timed`` decisions the engine CPU-timed (every
+    ``engine.CPU_SAMPLE``-th of the decade; older rows without ``cpu_timed`` timed all)."""
     out = {}
     for d in sorted(by_queue):
         n, t, q, *cpu = by_queue[d]
         key = "0" if d == 0 else f"{10 ** (d - 1)}-{10 ** d - 1}"
         out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0, "mean_queue": q / n if n else 0.0}
         if cpu:
-            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / n if n else 0.0
+            timed = cpu[1] if len(cpu) > 1 else n
+            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / timed if timed else 0.0
+            out[key]["cpu_timed"] = timed
     return out
