@@ -38,8 +38,8 @@ Columns (times in s unless named otherwise):
   10,000, i.e. <= 2); empty when ``"10-99"`` has fewer than 20 decisions or no larger decade has 20
   (the queue never got past 99: nothing to compare). These columns come last, after ``date``.
 * ``decision_cpu_ms_q_flat`` (last column; printed as ``q_cpu``): the same ratio from each decade's
-  ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, over the ``cpu_timed``
-  decisions of the decade the engine CPU-times: every 8th since session 15, all before; in ``decision_ms_by_queue``
+  ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, estimated since session 15
+  from the ``cpu_timed`` decisions: the first 64 of each decade, then every 8th; in ``decision_ms_by_queue``
   too): on a shared machine other processes inflate the wall times of whole stretches of a run
   (so of some decades more than others), not its CPU times. Empty in rows from before it.
 

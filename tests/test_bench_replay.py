@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tlora_sim.sim.core.engine import CPU_SAMPLE
+from tlora_sim.sim.core.engine import CPU_ALL, CPU_SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "replay.py"
@@ -69,8 +69,10 @@ def test_quick_run_writes_one_row_per_policy_and_replaces_on_rerun(tmp_path):
         assert sum(v["decisions"] for v in by_queue.values()) == row["decisions"]
         assert all(set(v) == {"decisions", "mean_queue", "ms_per_call", "cpu_ms_per_call", "cpu_timed"}
                    for v in by_queue.values())
-        # the engine CPU-times every CPU_SAMPLE-th decision of each decade, the first included
-        assert all(v["cpu_timed"] == -(-v["decisions"] // CPU_SAMPLE) for v in by_queue.values())
+        # the engine CPU-times the first CPU_ALL decisions of each decade, then every CPU_SAMPLE-th
+        assert all(v["cpu_timed"] == min(v["decisions"], CPU_ALL) + len(range(CPU_ALL, v["decisions"], CPU_SAMPLE))
+                   for v in by_queue.values())
+        assert any(v["decisions"] > CPU_ALL for v in by_queue.values())  # the sampled branch ran
         assert all(v["ms_per_call"] > 0 for v in by_queue.values())
     # same case + policy again: the row is replaced, not appended
     r = subprocess.run(cmd[:4] + ["independent"] + cmd[5:], cwd=ROOT, capture_output=True, text=True, timeout=300)

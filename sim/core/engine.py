@@ -38,11 +38,10 @@ from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueV
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
-CPU_SAMPLE = 8
-"""The engine reads its thread's CPU clock around every CPU_SAMPLE-th decision of each queue-length
-decade (the first included): the read is a system call, 1-4 us on the 2-vCPU EPYC VM, and around
-every decision it cost ``independent`` ~11% of its CPU on the merged ITP trace (bench/README.md,
-session 15). Wall time (``perf_counter``, ~0.1 us) is read around every decision."""
+CPU_ALL, CPU_SAMPLE = 64, 8
+"""CPU clock reads around the first CPU_ALL decisions of each queue-length decade, then every
+CPU_SAMPLE-th, counted CPU_SAMPLE times: a read is a system call (1-4 us on the EPYC VM; around every
+decision ~11% of ``independent``'s CPU on merged ITP, bench/README.md session 15). Wall: every one."""
 
 __all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "SimResult"]
 
@@ -225,8 +224,8 @@ class Engine:
         self._shrunk = False
         qlen = len(self.queue)
         b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0, 0.0, 0])
-        cpu = b[0] % CPU_SAMPLE == 0  # CPU-time a sample only (see CPU_SAMPLE)
-        c0 = time.thread_time() if cpu else 0.0
+        w = 1 if b[0] < CPU_ALL else CPU_SAMPLE if b[0] % CPU_SAMPLE == 0 else 0  # CPU-time weight (CPU_ALL)
+        c0 = time.thread_time() if w else 0.0
         t0 = time.perf_counter()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
@@ -234,8 +233,8 @@ class Engine:
         snap.groups.freeze()  # the engine changes from here on
         snap.queue.freeze()
         dt = time.perf_counter() - t0
-        if cpu:
-            b[3] += time.thread_time() - c0
+        if w:
+            b[3] += w * (time.thread_time() - c0)
             b[4] += 1
         self._decision_time += dt
         self._decisions += 1

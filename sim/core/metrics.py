@@ -164,15 +164,14 @@ def decisions_by_queue(by_queue: dict[int, list]) -> dict[str, dict]:
     x, "cpu_ms_per_call": c, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty
     queue), in order; ``ms_per_call`` is wall time over every decision, ``cpu_ms_per_call`` the CPU
     time of the engine's thread (``time.thread_time``), which other work on the machine does not
-    inflate, averaged over the ``cpu_timed`` decisions the engine CPU-timed (every
-    ``engine.CPU_SAMPLE``-th of the decade; older rows without ``cpu_timed`` timed all)."""
+    inflate, per decision, estimated from the ``cpu_timed`` decisions the engine CPU-timed (the
+    first 64 of the decade, then every 8th: ``engine.CPU_ALL``)."""
     out = {}
     for d in sorted(by_queue):
         n, t, q, *cpu = by_queue[d]
         key = "0" if d == 0 else f"{10 ** (d - 1)}-{10 ** d - 1}"
         out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0, "mean_queue": q / n if n else 0.0}
         if cpu:
-            timed = cpu[1] if len(cpu) > 1 else n
-            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / timed if timed else 0.0
-            out[key]["cpu_timed"] = timed
+            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / n if n else 0.0
+            out[key]["cpu_timed"] = cpu[1] if len(cpu) > 1 else n
     return out

@@ -35,8 +35,8 @@ class SimResult:
         decisions: policy calls; decision_time_s: their total wall time (s).
         wall_s: wall time of the run (s).
         decisions_by_queue: queue-length decade -> ``[decisions, total wall time (s), Σ queue
-            length, CPU time of the engine's thread over the CPU-timed decisions (s), CPU-timed
-            decisions]`` (every ``engine.CPU_SAMPLE``-th decision of a decade; decade 0: empty queue; d >= 1:
+            length, CPU time of the engine's thread (s; estimated from the CPU-timed decisions,
+            ``engine.CPU_ALL``), CPU-timed decisions]`` (decade 0: empty queue; d >= 1:
             10^(d-1) <= length < 10^d): how decision cost grows with the queue (issue 20's
             "per-decision time flat from queue 10 to 10,000"; the CPU time does not count other
             processes sharing the machine, the wall time does).
