@@ -64,6 +64,19 @@ class NanoBatchTuner:
             self.n = self.best_n
         return self.n
 
+    def steady(self, step_time_s: float) -> bool:
+        """``observe(step_time_s)`` where it keeps running the best count: the tuner runs its best
+        ``n``, the time is no improvement and no re-probe is due. Then records it as ``observe``
+        does (``n`` stays, and is measured) and returns True; else changes nothing and returns
+        False (call ``observe``)."""
+        if self.n != self.best_n or self._since_probe + 1 >= self.reprobe_every \
+                or step_time_s < self.best_time_s * (1.0 - self.threshold):
+            return False
+        self._seen[self.n] = step_time_s
+        self.best_time_s = step_time_s
+        self._since_probe += 1
+        return True
+
     def measured(self) -> set[int]:
         """The counts measured since the last reset."""
         return set(self._seen)

@@ -62,10 +62,6 @@ import numpy as np
 
 from tlora_sim.policies.nanobatch import NanoBatchTuner
 
-PROBE_STEPS = 5
-"""Training steps a nano-batch probe lasts (a controller's measurement window; see ``_settle_nano``)."""
-MAX_PROBES = 8
-"""Most probes per group per tick (AIMD from N=1 reaches N=29 in 8 steps of +4)."""
 from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
@@ -73,9 +69,10 @@ from tlora_sim.policies.tlora_column import ColumnScreen
 from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, TargetMemo, batch_refusals, group_features
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
+from tlora_sim.policies.tlora_tune import MAX_PROBES, PROBE_STEPS, NanoTuning  # noqa: F401 (re-exported)
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
-from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
+from tlora_sim.sim.core.snapshot import Action, Snapshot
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ class TLoRAConfig:
 
 @register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
                                  "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
-class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
+class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
     """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
@@ -116,6 +113,13 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
     index_queue = True
     """Walk the queue through ``QueueTable`` on engine snapshots (same decisions, cost flat in the
     queue length; False: the plain walk of ``_group_queue``, the reference the tests compare with)."""
+    defer_idle = True
+    """An engine decision with an empty queue between ticks returns no action at once and leaves
+    its changed groups to be noted with the next decision's (``decide``; False: note them now, the
+    reference the tests compare with). Exact: such a decision can plan nothing, keeps no join
+    answer, and the tuners and the policy's picture of a group read its latest state, which only
+    changes with the group marked changed again; stamps keep their order against every stamp an
+    answer or a refusal was kept at."""
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
@@ -162,6 +166,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         self.columns_made = 0  # changed groups screened against every waiting shape at once (``tlora_column``)
         self.shapes_in_bulk = 0  # of those, found by one vector test for all the kind's shapes
         self._planned_all: dict[tuple, tuple] = {}
+        self._idle_changed: set[int] = set()  # groups changed in deferred idle decisions (``decide``)
 
     # ---- predicates (pure) -------------------------------------------------------------------
     @staticmethod
@@ -251,7 +256,19 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         if snap.now_s < self._last_now:
             self._reset()
         self._last_now = snap.now_s
-        self._note_changes(snap)
+        tick = snap.now_s - self._last_tick >= self.config.tick_s
+        if self.defer_idle and not tick and not snap.queue and snap.changed is not None:
+            # nothing to walk and no tick: no action is possible, and every answer this decision
+            # could keep is read later; its changes are noted with the next decision's
+            self._idle_changed |= snap.changed
+            self._stamp += 1
+            return []
+        changed = snap.changed
+        if self._idle_changed:
+            if changed is not None:
+                changed = self._idle_changed | changed
+            self._idle_changed = set()
+        self._note_changes(snap, changed)
         plan = Planner(snap, self.plan, self._protos)
         for memo in (self._memo, self._join_memo, self._scan_memo, self._feats):  # per group id: drop closed groups
             if len(memo) > 2 * len(snap.groups) + 64:
@@ -268,7 +285,6 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         else:
             queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
             smallest_wait = min((j.num_gpus for j in queue), default=None)
-        tick = snap.now_s - self._last_tick >= self.config.tick_s
         if tick:
             self._last_tick = snap.now_s
             if self.config.grouping and self.config.consolidate:
@@ -279,20 +295,20 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
             self._group_queue(snap, plan, queue)
         actions = plan.actions()
         if self.config.nano_batching:
-            changed = {g.group_id for g in plan.removed_groups} | {g.group_id for g in plan.changed_groups()}
-            actions += self._tune(snap, tick, skip=changed)
+            actions += self._tune(snap, tick, changed, skip={g.group_id for g in plan.removed_groups}
+                                  | {g.group_id for g in plan.changed_groups()})
         if self.config.ordering == "backfill":
             actions += backfill_starts(snap, actions, self.plan)
         return actions
 
-    def _note_changes(self, snap: Snapshot) -> None:
+    def _note_changes(self, snap: Snapshot, changed_ids=None) -> None:
         """Record which running groups changed *as grouping sees them* since the previous decision
         (their members or their nano-batch count; a regroup pause alone is no change), refresh the
         policy's picture of them, and log the change per kind in the order it happened (a stamp per
         decision) for ``_consolidate`` and ``_join_target``. With no ``Snapshot.changed`` every
         group is looked at."""
         self._stamp += 1
-        changed = set(snap.changed) if snap.changed is not None else set(snap.groups) | set(self._sig)
+        changed = set(changed_ids) if changed_ids is not None else set(snap.groups) | set(self._sig)
         for gid in changed:
             if gid not in snap.groups:
                 kind = self._kind_of.pop(gid, None)
@@ -515,75 +531,3 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk):
         if hit is None or hit[0] is not fb:
             hit = self._job_rows[key] = (fb, fb.row([job.member]))
         return hit[1]
-
-    def _settle_nano(self, snap: Snapshot, kind: tuple[str, int], members: tuple[Job, ...], tuner: NanoBatchTuner,
-                     nano: int, micro: int, step_s: float) -> int:
-        """Run the AIMD controller's probes for one group on a tick and return the count it settles on.
-
-        Each probe lasts ``PROBE_STEPS`` training steps, as a real controller measures a step time
-        over a few steps after the switch; at the step times of these models (0.1-2 s) all the
-        probes of one tick take seconds, under 1% of ``tick_s``, so the probes are evaluated with
-        the cost model at once and only the settled count runs until the next tick (ours: the
-        paper does not say how long a probe lasts). A probe whose predicted step time would take
-        any member past its tolerated slowdown (and is no faster than the current count) is not
-        run (the paper's promise: no member past its bound); the controller treats it as a failed
-        probe. ``kind``: the group's (base model, GPU count); ``members``: its jobs in member order.
-        """
-        bound = adapters = None
-        t = step_s
-        for _ in range(MAX_PROBES):
-            nxt = tuner.observe(t)
-            if nxt == tuner.best_n and tuner.has_measured(nxt):  # settled on a count it has measured
-                break
-            if adapters is None:  # a probe runs: read the group (most ticks settle at once)
-                bound = min(j.max_slowdown * j.isolated_step_time_s for j in members)
-                adapters = tuple(j.member for j in members)
-            t = snap.step_time_s(kind[0], adapters, kind[1], self.plan, nano_batches=nxt, micro_batches=micro)
-            if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
-                tuner.refuse(nxt)
-                t = tuner.best_time_s
-        return tuner.best_n if tuner.best_time_s < float("inf") else nano
-
-    def _tune(self, snap: Snapshot, tick: bool, skip: set) -> list[Action]:
-        """One AIMD step per group per tick, on its current cost-model step time (groups in
-        ``skip`` change membership in this decision and are measured next tick)."""
-        out: list[Action] = []
-        if not tick and snap.changed is not None:
-            # Between ticks only membership matters: groups that did not change keep their tuner as is,
-            # so touch the changed ones and the ones changing now (the full scan below would do the same).
-            for gid in skip:
-                self._tuners.pop(gid, None)
-            for gid in snap.changed:
-                if gid in skip:
-                    continue
-                if gid not in snap.groups:
-                    self._tuners.pop(gid, None)
-                    continue
-                g = snap.groups[gid]
-                members = tuple(g.members)
-                ent = self._tuners.get(gid)
-                if ent is None:
-                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
-                elif ent[2] != members:
-                    ent[0].reset()
-                    ent[0].n = g.nano_batches
-                    self._tuners[gid] = (ent[0], ent[1], members)
-            return out
-        live = {}
-        for gid in snap.groups:  # start order; the state of groups unchanged since is as last noted
-            if gid in skip:
-                continue
-            members, step_s, nano, micro, paused_until_s = self._live[gid]
-            ent = self._tuners.get(gid)
-            tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
-            if seen_members != members:
-                tuner.reset()
-                tuner.n = nano
-            if tick and paused_until_s <= snap.now_s:
-                nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
-                if nxt != nano:
-                    out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
-                last = snap.now_s
-            live[gid] = (tuner, last, members)
-        self._tuners = live
-        return out

@@ -113,8 +113,14 @@ class QueueTable:
 
     def order(self, queue: Sequence[Job], how: str, now_s: float) -> "QueueOrder":
         """The queue in ordering ``how`` (``fifo``/``backfill``: as given; ``urgency``; ``srpt``),
-        the same order as ``ordering.order_queue`` (every key ends with the unique job index)."""
+        the same order as ``ordering.order_queue`` (every key ends with the unique job index).
+        Queues of at most ``SHORT`` jobs are sorted in Python (``_order_short``), longer ones by
+        numpy over the table's arrays."""
         n = len(queue)
+        if n <= SHORT:
+            got = self._order_short(queue, how, now_s)
+            if got is not None:
+                return got
         keys = getattr(queue, "indices", None)  # an engine snapshot's queue: its keys are the indices
         idx = keys() if keys is not None else np.fromiter((j.index for j in queue), np.int64, n)
         if n and int(idx.max()) >= self.cap:
@@ -131,6 +137,52 @@ class QueueTable:
         else:
             pos = np.arange(n)
         return QueueOrder(self, queue, idx[pos], pos)
+
+
+    def _order_short(self, queue: Sequence[Job], how: str, now_s: float) -> "QueueOrder | None":
+        """``order`` by a Python sort of per-job key tuples (a short queue: numpy's per-call cost
+        exceeds the sort). The keys are those ``order`` sorts with ``lexsort``, computed with the
+        same float operations, and the job index (unique) ends each, so both give the one order
+        the keys define; None (use the numpy path) where a key is NaN or a runtime not positive,
+        whose order ``lexsort`` defines differently from Python's comparisons."""
+        jobs = list(queue)
+        if not jobs:
+            return None
+        cap = self.cap
+        for j in jobs:
+            i = j.index
+            if i >= cap:
+                self._grow(i + 1)
+                cap = self.cap
+            if not self.seen[i]:
+                self._add(j)
+        if how == "urgency":  # (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
+            keys = []
+            for p, j in enumerate(jobs):
+                run, wait, sd = j.isolated_runtime_s, now_s - j.submit_time_s, j.max_slowdown
+                if not run > 0.0 or wait != wait or sd != sd or run == float("inf"):
+                    return None
+                keys.append((-((wait if wait > 0.0 else 0.0) / run), -(sd - 1.0), j.index, p))
+        elif how == "srpt":
+            keys = []
+            for p, j in enumerate(jobs):
+                run = j.isolated_runtime_s
+                if run != run:
+                    return None
+                keys.append((run, j.index, p))
+        else:
+            keys = [(p, j.index, p) for p, j in enumerate(jobs)]
+        keys.sort()
+        pos = np.fromiter((k[-1] for k in keys), np.int64, len(keys))
+        index = np.fromiter((k[-2] for k in keys), np.int64, len(keys))
+        out = QueueOrder(self, queue, index, pos)
+        out._min_gpus = min(j.num_gpus for j in jobs)
+        return out
+
+
+SHORT = 24
+"""Longest queue ``QueueTable.order`` sorts in Python (``_order_short``): below, numpy's fixed cost
+per call exceeds a Python sort of key tuples."""
 
 
 def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
@@ -171,8 +223,12 @@ class QueueOrder:
             return self._by_index(int(self.index[p]))
         return self.queue[self._pos[p]]
 
+    _min_gpus = None
+
     def min_gpus(self) -> int | None:
         """Fewest GPUs any queued job asks for (None for an empty queue)."""
+        if self._min_gpus is not None:
+            return self._min_gpus
         return int(self.table.gpus[self.index].min()) if len(self.index) else None
 
     def kind_positions(self, k: int) -> list[int]:

@@ -1,0 +1,93 @@
+"""tLoRA's nano-batch tuning half (a mixin of ``TLoRA``): one AIMD step per running group per
+policy tick (``NanoBatchTuner``), its probes evaluated with the cost model at once."""
+
+from __future__ import annotations
+
+from tlora_sim.policies.nanobatch import NanoBatchTuner
+from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
+
+PROBE_STEPS = 5
+"""Training steps a nano-batch probe lasts (a controller's measurement window; see ``_settle_nano``)."""
+MAX_PROBES = 8
+"""Most probes per group per tick (AIMD from N=1 reaches N=29 in 8 steps of +4)."""
+
+
+class NanoTuning:
+    """The tuner half of ``TLoRA`` (a mixin: it reads the policy's plan, tuners and picture of the
+    running groups, ``_live`` and ``_kind_of``)."""
+
+    def _settle_nano(self, snap: Snapshot, kind: tuple[str, int], members: tuple[Job, ...], tuner: NanoBatchTuner,
+                     nano: int, micro: int, step_s: float) -> int:
+        """Run the AIMD controller's probes for one group on a tick and return the count it settles on.
+
+        Each probe lasts ``PROBE_STEPS`` training steps, as a real controller measures a step time
+        over a few steps after the switch; at the step times of these models (0.1-2 s) all the
+        probes of one tick take seconds, under 1% of ``tick_s``, so the probes are evaluated with
+        the cost model at once and only the settled count runs until the next tick (ours: the
+        paper does not say how long a probe lasts). A probe whose predicted step time would take
+        any member past its tolerated slowdown (and is no faster than the current count) is not
+        run (the paper's promise: no member past its bound); the controller treats it as a failed
+        probe. ``kind``: the group's (base model, GPU count); ``members``: its jobs in member order.
+        """
+        bound = adapters = None
+        t = step_s
+        for _ in range(MAX_PROBES):
+            nxt = tuner.observe(t)
+            if nxt == tuner.best_n and tuner.has_measured(nxt):  # settled on a count it has measured
+                break
+            if adapters is None:  # a probe runs: read the group (most ticks settle at once)
+                bound = min(j.max_slowdown * j.isolated_step_time_s for j in members)
+                adapters = tuple(j.member for j in members)
+            t = snap.step_time_s(kind[0], adapters, kind[1], self.plan, nano_batches=nxt, micro_batches=micro)
+            if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
+                tuner.refuse(nxt)
+                t = tuner.best_time_s
+        return tuner.best_n if tuner.best_time_s < float("inf") else nano
+
+    def _tune(self, snap: Snapshot, tick: bool, changed, skip: set) -> list[Action]:
+        """One AIMD step per group per tick, on its current cost-model step time (groups in
+        ``skip`` change membership in this decision and are measured next tick)."""
+        out: list[Action] = []
+        if not tick and changed is not None:
+            # Between ticks only membership matters: groups that did not change keep their tuner as is,
+            # so touch the changed ones and the ones changing now (the full scan below would do the same).
+            for gid in skip:
+                self._tuners.pop(gid, None)
+            for gid in changed:
+                if gid in skip:
+                    continue
+                if gid not in snap.groups:
+                    self._tuners.pop(gid, None)
+                    continue
+                g = snap.groups[gid]
+                members = tuple(g.members)
+                ent = self._tuners.get(gid)
+                if ent is None:
+                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
+                elif ent[2] != members:
+                    ent[0].reset()
+                    ent[0].n = g.nano_batches
+                    self._tuners[gid] = (ent[0], ent[1], members)
+            return out
+        live = {}
+        for gid in snap.groups:  # start order; the state of groups unchanged since is as last noted
+            if gid in skip:
+                continue
+            members, step_s, nano, micro, paused_until_s = self._live[gid]
+            ent = self._tuners.get(gid)
+            tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
+            if seen_members != members:
+                tuner.reset()
+                tuner.n = nano
+            if tick and paused_until_s <= snap.now_s:
+                if tuner.steady(step_s):  # ``_settle_nano``'s first observation settles: no probe
+                    nxt = tuner.best_n if tuner.best_time_s < float("inf") else nano
+                else:
+                    nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
+                if nxt != nano:
+                    out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
+                last = snap.now_s
+            live[gid] = (tuner, last, members)
+        self._tuners = live
+        return out
