@@ -388,8 +388,9 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         for kind, recent in [(k, rec) for k, rec in self._recent.items() if rec]:
             freed_value = 1.0 if smallest_wait is not None and smallest_wait <= kind[1] else 0.0
             last = next(reversed(recent.values()))
-            if self._kind_checked.get(kind) == (freed_value, last):
-                continue  # every pair of this kind was refused and none changed since
+            chk = self._kind_checked.get(kind)
+            if chk is not None and chk[1] == last and chk[0] >= freed_value:
+                continue  # every pair of this kind was refused, at this freed value or a higher one, and none changed since
             if snap.kinds is not None:
                 views = [self._protos[gid] for gid in snap.kinds.get(kind, ())]
             else:
@@ -441,8 +442,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
                 else:
                     refused.append(i)
             tab = self._tables[kind]
-            tab.chk_freed[at[refused]] = freed_value
-            tab.chk_stamp[at[refused]] = self._stamp
+            (tab.chk_hi if freed_value else tab.chk_lo)[at[refused]] = self._stamp
             if not merged_into:
                 self._kind_checked[kind] = (freed_value, last)
         # the removals in the (size, id) order of a scan over every group (engine event order)
@@ -463,9 +463,12 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         tab = self._tables[kind]
         size, step, bound = tab.size[at], tab.step[at], tab.bound[at]
         # a source's pairs are asked again only where one side changed since it was last refused
-        # everywhere at this freed value (-1: never, or it changed itself since)
-        stamp, chk = tab.stamp[at], tab.chk_stamp[at]
-        since = np.where((tab.chk_freed[at] == freed_value) & (stamp <= chk), chk, -1.0)
+        # everywhere at this freed value or a higher one (merge_ok's only use of the freed value
+        # is the throughput a merge must beat, which is higher at a lower value; -1: never, or it
+        # changed itself since). Freed values are 0 and 1.
+        stamp = tab.stamp[at]
+        chk = tab.chk_hi[at] if freed_value else np.maximum(tab.chk_hi[at], tab.chk_lo[at])
+        since = np.where(stamp <= chk, chk, -1.0)
         cap = self.config.max_group_size
         mask = ((size[:, None] <= size[None, :]) & (size[None, :] <= cap - size[:, None])
                 & (step[None, :] < np.minimum(bound[:, None], bound[None, :])) & (stamp[None, :] > since[:, None]))

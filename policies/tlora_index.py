@@ -35,9 +35,9 @@ class KindTable:
     placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot.
 
     Consolidation's bookkeeping lives here too: ``stamp`` (the decision stamp of the group's last
-    change as grouping sees it, ``TLoRA._note_changes``), and ``chk_freed``/``chk_stamp`` (the freed
-    value and stamp at which the group, as a source, was last refused by every partner;
-    ``chk_freed`` -1 if never)."""
+    change as grouping sees it, ``TLoRA._note_changes``), and ``chk_hi``/``chk_lo`` (the stamps at
+    which the group, as a source, was last refused by every partner with freed GPUs worth 1 and 0;
+    -1 if never: a refusal at 1 holds at 0, as ``merge_ok`` asks more of a merge there)."""
 
     def __init__(self, batch: Any, capacity: int = 16):
         self.batch = batch
@@ -49,9 +49,9 @@ class KindTable:
 
     def _alloc(self, cap: int) -> None:
         old = getattr(self, "size", None)
-        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano", "stamp",
-                                                "chk_stamp")}
-        new["chk_freed"] = np.full(cap, -1.0)
+        new = {name: np.zeros(cap) for name in ("size", "step", "bound", "iso", "rate", "nano", "stamp")}
+        new["chk_hi"] = np.full(cap, -1.0)
+        new["chk_lo"] = np.full(cap, -1.0)
         new["known"] = np.zeros(cap, bool)
         new["alive"] = np.zeros(cap, bool)
         new["gid"] = np.full(cap, -1, np.int64)
@@ -76,7 +76,7 @@ class KindTable:
             if not self._free:
                 self._alloc(2 * len(self.size))
             i = self.slot[gid] = self._free.pop()
-            self.chk_freed[i] = -1.0
+            self.chk_hi[i] = self.chk_lo[i] = -1.0
         self.size[i], self.step[i], self.bound[i], self.iso[i], self.nano[i] = size, step, bound, iso, nano
         self.rate[i] = iso / step
         self.gid[i], self.alive[i] = gid, True

@@ -162,7 +162,8 @@ class JoinSearch:
                     keep.append(a)
             ask = keep
         for gid, answers in ask:
-            if answers.setdefault(jkey, accepts(plan.group(gid))):
+            # an unchanged running group: its picture answers as its planned copy would (no copy made)
+            if answers.setdefault(jkey, accepts(protos[gid])):
                 return False
         if kv:
             for gid in plan.touched_ids():

@@ -494,6 +494,8 @@ class QueueWalk:
                         placed: set[int], admission_open: bool) -> None:
         """After a head is placed in ``target``: the first ``window`` unplaced jobs of its kind in
         queue order (from the kind's first unplaced one) join as far as ``binary_cut`` allows."""
+        if len(placed) >= len(q):
+            return  # every queued job is placed: no follower left
         pos = q.kind_positions(int(kind))
         c = cursor.get(kind, 0)
         while c < len(pos) and q.index[pos[c]] in placed:

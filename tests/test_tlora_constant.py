@@ -8,6 +8,8 @@ plain computation decides.
   signed zeros, zero and infinite runtimes and NaN keys fall back to it).
 * ``NanoBatchTuner.steady``: where it applies, the tuner ends in the state ``observe`` leaves, and
   ``_settle_nano`` would settle on the same count.
+* ``KindTable.chk_hi``: a consolidation source refused by every partner while freed GPUs were worth
+  1 stays refused, by its unchanged partners, when they are worth 0 (the brute-force reading agrees).
 """
 
 from __future__ import annotations
@@ -117,3 +119,39 @@ def test_steady_is_observe_where_it_applies(seen, n, best_n, best, since, down, 
         assert a == b or (t != t and repr(a) == repr(b))
     else:
         assert repr(a) == repr(_tuner(seen, n, best_n, best, since, down))
+
+
+class Lowered(TLoRA):
+    """tLoRA counting the consolidation sources whose refusal at a freed value of 1 stood at 0."""
+
+    lowered = 0
+
+    def _pair_candidates(self, kind, views, at, freed_value):
+        tab = self._tables[kind]
+        if not freed_value and len(views) >= 2:
+            hi, lo, stamp = tab.chk_hi[at], tab.chk_lo[at], tab.stamp[at]
+            self.lowered += int(((hi > lo) & (stamp <= hi)).sum())
+        return super()._pair_candidates(kind, views, at, freed_value)
+
+
+@pytest.mark.parametrize("trace, spec, cost_model", [
+    ("synthetic:jobs=600,seed=5,load=0.9,gpus=64", "8x8xH100", "profiled"),
+    ("synthetic:jobs=500,seed=2,load=0.6,gpus=32", "4x8xH100", "roofline"),
+])
+def test_refusals_at_a_higher_freed_value_stand_at_a_lower_one(trace, spec, cost_model):
+    """A source refused by every partner while freed GPUs were worth 1 is not asked again about
+    unchanged partners when they are worth 0 (``KindTable.chk_hi``): the same merges as the
+    brute-force reading (every pair of every kind on every tick)."""
+    from test_tlora_incremental import Reference
+
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
+                                                    cost_model=cost_model))
+    cfg = TLoRAConfig(tick_s=300.0)
+    fast, ref = Lowered(cfg), Reference(cfg)
+    a = run_engine(jobs, fast, spec, cost_model=model, check=False)
+    b = run_engine(jobs, ref, spec, cost_model=model, check=False)
+    assert fast.lowered > 0, "sources refused at freed value 1 must be read at 0"
+    assert ref.merges > 0, "the workload must merge groups"
+    assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
+           [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
+    assert a.timeline == b.timeline
