@@ -14,6 +14,16 @@ Output: a table per case on stdout and ``--out`` (JSON: every launch of every ca
 Usage (GPU machine, repository root, package on PYTHONPATH as bench/kernels_gpu.sh sets it):
     python3 bench/kernel_profile.py --cases 4096x4096:128x2,4096x14336:16x4 \\
         --configs '[{}, {"base_gemm": "triton"}]' --out $OUT/profile.json
+
+``--smem FILE`` instead compiles (no GPU needed, no launch; torch only for the comparison) every
+single-bucket variant of f1, f2, b1 and b2 for sm_90 at 1-4 pipeline stages under the tile
+configurations of tests/test_kernel_smem.py, and the base GEMM with the LoRA epilogue at four
+tile shapes and 2-4 stages, and writes the shared memory (bytes) Triton reports
+(``CompiledKernel.metadata.shared``) as JSON, printing each variant where the model
+(``config.smem_bytes``, ``GemmConfig.smem_bytes``) is below it; ``--precompile`` worker
+processes compile in parallel. The H100 image's run (Triton 3.6.0, 15 workers, 64 s) is pinned
+in profiler/data/kernel_profile_h100_2026-11-26_7_smem.json:
+    python3 bench/kernel_profile.py --smem $OUT/smem_h100.json --precompile 15
 """
 from __future__ import annotations
 
@@ -28,14 +38,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench import kernels as KB  # noqa: E402  (the benchmark's cases, inputs and timers)
+if "--smem" not in sys.argv:  # the sweep needs neither torch nor a GPU
+    from bench import kernels as KB  # noqa: E402  (the benchmark's cases, inputs and timers)
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--cases", required=True, help="comma list of layer:mix")
+    ap.add_argument("--cases", help="comma list of layer:mix")
+    ap.add_argument("--smem", default=None, help="JSON out: compiled shared memory sweep")
     ap.add_argument("--configs", default="[{}]", help="JSON list of KernelConfig overrides")
     ap.add_argument("--impls", default="base,fused", help="base and/or fused")
     ap.add_argument("--steps", type=int, default=5, help="profiled steps per input set")
@@ -82,12 +94,143 @@ def kernel_trace(step, sets, n_steps):
     return out
 
 
+# tile configurations of tests/test_kernel_smem.py (CONFIGS and SWEPT): (bms, bk, bn, cms)
+SMEM_CONFIGS = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
+                "bm128": ((128,) * 5, 128, 128, (1, 1, 1, 1, 1)),
+                "bk64-bn256": ((64, 64, 128, 64, 64), 64, 256, (1, 1, 1, 1, 1)),
+                "cm2": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 2, 2, 2))}
+# lora_gemm tiles (bm, bn, bk, warps): base_gemm.json's backward and forward, and 128 x 128
+GEMM_TILES = ((128, 256, 64, 8), (256, 128, 64, 8), (128, 128, 64, 8), (128, 128, 64, 4))
+_PTR_F32 = {"Pacc", "meta_f", "G", "GB", "GA"}
+_PTR_I32 = {"Cnt", "tiles", "meta_i", "chunks"}
+
+
+def _smem_variants(kern, bms, bk, bn, cms):
+    """Constexpr sets of ``kern`` for one tile configuration: every flag that changes what a loop
+    loads (dropout, the Q atomics, the dX write, bias, zeroing), so the sweep takes the largest."""
+    bm = {f"BM{i}": b for i, b in enumerate(bms)}
+    cm = {f"CM{i}": c for i, c in enumerate(cms)}
+    if kern == "f1":
+        return [dict(**bm, BK=bk, DROPOUT=d, PREC="tf32", SEED_PTR=False) for d in (False, True)]
+    if kern == "f2":
+        return [dict(**bm, BN=bn, HAS_BIAS=hb, ZERO_G=z, PREC="tf32", WRITE_Y=True)
+                for hb in (False, True) for z in (False, True)]
+    if kern == "b1":
+        return [dict(**bm, **cm, BN=bn, Q_ATOMIC=q, PREC="tf32") for q in (False, True)]
+    return [dict(**bm, **cm, BK=bk, DROPOUT=d, WRITE_DX=w, PREC="tf32", SEED_PTR=False)
+            for d in (False, True) for w in (False, True)]
+
+
+def _smem_one(job):
+    """(job, shared bytes): compile ``_{kern}_kernel`` for sm_90 with one rank bucket; pointers
+    16-byte aligned and sizes/strides divisible by 16 (as a 4096-wide launch specialises them:
+    the most pipelining, so the largest need)."""
+    kern, cfg_name, bucket, stages, consts = job
+    import importlib.util
+    import types
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    kdir = os.path.join(ROOT, "profiler", "kernels")
+    pkg = types.ModuleType("_smem_pk")   # the two kernel files alone (no torch), as a package
+    pkg.__path__ = [kdir]
+    sys.modules["_smem_pk"] = pkg
+    mods = {}
+    for m in ("_triton", "_gemm_triton"):
+        spec = importlib.util.spec_from_file_location(f"_smem_pk.{m}", os.path.join(kdir, m + ".py"))
+        mods[m] = importlib.util.module_from_spec(spec)
+        sys.modules[f"_smem_pk.{m}"] = mods[m]
+        spec.loader.exec_module(mods[m])
+    consts = dict(consts, BUCKETS=1 << bucket)
+    warps = consts.pop("num_warps", 8)
+    if kern == "gemm":
+        fn = mods["_gemm_triton"].gemm_lora_kernel
+        bm, bn, bk = consts["BM"], consts["BN"], consts["BK"]
+        wblk = [bk, bn] if consts["BWD"] else [bn, bk]
+        tys = {"XIN": f"tensordesc<bf16[{bm},{bk}]>", "W": f"tensordesc<bf16[{wblk[0]},{wblk[1]}]>",
+               "mtiles": "*i32", "meta_i": "*i32", "meta_f": "*fp32"}
+    else:
+        fn = getattr(mods["_triton"], f"_{kern}_kernel")
+        tys = {}
+    names = list(fn.arg_names)
+    sig = {n: ("constexpr" if n in consts else tys[n] if n in tys else "*fp32" if n in _PTR_F32
+               else "*i32" if n in _PTR_I32
+               else "*bf16" if (n[0].isupper() and n not in ("K", "N", "M", "NOUT", "KRED"))
+               or n == "bias" else "i32")
+           for n in names}
+    nodiv = {"ksplit", "kb_per", "seed", "g_numel", "ngroups", "nb_per", "nsplit", "n_q", "n_nb",
+             "n_kb", "n_mt", "XIN", "W"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n] != "constexpr" and n not in nodiv}
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(names.index(n),): v for n, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
+    return job, int(k.metadata.shared)
+
+
+def smem_sweep(out_path, procs):
+    """Compile every (kernel, config, bucket, stages 1-4, flag set) of ``SMEM_CONFIGS`` for sm_90
+    and write {"triton": version, "rows": [[kernel, config, bucket, stages, max shared bytes]]}
+    to ``out_path`` (the maximum over the flag sets); prints the rows where the model
+    (``config.smem_bytes``, if importable) is below the compiled need."""
+    import multiprocessing as mp
+
+    import triton
+    jobs = [(kern, cn, b, st, v) for cn, (bms, bk, bn, cms) in SMEM_CONFIGS.items()
+            for kern in ("f1", "f2", "b1", "b2") for b in range(5) for st in (1, 2, 3, 4)
+            for v in _smem_variants(kern, bms, bk, bn, cms)]
+    jobs += [("gemm", f"{bm}x{bn}x{bk}w{w}", b, st,
+              dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, BWD=bwd, LORA=True, HAS_BIAS=not bwd,
+                   DROPOUT=bwd, SEED_PTR=False, EVEN_K=True, EVEN_N=True, USE_TMA=True,
+                   PREC="tf32", num_warps=w))
+             for bm, bn, bk, w in GEMM_TILES for b in range(5) for st in (2, 3, 4)
+             for bwd in (True, False)]
+    uniq = {}   # configurations that give a kernel the same constexprs compile once
+    for j in jobs:
+        uniq.setdefault((j[0], j[2], j[3], tuple(sorted(j[4].items()))), []).append(j)
+    best = {}
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for job, shared in pool.imap_unordered(_smem_one, [v[0] for v in uniq.values()]):
+            for kern, cn, b, st, _ in uniq[(job[0], job[2], job[3], tuple(sorted(job[4].items())))]:
+                best[(kern, cn, b, st)] = max(best.get((kern, cn, b, st), 0), shared)
+    rows = [[*k, best[k]] for k in sorted(best)]
+    with open(out_path, "w") as f:   # one row per line
+        f.write(json.dumps({"triton": triton.__version__, "target": "sm_90",
+                            "columns": ["kernel", "config", "bucket", "stages", "shared_bytes"],
+                            "rows": []})[:-2] + "\n" + ",\n".join(json.dumps(r) for r in rows)
+                + "\n]}\n")
+    try:
+        from tlora_sim.profiler.kernels.config import KernelConfig, smem_bytes
+    except Exception:  # noqa: BLE001 - the model needs torch; the sweep does not
+        return 0
+    under = 0
+    from tlora_sim.profiler.kernels.config import GemmConfig
+    for kern, cn, b, st, shared in rows:
+        if kern == "gemm":
+            bm, bn, rest = cn.split("x")
+            model = GemmConfig(bm=int(bm), bn=int(bn), bk=int(rest.split("w")[0])).smem_bytes(st)
+        else:
+            bms, bk, bn, cms = SMEM_CONFIGS[cn]
+            model = smem_bytes(kern, b, KernelConfig(bms=bms, bk=bk, bn=bn, cms=cms), st)
+        if model < shared:
+            under += 1
+            print(f"under: {kern} {cn} bucket {b} stages {st}: compiled {shared} model {model}")
+    print(f"{len(rows)} compiled variants, {under} above the model")
+    return 0
+
+
 def _short(name: str) -> str:
     return name if len(name) < 48 else name[:45] + "..."
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.smem:
+        return smem_sweep(args.smem, max(1, args.precompile))
+    if not args.cases:
+        raise SystemExit("--cases is required (or --smem)")
     import gc
 
     import torch

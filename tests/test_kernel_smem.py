@@ -3,18 +3,36 @@
 The Triton interpreter that runs the kernels in CI has no shared-memory limit, so this computes
 each launch's need (``smem_bytes``) and checks it against ``SMEM_LIMIT_BYTES`` for every set of
 rank buckets a mix can hold (ranks 1-256), under the shipped configuration and a range of tuned
-ones. The formula is pinned to the failure measured on an H100 (rank 256, f1, 3 stages:
-245,760 bytes required)."""
+ones. The model must be an upper bound of what Triton compiles: the 380 shared-memory sizes that
+Triton 3.6.0 compiled for sm_90 on the H100 image (2026-11-26, ``python3
+bench/kernel_profile.py --smem``: f1, f2, b1, b2 at every rank bucket, 1-4 stages, the four tile
+configurations below and every flag that changes a loop's loads; the base GEMM with the LoRA
+epilogue at four tile shapes, 2-4 stages, both passes) are pinned in
+profiler/data/kernel_profile_h100_2026-11-26_7_smem.json and each is checked here. Among them:
+f1 and f2 at rank 256 and 3 stages 245,760 B (the two requirements an H100 reported when rank
+256 failed), b2 at rank 64 and 3 stages 196,608 B and f2 at rank 128 and 2 stages 98,304 B (both
+above the former model: 188,416 and 81,920 B), the GEMM 128 x 256 x 64 at 3 stages 147,480 B."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import pytest
 
+from tlora_sim.profiler.kernels import config as kconfig
+from tlora_sim.profiler.kernels.config import GemmConfig
 from tlora_sim.profiler.kernels.multilora import (MAX_RANK, SMEM_LIMIT_BYTES, KernelConfig, smem_bytes,
                                                   stages_for)
 
+MEASURED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(kconfig.__file__))), "data",
+                        "kernel_profile_h100_2026-11-26_7_smem.json")
+# bench/kernel_profile.py's SMEM_CONFIGS: name -> (bms, bk, bn, cms)
+SWEPT = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
+         "bm128": ((128,) * 5, 128, 128, (1, 1, 1, 1, 1)),
+         "bk64-bn256": ((64, 64, 128, 64, 64), 64, 256, (1, 1, 1, 1, 1)),
+         "cm2": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 2, 2, 2))}
 KERNELS = ("f1", "f2", "b1", "b2")
 
 
@@ -25,6 +43,30 @@ def bucket_of(rank: int) -> int:
 def test_the_measured_h100_failure_is_what_the_formula_says():
     assert smem_bytes("f1", 4, KernelConfig(), 3) == 245_760 > SMEM_LIMIT_BYTES
     assert smem_bytes("f2", 4, KernelConfig(), 3) == 245_760  # the second requirement the H100 reported
+
+
+def _model(kern, cfg_name, bucket, stages):
+    if kern == "gemm":   # "128x256x64w8": bm x bn x bk, warps
+        bm, bn, rest = cfg_name.split("x")
+        return GemmConfig(bm=int(bm), bn=int(bn), bk=int(rest.split("w")[0])).smem_bytes(stages)
+    bms, bk, bn, cms = SWEPT[cfg_name]
+    return smem_bytes(kern, bucket, KernelConfig(bms=bms, bk=bk, bn=bn, cms=cms), stages)
+
+
+def test_the_model_bounds_what_triton_compiled_for_sm90():
+    with open(MEASURED) as f:
+        d = json.load(f)
+    assert d["triton"] == "3.6.0" and d["target"] == "sm_90" and len(d["rows"]) == 380
+    under = [(r, _model(*r[:4])) for r in d["rows"] if _model(*r[:4]) < r[4]]
+    assert not under, under[:5]
+    got = {tuple(r[:4]): r[4] for r in d["rows"]}
+    # exact where the formula was fitted (also the cases the former model under-counted)
+    for key, want in {("f1", "shipped", 4, 3): 245_760, ("f2", "shipped", 4, 3): 245_760,
+                      ("b2", "shipped", 2, 3): 196_608, ("f2", "shipped", 3, 2): 98_304,
+                      ("b1", "shipped", 3, 4): 196_608,
+                      ("gemm", "128x256x64w8", 3, 3): 147_480}.items():
+        assert got[key] == want, key
+        assert _model(*key) >= want
 
 
 CONFIGS = [KernelConfig(),

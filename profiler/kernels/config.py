@@ -26,12 +26,19 @@ class GemmConfig:
     stages: int = 3
 
     def smem_bytes(self, stages: "int | None" = None) -> int:
-        """Shared memory (bytes) at ``stages`` (default: ``self.stages``) pipeline stages: stages
-        copies of the bf16 operand tiles of one step, (bm + bn) x bk x 2 B, plus one rank chunk
-        (64) of the epilogue's low-rank operands, (bm + bn) x 64 x 2 B; the same reasoning as
-        ``smem_bytes`` (not fitted to a reported requirement; ``launch`` falls back if short)."""
+        """Shared memory (bytes) at ``stages`` (default: ``self.stages``) pipeline stages: the
+        larger of the main loop's buffers, stages copies of the bf16 operand tiles of one step
+        ((bm + bn) x bk x 2 B), and the epilogue's low-rank operands of one rank chunk (at most
+        64 ranks: (bm + bn) x 64 x 2 B), which Triton places in the same bytes (they are dead
+        before the main loop's prologue loads), plus 64 B for the loop's barriers (8 B a stage).
+        Triton 3.6 for sm_90 compiled stages x 49,152 + 8 x stages B for 128 x 256 x 64 and
+        256 x 128 x 64 (147,480 B at 3 stages, 196,640 B at 4) and stages x 32,768 + 8 x stages
+        B for 128 x 128 x 64, every rank bucket, both passes, also with 128-rank chunks
+        (``bench/kernel_profile.py --smem``; profiler/KERNELS.md, session 15; the former model,
+        the sum of both, kept 128 x 256 x 64 from 4 stages). ``launch`` still falls back to
+        fewer stages if a GPU reports more."""
         st = self.stages if stages is None else int(stages)
-        return st * (self.bm + self.bn) * self.bk * 2 + (self.bm + self.bn) * 64 * 2
+        return max(st * (self.bm + self.bn) * self.bk * 2, (self.bm + self.bn) * 64 * 2) + 64
 
     def fitted_stages(self) -> int:
         """``stages`` lowered (down to 1) until ``smem_bytes`` fits ``SMEM_LIMIT_BYTES``."""
@@ -130,26 +137,41 @@ _RANKS_OF_BUCKET = (16, 32, 64, 128, 256)
 
 def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> int:
     """Shared memory (bytes) kernel ``kernel`` (f1, f2, b1, b2) needs for rank bucket ``bucket`` at
-    ``stages`` pipeline stages: Triton's software pipelining keeps ``stages`` copies of the tiles a
-    loop loads, so the need is stages x the bytes one iteration loads (bf16 tiles 2 B), taking
-    the largest loop of the kernel (loops in exclusive branches or in sequence do not hold their
-    buffers at once), plus b2's rank-wide A tile loaded once. Fitted to the two requirements
-    Triton 3.6 reported on an H100 at rank 256 and 3 stages (BM 64, BK = BN = 128): f1 245,760 B
-    = 3 x (BM x BK + R x BK) x 2, and f2 245,760 B = 3 x (R x BN x 2 + BM x R), the BM x R term
-    being the converted P operand; b1 and b2 carry the same BM x R term as a margin. (f2 has
-    since read P once, outside its loop, instead of f1's fp32 K-split partials in it; the f2
-    formula is kept, an over-count: the measured f2 need at rank 128 and 3 stages was 131,072 B
-    before and after that change, profiler/KERNELS.md, session 12.) ``launch`` still falls back
-    to fewer stages if a GPU reports more than this.
+    ``stages`` pipeline stages (bf16 tiles 2 B, fp32 4 B; R the bucket's rank, BM its token rows,
+    CM its column multiplier, BK / BN the config's column tiles). Triton's software pipelining
+    keeps ``stages`` copies of the tiles a loop loads; loops in exclusive branches or in sequence
+    do not hold their buffers at once; a tile loaded once outside the loop and the scratch of
+    the epilogue's layout conversion add to them:
+
+        f1  max(stages x (BM x BK + R x BK) x 2,  BM x R x 4)            X, A; P's fp32 store
+        f2  stages x R x BN x 2 + BM x BN x 2 + BM x R x 2                 B; Y tile; P tile
+        b1  max(stages x max((BM + R) x BN, BM x R + BM x BN x CM) x 2,   Q loop, dB loop
+                min(R, 128) x BN x CM x 4)                                 dB's fp32 conversion
+        b2  stages x (BM x R + BM x BK x CM) x 2 + (R + BM) x BK x CM x 2  Q, X; A; dX tile
+
+    An upper bound of what Triton 3.6 compiles for sm_90 (``CompiledKernel.metadata.shared``,
+    H100 image, 2026-11-26: every bucket, 1-4 stages, the four tile configurations of
+    tests/test_kernel_smem.py and every flag that changes a loop's loads; 320 numbers, pinned in
+    profiler/data/kernel_profile_h100_2026-11-26_7_smem.json and checked by that test; equal to
+    the compiled need at, e.g., f1 and f2 rank 256 / 3 stages 245,760 B (the two requirements an
+    H100 reported when rank 256 failed, session 7), b2 rank 64 / 3 stages 196,608 B, b1 rank 128
+    / 4 stages 196,608 B). The former model (a BM x R margin per stage instead of the scratch
+    terms) was below the compiled need for b2 at every bucket (rank 64, 3 stages: 188,416 B
+    modelled) and for f2 at 2-4 stages (profiler/KERNELS.md, session 15). ``launch`` still falls
+    back to fewer stages if a GPU reports more than this.
     """
     R, BM, CM = _RANKS_OF_BUCKET[bucket], int(cfg.bms[bucket]), int(cfg.cms[bucket])
     BK, BN = cfg.bk, cfg.bn
-    per_stage = {"f1": (BM * BK + R * BK) * 2,
-                 "f2": R * BN * 2 + BM * R,
-                 "b1": max((BM * BN + R * BN) * 2, (BM * R + BM * BN * CM) * 2) + BM * R,
-                 "b2": (BM * R + BM * BK * CM) * 2 + BM * R}[kernel]
-    once = R * BK * CM * 2 if kernel == "b2" else 0
-    return stages * per_stage + once
+    if kernel == "f1":
+        return max(stages * (BM * BK + R * BK) * 2, BM * R * 4)
+    if kernel == "f2":
+        return stages * R * BN * 2 + BM * BN * 2 + BM * R * 2
+    if kernel == "b1":
+        return max(stages * max((BM + R) * BN, BM * R + BM * BN * CM) * 2,
+                   min(R, 128) * BN * CM * 4)
+    if kernel == "b2":
+        return stages * (BM * R + BM * BK * CM) * 2 + (R + BM) * BK * CM * 2
+    raise ValueError(f"unknown kernel {kernel!r}")
 
 
 def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
