@@ -119,6 +119,13 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                 inv_keep = tl.load(meta_f + ad * 2 + 1)
                 keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
                 acc = tl.where(keep, acc * inv_keep, 0.0)
+            else:
+                # Without this select the main loop's accumulator starts as the bucket branches'
+                # result itself, and Triton 3.6 then leaves the loop's wgmma synchronous (sm_90
+                # SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 after every HGMMA instead of one group in
+                # flight, as with dropout or in the forward): 41-66 us more on 4096x4096 at
+                # ranks 16-128 (profiler/KERNELS.md, session 15). Rows past m1 are never stored.
+                acc = tl.where(rmask[:, None], acc, 0.0)
         else:  # Y_lora = s P B
             scale = tl.load(meta_f + ad * 2)
             acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
