@@ -75,7 +75,9 @@ def test_collectives_reproduce_the_measured_curve_and_flag_beyond_it():
     t8, ext8 = c.time_ms("all_reduce", 1 << 26, 8)
     t16, _ = c.time_ms("all_reduce", 1 << 26, 16, GPUS["H200"].net_bw_bytes_s / 1e3)
     assert ext8 and t2 < t8 < t16  # more ring steps, then the network
-    assert load_multigpu("H100") == (terms, False)  # the H200's terms, flagged
+    assert load_multigpu("A100") == (terms, False)  # a GPU type without its own profile: the H200's, flagged
+    h100, own100 = load_multigpu("H100")  # the H100's own two-GPU profile (2026-11-26)
+    assert own100 and h100["gpu"] == "H100" and h100["curves"] != terms["curves"] and h100["heldout"]["rows"] >= 50
 
 
 def test_planner_picks_the_fastest_plan_that_fits():

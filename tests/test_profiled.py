@@ -170,8 +170,11 @@ def test_validate_last_line(capsys):
     add_parsers(ap.add_subparsers(dest="command"))
     assert run(ap.parse_args(["costmodel", "validate", "--gpu", "H100"])) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"heldout_mape=0\.\d{4}", lines[-2]), lines[-2]
-    assert lines[-1] == "(no two-GPU profile for H100: no multi-GPU held-out error)"
+    assert any(re.fullmatch(r"heldout_mape=0\.\d{4}", x) for x in lines)
+    # the two-GPU H100 profile of 2026-11-26 (profiler/MULTIGPU.md): its leave-one-row-out error
+    # (11.0% median, 28.9% p90 when fitted; kept under 15% / 35% here)
+    assert re.fullmatch(r"multigpu_heldout_median_ape=0\.\d{4}", lines[-1]), lines[-1]
+    assert float(lines[-1].split("=")[1]) < 0.15 and float(lines[-2].split("=")[1]) < 0.35, lines[-2:]
     assert run(ap.parse_args(["costmodel", "show", "--gpu", "H100"])) == 0
     out = capsys.readouterr().out
     assert "held-out" in out and "llama3-70b" in out

@@ -31,8 +31,9 @@ Beyond what was measured the curves are extrapolated and the prediction flagged:
   that message size, the latency floor times ``n - 1`` ring steps;
 * across nodes (``multigpu:inter-node``, more than ``GPUS_PER_NODE`` GPUs): the bus bandwidth capped
   at the GPU's network bandwidth (``sim/costmodel/hardware.py``: 400 Gb/s InfiniBand per GPU);
-* a GPU type without its own two-GPU profile (``multigpu:gpu``): the H200's, both being NVLink 4
-  (450 GB/s per GPU per direction, datasheets);
+* a GPU type without its own two-GPU profile (``multigpu:gpu``; the H100 and H200 have one, the
+  A100 not): the H200's (the H100 and H200 are both NVLink 4, 450 GB/s per GPU per direction,
+  datasheets; the A100 NVLink 3);
 * pipeline plans (``multigpu:pp``).
 """
 
