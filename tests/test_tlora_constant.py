@@ -48,14 +48,15 @@ class Counting(TLoRA):
         return out
 
 
+@pytest.mark.parametrize("rules", [("urgency", "residual"), ("srpt", "throughput")])  # tlora, lookahead
 @pytest.mark.parametrize("trace, spec, cost_model", [
     ("synthetic:jobs=500,seed=3,load=0.6,gpus=32", "4x8xH100", "profiled"),
     ("synthetic:jobs=400,seed=8,load=0.5,gpus=32", "4x8xH100", "roofline"),
 ])
-def test_deferred_idle_decisions_decide_as_noting_every_change(trace, spec, cost_model, reliability):
+def test_deferred_idle_decisions_decide_as_noting_every_change(trace, spec, cost_model, rules, reliability):
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
-    cfg = TLoRAConfig(tick_s=300.0)
+    cfg = TLoRAConfig(tick_s=300.0, ordering=rules[0], join_rule=rules[1])
     fast, eager = Counting(cfg), Eager(cfg)
     a = run_engine(jobs, fast, spec, cost_model=model, check=False)
     b = run_engine(jobs, eager, spec, cost_model=model, check=False)
