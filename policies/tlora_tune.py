@@ -29,7 +29,11 @@ class NanoTuning:
         any member past its tolerated slowdown (and is no faster than the current count) is not
         run (the paper's promise: no member past its bound); the controller treats it as a failed
         probe. ``kind``: the group's (base model, GPU count); ``members``: its jobs in member order.
+        A group running its best count with no gain and no re-probe due settles at once
+        (``NanoBatchTuner.steady``: the first observation below, without the loop).
         """
+        if tuner.steady(step_s):
+            return tuner.best_n if tuner.best_time_s < float("inf") else nano
         bound = adapters = None
         t = step_s
         for _ in range(MAX_PROBES):
@@ -81,10 +85,7 @@ class NanoTuning:
                 tuner.reset()
                 tuner.n = nano
             if tick and paused_until_s <= snap.now_s:
-                if tuner.steady(step_s):  # ``_settle_nano``'s first observation settles: no probe
-                    nxt = tuner.best_n if tuner.best_time_s < float("inf") else nano
-                else:
-                    nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
+                nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
                 last = snap.now_s
