@@ -584,9 +584,14 @@ def test_killed_parallel_compare_stops_its_workers_and_leaves_only_complete_file
     proc = subprocess.Popen([*EXE, "compare", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100",
                              "--policies", "independent,mlora,tlora", "--out", str(out), "--no-progress",
                              "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.0)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    try:
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # a timed-out wait must not leave the run (and its workers) behind
+            proc.kill()
+            proc.wait()
     assert proc.returncode in (0, 143), err
     assert "Traceback" not in err, err
     deadline = time.time() + 10
