@@ -136,6 +136,8 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         """Forget every per-simulation memo and tuner (called at construction, and when time runs
         backwards: the policy object is serving a new simulation)."""
         self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
+        self._steady: dict[int, tuple[int, int, float]] = {}  # group id -> (tick no., steady through tick no., step s)
+        self._tick_no = 0  # ticks so far (``NanoTuning._tune``)
         self._memo: dict[int, tuple[tuple, dict]] = {}
         self._join_memo: dict[int, tuple[tuple, dict]] = {}
         self._scan_memo: dict[int, tuple[tuple, dict]] = {}

@@ -49,10 +49,48 @@ class NanoTuning:
                 t = tuner.best_time_s
         return tuner.best_n if tuner.best_time_s < float("inf") else nano
 
+    defer_steady = True
+    """Leave a group unvisited on the ticks its tuner would only observe steadily (``_quiet_ticks``):
+    they are applied when it changes or a re-probe falls due (``_wake``). False: visit every
+    group on every tick (the plain computation, kept for the tests)."""
+
+    @staticmethod
+    def _quiet_ticks(tuner: NanoBatchTuner, step_s: float, nano: int) -> int:
+        """How many following ticks of an unchanged group (step time ``step_s``, running ``nano``
+        nano-batches) its tuner would observe steadily (``NanoBatchTuner.steady``) without a
+        change of count, right after an observation that kept ``nano``."""
+        if tuner.n != tuner.best_n or tuner.best_n != nano or step_s < tuner.best_time_s * (1.0 - tuner.threshold):
+            return 0
+        left = tuner.reprobe_every - 1 - tuner._since_probe  # steady while _since_probe + 1 < reprobe_every
+        if step_s < step_s * (1.0 - tuner.threshold):  # only the first (it sets best_time_s = step_s)
+            left = min(left, 1)
+        return max(left, 0)
+
+    def _wake(self, gid: int, upto: int) -> None:
+        """Apply a deferred group's steady observations of the ticks up to number ``upto`` (what
+        ``steady`` would have recorded on each: the same step time, one more measurement at the
+        best count) and stop deferring it."""
+        t0, until, step_s = self._steady.pop(gid)
+        k = min(upto, until) - t0
+        ent = self._tuners.get(gid)
+        if k > 0 and ent is not None:
+            tuner = ent[0]
+            tuner._seen[tuner.n] = step_s
+            tuner.best_time_s = step_s
+            tuner._since_probe += k
+
     def _tune(self, snap: Snapshot, tick: bool, changed, skip: set) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in
-        ``skip`` change membership in this decision and are measured next tick)."""
+        ``skip`` change membership in this decision and are measured next tick). A group whose
+        ticks until its next re-probe are steady observations is visited again only then, or when
+        it changes (``defer_steady``): the tuners end in the states visiting every group leaves."""
         out: list[Action] = []
+        steady = self._steady
+        if steady:
+            for gid in (list(steady) if changed is None else [g for g in changed if g in steady]):
+                self._wake(gid, self._tick_no)
+            for gid in skip:
+                steady.pop(gid, None)
         if not tick and changed is not None:
             # Between ticks only membership matters: groups that did not change keep their tuner as is,
             # so touch the changed ones and the ones changing now (the full scan below would do the same).
@@ -75,9 +113,18 @@ class NanoTuning:
                     self._tuners[gid] = (ent[0], ent[1], members)
             return out
         live = {}
+        if tick:
+            self._tick_no += 1
+        now = self._tick_no
+        defer = self.defer_steady and tick and changed is not None
         for gid in snap.groups:  # start order; the state of groups unchanged since is as last noted
             if gid in skip:
                 continue
+            if gid in steady:
+                if steady[gid][1] >= now:  # a steady observation, applied when it is woken
+                    live[gid] = self._tuners[gid]
+                    continue
+                self._wake(gid, now - 1)  # a re-probe is due
             members, step_s, nano, micro, paused_until_s = self._live[gid]
             ent = self._tuners.get(gid)
             tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
@@ -88,6 +135,8 @@ class NanoTuning:
                 nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
+                elif defer and (k := self._quiet_ticks(tuner, step_s, nano)):
+                    steady[gid] = (now, now + k, step_s)
                 last = snap.now_s
             live[gid] = (tuner, last, members)
         self._tuners = live
