@@ -22,6 +22,9 @@ plus provenance}); an existing table keeps its other GPUs' entries.
 
 Usage (GPU machine, repository root):
     python3 bench/base_gemm.py --csv $OUT/base_gemm.csv --table profiler/data/base_gemm.json
+Re-choosing from such a CSV with another margin (no GPU):
+    python3 bench/base_gemm.py --from-csv profiler/data/base_gemm_h100.csv --margin 0 \
+        --gpu "NVIDIA H100 80GB HBM3" --table profiler/data/base_gemm.json
 """
 from __future__ import annotations
 
@@ -41,12 +44,16 @@ LAYERS = {"4096x4096": (4096, 4096), "4096x14336": (4096, 14336),
           "14336x4096": (14336, 4096), "8192x8192": (8192, 8192)}
 # Triton's warp-specialised loop (tl.range(..., warp_specialize=True)) was tried in this sweep on
 # an H100 with Triton 3.6 (2026-11-25): with 4 warps the run hung until the call's limit, so it is
-# not offered.
+# not offered. In the persistent kernel (session 16) it compiles for sm_90 to the same code as
+# without (no partitions, same registers; local compile at 4 and 8 warps).
 DEFAULT_CONFIGS = [
     {"bm": 128, "bn": 256, "bk": 64, "warps": 8, "stages": 3},
     {"bm": 256, "bn": 128, "bk": 64, "warps": 8, "stages": 3},
     {"bm": 128, "bn": 128, "bk": 64, "warps": 8, "stages": 4},
     {"bm": 128, "bn": 128, "bk": 128, "warps": 8, "stages": 3},
+    # the persistent GEMM, LoRA term before the main loop (profiler/KERNELS.md, session 16)
+    {"bm": 128, "bn": 256, "bk": 64, "warps": 8, "stages": 3, "persistent": True, "split": 2,
+     "lora_first": True},
 ]
 MIX_RANKS = [8, 16, 32, 64]
 
@@ -62,7 +69,34 @@ def parse_args(argv=None):
     ap.add_argument("--configs", default=None, help="JSON list of GemmConfig dicts to sweep")
     ap.add_argument("--margin", type=float, default=0.01,
                     help="our GEMM must be at least this fraction faster (default: %(default)s)")
+    ap.add_argument("--from-csv", default=None,
+                    help="no GPU: re-choose from a CSV an earlier run wrote (with --gpu, --table)")
+    ap.add_argument("--gpu", default=None, help="GPU name of --from-csv's rows")
     return ap.parse_args(argv)
+
+
+def read_rows(path):
+    """The rows of a CSV this script wrote (ints and floats restored)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("K", "N", "M"):
+            r[k] = int(r[k])
+        r["ms"] = float(r["ms"])
+        r["ref_ms"] = float(r["ref_ms"]) if r.get("ref_ms") else None
+    return rows
+
+
+def write_table(path, gpu, entries, prov):
+    """Merge ``entries`` for ``gpu`` (and its provenance ``prov``) into the table at ``path``."""
+    table = {"gpus": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            table = json.load(f)
+    table.setdefault("gpus", {})[gpu] = entries
+    table.setdefault("provenance", {})[gpu] = prov
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
 
 
 def _bench(fn):
@@ -169,6 +203,20 @@ def choose(rows, margin):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_csv:
+        if not (args.gpu and args.table):
+            raise SystemExit("--from-csv needs --gpu and --table")
+        entries = choose(read_rows(args.from_csv), args.margin)
+        old = {}
+        if os.path.exists(args.table):
+            with open(args.table) as f:
+                old = json.load(f).get("provenance", {}).get(args.gpu, {})
+        prov = dict(old, rechosen=f"python3 bench/base_gemm.py --from-csv {args.from_csv} "
+                    f"--margin {args.margin} (" + datetime.date.today().isoformat() + ")")
+        write_table(args.table, args.gpu, entries, prov)
+        for k, e in entries.items():
+            print(f"{k}: {e['impl']} from {e['min_tokens']} tokens; {e['step_ratio_by_tokens']}")
+        return
     import torch
     import triton
     configs = json.loads(args.configs) if args.configs else DEFAULT_CONFIGS
@@ -201,17 +249,10 @@ def main(argv=None):
         print(f"{k}: {e['impl']} from {e['min_tokens']} tokens; step ratio {e['step_ratio_by_tokens']}; "
               f"base GEMM ours/cuBLAS {e['base_gemm_vs_cublas']}; {e['config']}")
     if args.table:
-        table = {"gpus": {}}
-        if os.path.exists(args.table):
-            with open(args.table) as f:
-                table = json.load(f)
-        table.setdefault("gpus", {})[gpu] = entries
-        table.setdefault("provenance", {})[gpu] = {
+        write_table(args.table, gpu, entries, {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(),
-            "command": "python3 bench/base_gemm.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-        with open(args.table, "w") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
+            "command": "python3 bench/base_gemm.py " + " ".join(argv if argv is not None else sys.argv[1:])})
         print(f"wrote {args.table}")
 
 

@@ -24,8 +24,10 @@ ln -sfn "$PWD/$old/profiler" /tmp/nso/tlora_sim/profiler
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 # the check's mix has 886 tokens, so the default ("auto") runs cuBLAS there: it is repeated with
-# our GEMM (the table's tiles) for both passes, which the default takes from 2,048 tokens
-GEMMS='{"base_gemm": "triton", "gemm_fwd": {"bm": 256, "bn": 128, "bk": 64, "stages": 3, "warps": 8}, "gemm_bwd": {"bm": 128, "bn": 256, "bk": 64, "stages": 3, "warps": 8}}'
+# our GEMM (the table's persistent configuration, session 16) for both passes, which the default
+# takes from 2,048 tokens
+P='{"bm": 128, "bn": 256, "bk": 64, "stages": 3, "warps": 8, "persistent": true, "split": 2, "lora_first": true}'
+GEMMS="{\"base_gemm\": \"triton\", \"gemm_fwd\": $P, \"gemm_bwd\": $P}"
 for kc in '{}' "$GEMMS"; do
   [ "${CHECK:-1}" = 0 ] || TLORA_KCFG=$kc PYTHONPATH=/tmp/ns:$PWD python3 bench/kernels.py --check \
     --impls base,fused --layers 4096x4096,4096x14336 --mixes small4 --replays 5 --precompile 0 \

@@ -17,12 +17,13 @@ Usage (GPU machine, repository root, package on PYTHONPATH as bench/kernels_gpu.
 
 ``--smem FILE`` instead compiles (no GPU needed, no launch; torch only for the comparison) every
 single-bucket variant of f1, f2, b1 and b2 for sm_90 at 1-4 pipeline stages under the tile
-configurations of tests/test_kernel_smem.py, and the base GEMM with the LoRA epilogue at four
-tile shapes and 2-4 stages, and writes the shared memory (bytes) Triton reports
+configurations of tests/test_kernel_smem.py, the base GEMM with the LoRA epilogue at four
+tile shapes and 2-4 stages, and the persistent GEMM (``PGEMM_TILES``, session 16) at split 1/2/4
+in three loop modes and 3-4 stages, and writes the shared memory (bytes) Triton reports
 (``CompiledKernel.metadata.shared``) as JSON, printing each variant where the model
 (``config.smem_bytes``, ``GemmConfig.smem_bytes``) is below it; ``--precompile`` worker
-processes compile in parallel. The H100 image's run (Triton 3.6.0, 15 workers, 64 s) is pinned
-in profiler/data/kernel_profile_h100_2026-11-26_7_smem.json:
+processes compile in parallel. The H100 image's run (Triton 3.6.0, 15 workers, 119 s, 470
+variants) is pinned in profiler/data/kernel_profile_h100_2026-11-26_8_smem.json:
     python3 bench/kernel_profile.py --smem $OUT/smem_h100.json --precompile 15
 """
 from __future__ import annotations
@@ -101,6 +102,9 @@ SMEM_CONFIGS = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
                 "cm2": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 2, 2, 2))}
 # lora_gemm tiles (bm, bn, bk, warps): base_gemm.json's backward and forward, and 128 x 128
 GEMM_TILES = ((128, 256, 64, 8), (256, 128, 64, 8), (128, 128, 64, 8), (128, 128, 64, 4))
+# the persistent GEMM (_gemm_persist, session 16): tiles; each at split 1/2/4, three loop modes
+# (LoRA first, LoRA after the loop, flattened loop), stages 3-4, with and without a TMA store
+PGEMM_TILES = ((128, 256, 64, 8),)
 _PTR_F32 = {"Pacc", "meta_f", "G", "GB", "GA"}
 _PTR_I32 = {"Cnt", "tiles", "meta_i", "chunks"}
 
@@ -137,19 +141,22 @@ def _smem_one(job):
     pkg.__path__ = [kdir]
     sys.modules["_smem_pk"] = pkg
     mods = {}
-    for m in ("_triton", "_gemm_triton"):
+    for m in ("_triton", "_gemm_triton", "_gemm_persist"):
         spec = importlib.util.spec_from_file_location(f"_smem_pk.{m}", os.path.join(kdir, m + ".py"))
         mods[m] = importlib.util.module_from_spec(spec)
         sys.modules[f"_smem_pk.{m}"] = mods[m]
         spec.loader.exec_module(mods[m])
     consts = dict(consts, BUCKETS=1 << bucket)
     warps = consts.pop("num_warps", 8)
-    if kern == "gemm":
-        fn = mods["_gemm_triton"].gemm_lora_kernel
+    if kern in ("gemm", "gemmp"):
+        fn = (mods["_gemm_triton"].gemm_lora_kernel if kern == "gemm"
+              else mods["_gemm_persist"].gemm_persist_kernel)
         bm, bn, bk = consts["BM"], consts["BN"], consts["BK"]
         wblk = [bk, bn] if consts["BWD"] else [bn, bk]
         tys = {"XIN": f"tensordesc<bf16[{bm},{bk}]>", "W": f"tensordesc<bf16[{wblk[0]},{wblk[1]}]>",
                "mtiles": "*i32", "meta_i": "*i32", "meta_f": "*fp32"}
+        if kern == "gemmp":
+            tys["ODESC"] = f"tensordesc<bf16[{bm},{bn // consts['SPLIT']}]>"
     else:
         fn = getattr(mods["_triton"], f"_{kern}_kernel")
         tys = {}
@@ -160,7 +167,7 @@ def _smem_one(job):
                or n == "bias" else "i32")
            for n in names}
     nodiv = {"ksplit", "kb_per", "seed", "g_numel", "ngroups", "nb_per", "nsplit", "n_q", "n_nb",
-             "n_kb", "n_mt", "XIN", "W"}
+             "n_kb", "n_mt", "XIN", "W", "ODESC"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n] != "constexpr" and n not in nodiv}
     src = ASTSource(fn=fn, signature=sig, attrs=attrs,
@@ -168,6 +175,19 @@ def _smem_one(job):
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     return job, int(k.metadata.shared)
+
+
+def gemm_config_of(kern: str, name: str):
+    """The ``GemmConfig`` of a swept GEMM row: "gemm" names "128x256x64w8" (bm x bn x bk, warps),
+    "gemmp" (persistent) "128x256x64w8s2fl" (then split, "f" flattened, "l" LoRA first)."""
+    from tlora_sim.profiler.kernels.config import GemmConfig
+    bm, bn, rest = name.split("x")
+    bk, rest = rest.split("w")
+    if kern == "gemm":
+        return GemmConfig(bm=int(bm), bn=int(bn), bk=int(bk), warps=int(rest))
+    w, tail = rest.split("s")
+    return GemmConfig(bm=int(bm), bn=int(bn), bk=int(bk), warps=int(w), persistent=True,
+                      split=int(tail.rstrip("fl")), flatten="f" in tail, lora_first="l" in tail)
 
 
 def smem_sweep(out_path, procs):
@@ -187,6 +207,13 @@ def smem_sweep(out_path, procs):
                    PREC="tf32", num_warps=w))
              for bm, bn, bk, w in GEMM_TILES for b in range(5) for st in (2, 3, 4)
              for bwd in (True, False)]
+    jobs += [("gemmp", f"{bm}x{bn}x{bk}w{w}s{sp}{'f' if fl else ''}{'l' if lf else ''}", b, st,
+              dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, NUM_SMS=132, BWD=bwd, LORA=True,
+                   HAS_BIAS=not bwd, DROPOUT=bwd, SEED_PTR=False, UNIFORM=False, TMA_STORE=ts,
+                   SPLIT=sp, FLATTEN=fl, LORA_FIRST=lf, WS=False, PREC="tf32", num_warps=w))
+             for bm, bn, bk, w in PGEMM_TILES for sp in (1, 2, 4)
+             for fl, lf in ((False, True), (False, False), (True, False))
+             for b in range(5) for st in (3, 4) for bwd in (True, False) for ts in (True, False)]
     uniq = {}   # configurations that give a kernel the same constexprs compile once
     for j in jobs:
         uniq.setdefault((j[0], j[2], j[3], tuple(sorted(j[4].items()))), []).append(j)
@@ -208,9 +235,8 @@ def smem_sweep(out_path, procs):
     under = 0
     from tlora_sim.profiler.kernels.config import GemmConfig
     for kern, cn, b, st, shared in rows:
-        if kern == "gemm":
-            bm, bn, rest = cn.split("x")
-            model = GemmConfig(bm=int(bm), bn=int(bn), bk=int(rest.split("w")[0])).smem_bytes(st)
+        if kern in ("gemm", "gemmp"):
+            model = gemm_config_of(kern, cn).smem_bytes(st)
         else:
             bms, bk, bn, cms = SMEM_CONFIGS[cn]
             model = smem_bytes(kern, b, KernelConfig(bms=bms, bk=bk, bn=bn, cms=cms), st)

@@ -35,3 +35,27 @@ def test_cublas_keeps_a_shape_it_wins_at_the_largest_count():
     e = base_gemm.choose(rows, 0.01)["bwd|64|32"]
     assert e["impl"] == "cublas" and "cuBLAS" in e["why"]
     assert base_gemm.choose(rows, 0.0)["bwd|64|32"]["min_tokens"] == 2048
+
+
+def test_rechoosing_from_a_csv_rewrites_only_that_gpus_entries(tmp_path):
+    """``--from-csv`` (no GPU): the rows an earlier run wrote, chosen again with another margin,
+    replace that GPU's entries and keep the table's other GPUs and the run's provenance."""
+    rows = _rows("fwd", {2048: 0.995, 16384: 0.993})
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="") as f:
+        w = base_gemm.csv.DictWriter(f, fieldnames=["kind", "pass_", "K", "N", "M", "impl",
+                                                    "config", "ms", "ref_ms"])
+        w.writeheader()
+        w.writerows(rows)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"gpus": {"G": {}, "other": {"x": 1}},
+                                 "provenance": {"G": {"commit": "abc"}}}))
+    base_gemm.main(["--from-csv", str(path), "--gpu", "G", "--table", str(table)])
+    t = json.loads(table.read_text())
+    assert t["gpus"]["G"]["fwd|64|32"]["impl"] == "cublas"          # 1% margin: not faster
+    base_gemm.main(["--from-csv", str(path), "--gpu", "G", "--table", str(table), "--margin", "0"])
+    t = json.loads(table.read_text())
+    assert t["gpus"]["G"]["fwd|64|32"]["impl"] == "triton"
+    assert t["gpus"]["G"]["fwd|64|32"]["min_tokens"] == 2048
+    assert t["gpus"]["other"] == {"x": 1} and t["provenance"]["G"]["commit"] == "abc"
+    assert "--margin 0.0" in t["provenance"]["G"]["rechosen"]

@@ -3,12 +3,15 @@
 The Triton interpreter that runs the kernels in CI has no shared-memory limit, so this computes
 each launch's need (``smem_bytes``) and checks it against ``SMEM_LIMIT_BYTES`` for every set of
 rank buckets a mix can hold (ranks 1-256), under the shipped configuration and a range of tuned
-ones. The model must be an upper bound of what Triton compiles: the 380 shared-memory sizes that
+ones. The model must be an upper bound of what Triton compiles: the shared-memory sizes that
 Triton 3.6.0 compiled for sm_90 on the H100 image (2026-11-26, ``python3
 bench/kernel_profile.py --smem``: f1, f2, b1, b2 at every rank bucket, 1-4 stages, the four tile
 configurations below and every flag that changes a loop's loads; the base GEMM with the LoRA
-epilogue at four tile shapes, 2-4 stages, both passes) are pinned in
-profiler/data/kernel_profile_h100_2026-11-26_7_smem.json and each is checked here. Among them:
+epilogue at four tile shapes, 2-4 stages, both passes; session 16 added 90 of the persistent
+GEMM, 128 x 256 x 64 at split 1/2/4 in three loop modes, 3-4 stages, every bucket, both passes,
+with and without a TMA store: 470 in all) are pinned in
+profiler/data/kernel_profile_h100_2026-11-26_8_smem.json (the 380 older ones identical to the
+_7_ file) and each is checked here. Among them:
 f1 and f2 at rank 256 and 3 stages 245,760 B (the two requirements an H100 reported when rank
 256 failed), b2 at rank 64 and 3 stages 196,608 B and f2 at rank 128 and 2 stages 98,304 B (both
 above the former model: 188,416 and 81,920 B), the GEMM 128 x 256 x 64 at 3 stages 147,480 B."""
@@ -27,7 +30,7 @@ from tlora_sim.profiler.kernels.multilora import (MAX_RANK, SMEM_LIMIT_BYTES, Ke
                                                   stages_for)
 
 MEASURED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(kconfig.__file__))), "data",
-                        "kernel_profile_h100_2026-11-26_7_smem.json")
+                        "kernel_profile_h100_2026-11-26_8_smem.json")
 # bench/kernel_profile.py's SMEM_CONFIGS: name -> (bms, bk, bn, cms)
 SWEPT = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
          "bm128": ((128,) * 5, 128, 128, (1, 1, 1, 1, 1)),
@@ -45,10 +48,21 @@ def test_the_measured_h100_failure_is_what_the_formula_says():
     assert smem_bytes("f2", 4, KernelConfig(), 3) == 245_760  # the second requirement the H100 reported
 
 
+def _gemm_config(kern, name):
+    """bench/kernel_profile.py's row names: "gemm" "128x256x64w8" (bm x bn x bk, warps), "gemmp"
+    (the persistent GEMM) "128x256x64w8s2fl" (then split, "f" flattened, "l" LoRA first)."""
+    bm, bn, rest = name.split("x")
+    bk, rest = rest.split("w")
+    if kern == "gemm":
+        return GemmConfig(bm=int(bm), bn=int(bn), bk=int(bk))
+    w, tail = rest.split("s")
+    return GemmConfig(bm=int(bm), bn=int(bn), bk=int(bk), warps=int(w), persistent=True,
+                      split=int(tail.rstrip("fl")), flatten="f" in tail, lora_first="l" in tail)
+
+
 def _model(kern, cfg_name, bucket, stages):
-    if kern == "gemm":   # "128x256x64w8": bm x bn x bk, warps
-        bm, bn, rest = cfg_name.split("x")
-        return GemmConfig(bm=int(bm), bn=int(bn), bk=int(rest.split("w")[0])).smem_bytes(stages)
+    if kern in ("gemm", "gemmp"):
+        return _gemm_config(kern, cfg_name).smem_bytes(stages)
     bms, bk, bn, cms = SWEPT[cfg_name]
     return smem_bytes(kern, bucket, KernelConfig(bms=bms, bk=bk, bn=bn, cms=cms), stages)
 
@@ -56,7 +70,7 @@ def _model(kern, cfg_name, bucket, stages):
 def test_the_model_bounds_what_triton_compiled_for_sm90():
     with open(MEASURED) as f:
         d = json.load(f)
-    assert d["triton"] == "3.6.0" and d["target"] == "sm_90" and len(d["rows"]) == 380
+    assert d["triton"] == "3.6.0" and d["target"] == "sm_90" and len(d["rows"]) == 470
     under = [(r, _model(*r[:4])) for r in d["rows"] if _model(*r[:4]) < r[4]]
     assert not under, under[:5]
     got = {tuple(r[:4]): r[4] for r in d["rows"]}
@@ -64,9 +78,36 @@ def test_the_model_bounds_what_triton_compiled_for_sm90():
     for key, want in {("f1", "shipped", 4, 3): 245_760, ("f2", "shipped", 4, 3): 245_760,
                       ("b2", "shipped", 2, 3): 196_608, ("f2", "shipped", 3, 2): 98_304,
                       ("b1", "shipped", 3, 4): 196_608,
-                      ("gemm", "128x256x64w8", 3, 3): 147_480}.items():
+                      ("gemm", "128x256x64w8", 3, 3): 147_480,
+                      # the persistent GEMM (session 16): flattened, its epilogue's buffers add up
+                      ("gemmp", "128x256x64w8s2f", 3, 3): 213_016,
+                      ("gemmp", "128x256x64w8s1f", 3, 3): 262_168,
+                      ("gemmp", "128x256x64w8s4f", 3, 3): 188_440}.items():
         assert got[key] == want, key
         assert _model(*key) >= want
+
+
+def test_the_persistent_gemm_fits_every_rank_at_its_fitted_stages():
+    """Every swept persistent configuration launches at ``fitted_stages`` within the H100's limit
+    (the compiled need at that stage count, pinned above, is below the model and the limit); the
+    shipped one (base_gemm.json: 3 stages, split 2, LoRA first) keeps its 3 stages."""
+    with open(MEASURED) as f:
+        rows = [r for r in json.load(f)["rows"] if r[0] == "gemmp"]
+    assert len(rows) == 90
+    got = {tuple(r[:4]): r[4] for r in rows}
+    checked = 0
+    for name in sorted({r[1] for r in rows}):
+        gc = _gemm_config("gemmp", name)
+        for st in (3, 4):
+            fit = dataclasses.replace(gc, stages=st).fitted_stages()
+            for b in range(5):
+                if ("gemmp", name, b, fit) in got:   # 3 or 4 stages (2: not swept)
+                    assert got[("gemmp", name, b, fit)] <= SMEM_LIMIT_BYTES, (name, b, fit)
+                    checked += 1
+    assert checked >= 60
+    shipped = GemmConfig(bm=128, bn=256, bk=64, stages=3, persistent=True, split=2, lora_first=True)
+    assert shipped.fitted_stages() == 3
+    assert max(got[("gemmp", "128x256x64w8s2l", b, 3)] for b in range(5)) == 180_248
 
 
 CONFIGS = [KernelConfig(),

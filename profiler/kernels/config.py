@@ -17,13 +17,21 @@ MAX_RANK = 256
 class GemmConfig:
     """Tiles of the base GEMM with the LoRA epilogue (``lora_gemm``): bm x bn output tiles, bk of
     the reduced dimension per step, ``group_m`` row tiles per L2 group (the grouped ordering of
-    Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options)."""
+    Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options); ``persistent``
+    runs ``_gemm_persist``'s kernel (one program per SM over all tiles, its epilogue in ``split``
+    column parts, 1, 2 or 4; ``flatten``: tile and reduction loops pipelined as one;
+    ``lora_first``: the LoRA term before the main loop, as the per-tile kernel does, instead of
+    after it) instead of one program per tile."""
     bm: int = 128
     bn: int = 128
     bk: int = 64
     group_m: int = 8
     warps: int = 8
     stages: int = 3
+    persistent: bool = False
+    split: int = 2
+    flatten: bool = False
+    lora_first: bool = False
 
     def smem_bytes(self, stages: "int | None" = None) -> int:
         """Shared memory (bytes) at ``stages`` (default: ``self.stages``) pipeline stages: the
@@ -36,8 +44,23 @@ class GemmConfig:
         B for 128 x 128 x 64, every rank bucket, both passes, also with 128-rank chunks
         (``bench/kernel_profile.py --smem``; profiler/KERNELS.md, session 15; the former model,
         the sum of both, kept 128 x 256 x 64 from 4 stages). ``launch`` still falls back to
-        fewer stages if a GPU reports more."""
+        fewer stages if a GPU reports more.
+
+        ``persistent`` (``_gemm_persist``, one program per SM; session 16): the stages plus the
+        larger of one rank chunk's low-rank operands ((bm + w) x 64 x 2 B, w = bn with
+        ``lora_first``, else bn / split) and the store's staging tile (bm x bn / split x 2 B);
+        with ``flatten`` (the next tile's stages live while the epilogue runs) their sum.
+        Triton 3.6 for sm_90 compiled 128 x 256 x 64 at 3 stages, split 2, LoRA first: 180,248 B
+        (model 196,672); split 2 flattened 213,016 B (model 213,056); split 1 flattened 262,168 B
+        (model 262,208); ``bench/kernel_profile.py --smem``, 90 variants pinned in
+        profiler/data/kernel_profile_h100_2026-11-26_8_smem.json."""
         st = self.stages if stages is None else int(stages)
+        if self.persistent:
+            part = self.bn // max(1, int(self.split))
+            lo = (self.bm + (self.bn if self.lora_first else part)) * 64 * 2
+            store = self.bm * part * 2
+            return st * (self.bm + self.bn) * self.bk * 2 \
+                + (lo + store if self.flatten else max(lo, store)) + 64
         return max(st * (self.bm + self.bn) * self.bk * 2, (self.bm + self.bn) * 64 * 2) + 64
 
     def fitted_stages(self) -> int:

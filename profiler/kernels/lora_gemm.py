@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._gemm_persist import gemm_persist_kernel
 from ._gemm_triton import gemm_lora_kernel
 from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
 from .fastlaunch import BoundLaunch
@@ -98,6 +99,8 @@ def _run(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=
     """One launch of ``gemm_lora_kernel`` over the row tiles ``mtiles``; with ``plan`` the LoRA
     term of its adapters (``lo`` the compact P or Q, ``ri`` lora_B or lora_A) is added, without
     it the plain GEMM runs."""
+    if gc.persistent:
+        return _run_persist(a, w, out, mtiles, gc, bwd, prec, plan, lo, ri, bias, seed, dropout)
     M, kred = a.shape
     nout = out.shape[1]
     cfg = plan.cfg if plan is not None else KernelConfig()
@@ -125,6 +128,69 @@ def _run(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=
            PREC=prec, num_warps=gc.warps)
 
 
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device) -> int:
+    """Multiprocessors of ``device`` (the persistent grid); 4 off CUDA (the interpreter)."""
+    key = str(device)
+    if key not in _NUM_SMS:
+        dev = torch.device(device)
+        _NUM_SMS[key] = (torch.cuda.get_device_properties(dev).multi_processor_count
+                         if dev.type == "cuda" else 4)
+    return _NUM_SMS[key]
+
+
+def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=None,
+                 ri=None, bias=None, seed=0, dropout: bool = False, uniform: bool = False) -> None:
+    """One launch of ``_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
+    m0 = i * bm, the plain GEMM). Operands that do not allow TMA (``_tma_ok``) run the per-tile
+    kernel instead. The output goes through a TMA store only when every row tile is full (the host checks the
+    tile lengths once per ``mtiles``)."""
+    if not (_tma_ok(a) and _tma_ok(w) and _tma_ok(out)):   # the per-tile kernel's pointer path
+        _run(a, w, out, mtiles, dataclasses.replace(gc, persistent=False), bwd, prec, plan, lo,
+             ri, bias, seed, dropout)
+        return
+    M, kred = a.shape
+    nout = out.shape[1]
+    cfg = plan.cfg if plan is not None else KernelConfig()
+    sarg, sptr = seed_args(seed)
+    pw = gc.bn // gc.split
+    a_op = TensorDescriptor.from_tensor(a, [gc.bm, gc.bk])
+    w_op = TensorDescriptor.from_tensor(w, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
+    full = _all_full(mtiles, gc.bm, M, uniform) and nout % pw == 0
+    o_op = TensorDescriptor.from_tensor(out, [gc.bm, pw]) if full else a_op
+    buckets = plan.buckets if plan is not None else 0
+    meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)
+    n_mt = cdiv(M, gc.bm) if uniform else mtiles.shape[0]
+    nsm = _num_sms(a.device)
+    grid = (max(1, min(nsm, n_mt * cdiv(nout, gc.bn))),)
+    launch(gemm_persist_kernel, grid, f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}",
+           buckets, cfg, a_op, w_op, out, o_op, out if lo is None else lo,
+           out if ri is None else ri, out if bias is None else bias, mtiles, *meta,
+           M, nout, kred, out.stride(0), ri.stride(0) if ri is not None else 0, n_mt, sarg,
+           start_stages=gc.fitted_stages(), BUCKETS=buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk,
+           GROUP_M=gc.group_m, NUM_SMS=nsm, BWD=bwd, LORA=plan is not None,
+           HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=sptr, UNIFORM=uniform,
+           TMA_STORE=full, SPLIT=gc.split, FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False,
+           PREC=prec,
+           num_warps=gc.warps)
+
+
+_FULL: dict = {}
+
+
+def _all_full(mtiles, bm: int, M: int, uniform: bool) -> bool:
+    """Whether every row tile has bm rows (cached per tile tensor)."""
+    if uniform:
+        return M % bm == 0
+    key = (mtiles.data_ptr(), mtiles.shape[0], bm)
+    if key not in _FULL:
+        t = mtiles.cpu()
+        _FULL[key] = bool(((t[:, 2] - t[:, 1]) == bm).all())
+    return _FULL[key]
+
+
 def tma_desc(t: torch.Tensor, gc: GemmConfig, bwd: bool, is_a: bool) -> TensorDescriptor:
     """The TMA descriptor of ``gemm_lora_kernel``'s operand ``t``: the activations (``is_a``,
     blocks bm x bk) or the weight (bk x bn blocks backward, bn x bk forward)."""
@@ -144,6 +210,9 @@ def bound_gemm(plan, gc: GemmConfig, bwd: bool, prec: str, a: torch.Tensor, w: t
     nout = w.shape[1] if bwd else w.shape[0]
     cfg = plan.cfg
     mtiles = row_tiles(plan, gc.bm, a.device)
+    if gc.persistent:
+        return _bound_persist(plan, gc, bwd, prec, a, w, ri, mtiles, has_bias, dropout,
+                              seed_is_tensor), False
     tma = cfg.gemm_tma and _tma_ok(a) and _tma_ok(w)
     static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
                   KRED=kred, sxm=a.stride(0), sw=w.stride(0), som=nout, sri=ri.stride(0),
@@ -157,6 +226,42 @@ def bound_gemm(plan, gc: GemmConfig, bwd: bool, prec: str, a: torch.Tensor, w: t
                      dict(num_warps=gc.warps), start_stages=gc.fitted_stages(),
                      checked=() if tma else (0, 1))
     return bl, tma
+
+
+def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles, has_bias: bool,
+                   dropout: bool, seed_is_tensor: bool):
+    """``bound_gemm``'s launch for a persistent ``gc``: a callable with the per-tile launch's
+    dynamic arguments (XIN, W, OUT, LO, RI, BIAS, seed: tensors) that builds the TMA descriptors
+    (the weight's cached while it stays where it is) and launches through a ``BoundLaunch``;
+    operands that cannot back a descriptor take ``_run_persist``'s generic path."""
+    M, kred = a.shape
+    nout = w.shape[1] if bwd else w.shape[0]
+    pw = gc.bn // gc.split
+    full = _all_full(mtiles, gc.bm, M, False) and nout % pw == 0
+    nsm = _num_sms(a.device)
+    static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
+                  KRED=kred, som=nout, sri=ri.stride(0), n_mt=mtiles.shape[0],
+                  BUCKETS=plan.buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
+                  NUM_SMS=nsm, BWD=bwd, LORA=True, HAS_BIAS=has_bias, DROPOUT=dropout,
+                  SEED_PTR=seed_is_tensor, UNIFORM=False, TMA_STORE=full, SPLIT=gc.split,
+                  FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False, PREC=prec)
+    bl = BoundLaunch(gemm_persist_kernel, (max(1, min(nsm, mtiles.shape[0] * cdiv(nout, gc.bn))),),
+                     f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}", plan.buckets,
+                     plan.cfg, ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed"), static,
+                     dict(num_warps=gc.warps), start_stages=gc.fitted_stages(), checked=())
+    wd: list = [None, None]
+
+    def run(x, w_, out, lo, ri_, bias, seed):
+        if not (_tma_ok(x) and _tma_ok(w_) and _tma_ok(out)) or x.shape[0] != M:
+            _run_persist(x, w_, out, mtiles, gc, bwd, prec, plan, lo, ri_,
+                         bias if has_bias else None, seed, dropout)
+            return
+        if wd[0] != w_.data_ptr():
+            wd[0], wd[1] = w_.data_ptr(), tma_desc(w_, gc, bwd, False)
+        xd = TensorDescriptor.from_tensor(x, [gc.bm, gc.bk])
+        bl(xd, wd[1], out, TensorDescriptor.from_tensor(out, [gc.bm, pw]) if full else xd, lo,
+           ri_, bias, seed)
+    return run
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -196,5 +301,8 @@ def base_gemm(a: torch.Tensor, w: torch.Tensor, gc: GemmConfig, bwd: bool,
     if key not in _BASE_TILES:  # built once, so that later calls can be graph-captured
         _BASE_TILES[key] = torch.tensor([(0, m0, min(m0 + gc.bm, M)) for m0 in range(0, M, gc.bm)],
                                         dtype=torch.int32, device=a.device)
-    _run(a, w, out, _BASE_TILES[key], gc, bwd, prec)
+    if gc.persistent:
+        _run_persist(a, w, out, _BASE_TILES[key], gc, bwd, prec, uniform=True)
+    else:
+        _run(a, w, out, _BASE_TILES[key], gc, bwd, prec)
     return out

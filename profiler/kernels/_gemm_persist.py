@@ -1,0 +1,210 @@
+"""Persistent TMA variant of the frozen layer's GEMM with the LoRA term (``_gemm_triton``'s
+math, same operands and row tiles; profiler/KERNELS.md, session 16).
+
+One program per SM walks the output tiles ``start_pid, start_pid + NUM_SMS, ...`` (the grouped
+order of ``gemm_lora_kernel``; Triton's tutorial 09-persistent-matmul). The LoRA term
+
+    forward   acc += (s_i Psave_i[rows]) B_i[:, cols]
+    backward  acc += mask_i(Q_i[rows] A_i^T[:, cols]) / (1 - p_i)
+
+is added either before the main loop at the tile's full width (LORA_FIRST, as the per-tile
+kernel does: one accumulator, the main loop adds onto it) or after it, per column part (BN /
+SPLIT columns, SPLIT 1, 2 or 4), in a second accumulator of the part's size. With FLATTEN the
+tile loop and the reduction loop are pipelined as one (``tl.range(..., flatten=True)``), so the
+next tile's TMA loads are in flight while this tile's epilogue runs. Measured on an H100 with
+Triton 3.6 (session 16): the plain GEMM (no LoRA) flattened is within 2% of cuBLAS; but any
+further dot in the flattened loop (the LoRA term before or after) makes every main-loop wgmma
+synchronous (sm_90 SASS: ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each ``HGMMA``): 22-34%
+slower than the per-tile kernel, so the shipped configuration is LORA_FIRST without FLATTEN
+(base_gemm.json). WS (Triton's
+warp-specialised loop) compiles for sm_90 to the same code as without it (no partitions).
+
+Row tiles come from ``mtiles`` (adapter, m0, m1) as in ``gemm_lora_kernel``, or, with UNIFORM,
+are m0 = mt * BM (the plain GEMM of the comparison with cuBLAS). With TMA_STORE (only when every
+row tile is full: a TMA block of a tile clipped at its segment's end would overwrite the next
+segment's rows) tiles are stored through a TMA descriptor of OUT (blocks [BM, BN // SPLIT]),
+else through masked pointer stores.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._gemm_triton import _epilogue
+from ._triton import _dot, _keep, _seed_value
+
+
+@triton.jit
+def _tile(t, n_nt, n_mt, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of linear tile ``t`` in the grouped order (GROUP_M row tiles per
+    group, for W's reuse in L2)."""
+    width = GROUP_M * n_nt
+    first = (t // width) * GROUP_M
+    gsize = tl.minimum(n_mt - first, GROUP_M)
+    return first + (t % width) % gsize, (t % width) // gsize
+
+
+@triton.jit
+def _halves(a, BM: tl.constexpr, W: tl.constexpr):
+    """The two column halves (BM, W // 2) of ``a`` (BM, W) (tutorial 09's epilogue subtiling)."""
+    return tl.split(tl.permute(tl.reshape(a, (BM, 2, W // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed,
+                BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BWD: tl.constexpr,
+                DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr, PREC: tl.constexpr):
+    """The LoRA term of row tile ``mt``, column tile ``nt`` at the tile's full width, before the
+    main loop (``gemm_lora_kernel``'s order: one accumulator, the main loop adds onto it)."""
+    ad = tl.load(mtiles + mt * 3)
+    m1 = tl.load(mtiles + mt * 3 + 2)
+    rows = m0 + tl.arange(0, BM)
+    cols = nt * BN + tl.arange(0, BN)
+    rmask = rows < m1
+    cmask = cols < NOUT
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    if BWD:
+        acc = _epilogue(acc, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff, poff,
+                        bucket, BUCKETS, PREC)
+        if DROPOUT:
+            thresh = tl.load(meta_i + ad * 8 + 6)
+            inv_keep = tl.load(meta_f + ad * 2 + 1)
+            keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
+            acc = tl.where(keep, acc * inv_keep, 0.0)
+        else:
+            acc = tl.where(rmask[:, None], acc, 0.0)
+    else:
+        acc = _epilogue(acc, LO, RI, sri, tl.load(meta_f + ad * 2), rows, rmask, cols, cmask,
+                        start, rank, roff, poff, bucket, BUCKETS, PREC)
+        # keeps the main loop's wgmma asynchronous (gemm_lora_kernel, session 15)
+        acc = tl.where(rmask[:, None], acc, 0.0)
+    return acc
+
+
+@triton.jit
+def _part(acc, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, c0, NOUT, som, sri, seed,
+          BUCKETS: tl.constexpr, BM: tl.constexpr, PW: tl.constexpr, BWD: tl.constexpr,
+          LORA: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+          SEED_PTR: tl.constexpr, TMA_STORE: tl.constexpr, PREC: tl.constexpr):
+    """Adds the LoRA term (and bias) to the column part c0 .. c0 + PW of a tile's accumulator and
+    stores it. The term has its own accumulator: used as the main loop's accumulator's, it left
+    the main loop's wgmma synchronous (local sm_90 compile: DEPBAR.LE gsb0, 0x0 after each)."""
+    rows = m0 + tl.arange(0, BM)
+    cols = c0 + tl.arange(0, PW)
+    rmask = rows < m1
+    cmask = cols < NOUT
+    if LORA:
+        start = tl.load(meta_i + ad * 8)
+        rank = tl.load(meta_i + ad * 8 + 2)
+        roff = tl.load(meta_i + ad * 8 + 3)
+        poff = tl.load(meta_i + ad * 8 + 4)
+        bucket = tl.load(meta_i + ad * 8 + 5)
+        if BWD:
+            lo = _epilogue(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, sri, 1.0, rows, rmask,
+                           cols, cmask, start, rank, roff, poff, bucket, BUCKETS, PREC)
+            if DROPOUT:
+                thresh = tl.load(meta_i + ad * 8 + 6)
+                inv_keep = tl.load(meta_f + ad * 2 + 1)
+                keep = _keep(rows, c0, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, PW)
+                lo = tl.where(keep, lo * inv_keep, 0.0)
+        else:
+            lo = _epilogue(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, sri,
+                           tl.load(meta_f + ad * 2), rows, rmask, cols, cmask, start, rank, roff,
+                           poff, bucket, BUCKETS, PREC)
+        acc += lo
+    if HAS_BIAS:
+        acc += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    _store(OUT, ODESC, acc, rows, cols, rmask, cmask, som, m0, c0, TMA_STORE)
+
+
+@triton.jit
+def _store(OUT, ODESC, val, rows, cols, rmask, cmask, som, m0, c0,
+           TMA_STORE: tl.constexpr):
+    if TMA_STORE:   # every tile full (the host checks): Triton 3.6's loop flattening fails on
+        # an scf.if that holds a descriptor store in the epilogue
+        ODESC.store([m0, c0], val.to(ODESC.dtype))
+    else:
+        tl.store(OUT + rows.to(tl.int64)[:, None] * som + cols[None, :],
+                 val.to(OUT.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit(do_not_specialize=["seed", "n_mt"])
+def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f,
+                        M, NOUT, KRED, som, sri, n_mt, seed,
+                        BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                        BWD: tl.constexpr, LORA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr, UNIFORM: tl.constexpr,
+                        TMA_STORE: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+                        LORA_FIRST: tl.constexpr, WS: tl.constexpr,
+                        PREC: tl.constexpr):
+    """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term (see the module docstring); XIN and W
+    are TMA descriptors (blocks [BM, BK] and [BN, BK] forward (W: NOUT x KRED) or [BK, BN]
+    backward (W: KRED x NOUT)); ODESC a descriptor of OUT (blocks [BM, BN // SPLIT]) used only
+    with TMA_STORE. Grid: min(NUM_SMS, tiles) programs. SPLIT (1, 2 or 4) column parts of the
+    epilogue; WS: Triton's warp-specialised loop."""
+    start_pid = tl.program_id(0)
+    n_nt = tl.cdiv(NOUT, BN)
+    n_tiles = n_mt * n_nt
+    k_tiles = tl.cdiv(KRED, BK)
+    tile_c = start_pid - NUM_SMS   # the epilogue's own counter (tutorial 09)
+    for t in tl.range(start_pid, n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
+        mt, nt = _tile(t, n_nt, n_mt, GROUP_M)
+        if UNIFORM:
+            m0 = mt * BM
+        else:
+            m0 = tl.load(mtiles + mt * 3 + 1)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if LORA and LORA_FIRST:
+            acc = _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed,
+                              BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
+        for kb in range(k_tiles):
+            x = XIN.load([m0, kb * BK])
+            if BWD:
+                w = W.load([kb * BK, nt * BN])
+            else:
+                w = W.load([nt * BN, kb * BK]).T
+            acc = _dot(x, w, acc, PREC)
+        tile_c += NUM_SMS
+        mt, nt = _tile(tile_c, n_nt, n_mt, GROUP_M)
+        if UNIFORM:
+            ad = 0
+            m0 = mt * BM
+            m1 = tl.minimum(m0 + BM, M)
+        else:
+            ad = tl.load(mtiles + mt * 3)
+            m0 = tl.load(mtiles + mt * 3 + 1)
+            m1 = tl.load(mtiles + mt * 3 + 2)
+        PW: tl.constexpr = BN // SPLIT
+        if SPLIT == 1:
+            _part(acc, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT, som,
+                  sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR, TMA_STORE,
+                  PREC)
+        else:
+            h0, h1 = _halves(acc, BM, BN)
+            if SPLIT == 2:
+                _part(h0, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT,
+                      som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR,
+                      TMA_STORE, PREC)
+                _part(h1, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + PW,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      SEED_PTR, TMA_STORE, PREC)
+            else:   # 4 quarters
+                q0, q1 = _halves(h0, BM, BN // 2)
+                q2, q3 = _halves(h1, BM, BN // 2)
+                _part(q0, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT,
+                      som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR,
+                      TMA_STORE, PREC)
+                _part(q1, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + PW,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      SEED_PTR, TMA_STORE, PREC)
+                _part(q2, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + 2 * PW,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      SEED_PTR, TMA_STORE, PREC)
+                _part(q3, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + 3 * PW,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      SEED_PTR, TMA_STORE, PREC)
