@@ -248,3 +248,14 @@ def test_persistent_smem_model_bounds_its_modes():
     assert after == 147_456 + 32_768 + 64 and first == 147_456 + 49_152 + 64
     assert flat == 147_456 + 65_536 + 64
     assert max(after, first, flat) <= SMEM_LIMIT_BYTES
+
+
+def test_tma_store_only_when_every_row_tile_is_full():
+    """A TMA block of a tile clipped at its segment's end would overwrite the next segment's
+    rows: the persistent GEMM stores through TMA only when every segment is whole tiles."""
+    from tlora_sim.profiler.kernels.lora_gemm import _all_full
+    whole = build_plan([64, 0, 32], [4, 8, 16], [1.0] * 3, 0.0, 32, 32, "cpu")
+    clipped = build_plan([64, 33], [4, 8], [1.0] * 2, 0.0, 32, 32, "cpu")
+    assert _all_full(whole, 32, 96, False) and not _all_full(whole, 64, 96, False)
+    assert not _all_full(clipped, 32, 97, False)
+    assert _all_full(None, 32, 96, True) and not _all_full(None, 32, 97, True)

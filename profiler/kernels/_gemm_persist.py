@@ -180,31 +180,32 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
             m0 = tl.load(mtiles + mt * 3 + 1)
             m1 = tl.load(mtiles + mt * 3 + 2)
         PW: tl.constexpr = BN // SPLIT
+        EPI_LORA: tl.constexpr = LORA and not LORA_FIRST   # the term after the main loop
         if SPLIT == 1:
             _part(acc, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT, som,
-                  sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR, TMA_STORE,
+                  sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT, SEED_PTR, TMA_STORE,
                   PREC)
         else:
             h0, h1 = _halves(acc, BM, BN)
             if SPLIT == 2:
                 _part(h0, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT,
-                      som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR,
+                      som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT, SEED_PTR,
                       TMA_STORE, PREC)
                 _part(h1, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + PW,
-                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT,
                       SEED_PTR, TMA_STORE, PREC)
             else:   # 4 quarters
                 q0, q1 = _halves(h0, BM, BN // 2)
                 q2, q3 = _halves(h1, BM, BN // 2)
                 _part(q0, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN, NOUT,
-                      som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT, SEED_PTR,
+                      som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT, SEED_PTR,
                       TMA_STORE, PREC)
                 _part(q1, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + PW,
-                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT,
                       SEED_PTR, TMA_STORE, PREC)
                 _part(q2, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + 2 * PW,
-                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT,
                       SEED_PTR, TMA_STORE, PREC)
                 _part(q3, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + 3 * PW,
-                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, LORA and not LORA_FIRST, HAS_BIAS, DROPOUT,
+                      NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT,
                       SEED_PTR, TMA_STORE, PREC)

@@ -145,8 +145,8 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
                  ri=None, bias=None, seed=0, dropout: bool = False, uniform: bool = False) -> None:
     """One launch of ``_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
     m0 = i * bm, the plain GEMM). Operands that do not allow TMA (``_tma_ok``) run the per-tile
-    kernel instead. The output goes through a TMA store only when every row tile is full (the host checks the
-    tile lengths once per ``mtiles``)."""
+    kernel instead. The output goes through a TMA store only when every row tile is full
+    (``_all_full``)."""
     if not (_tma_ok(a) and _tma_ok(w) and _tma_ok(out)):   # the per-tile kernel's pointer path
         _run(a, w, out, mtiles, dataclasses.replace(gc, persistent=False), bwd, prec, plan, lo,
              ri, bias, seed, dropout)
@@ -158,7 +158,7 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     pw = gc.bn // gc.split
     a_op = TensorDescriptor.from_tensor(a, [gc.bm, gc.bk])
     w_op = TensorDescriptor.from_tensor(w, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
-    full = _all_full(mtiles, gc.bm, M, uniform) and nout % pw == 0
+    full = _all_full(plan, gc.bm, M, uniform) and nout % pw == 0
     o_op = TensorDescriptor.from_tensor(out, [gc.bm, pw]) if full else a_op
     buckets = plan.buckets if plan is not None else 0
     meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)
@@ -177,18 +177,12 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
            num_warps=gc.warps)
 
 
-_FULL: dict = {}
-
-
-def _all_full(mtiles, bm: int, M: int, uniform: bool) -> bool:
-    """Whether every row tile has bm rows (cached per tile tensor)."""
-    if uniform:
+def _all_full(plan, bm: int, M: int, uniform: bool) -> bool:
+    """Whether every row tile has bm rows: M a multiple of bm (uniform tiles), else every
+    segment of ``plan`` (``row_tiles`` clips tiles at segment ends; empty segments have none)."""
+    if uniform or plan is None:
         return M % bm == 0
-    key = (mtiles.data_ptr(), mtiles.shape[0], bm)
-    if key not in _FULL:
-        t = mtiles.cpu()
-        _FULL[key] = bool(((t[:, 2] - t[:, 1]) == bm).all())
-    return _FULL[key]
+    return all(int(L) % bm == 0 for L in plan.seg_lens)
 
 
 def tma_desc(t: torch.Tensor, gc: GemmConfig, bwd: bool, is_a: bool) -> TensorDescriptor:
@@ -237,7 +231,7 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
     pw = gc.bn // gc.split
-    full = _all_full(mtiles, gc.bm, M, False) and nout % pw == 0
+    full = _all_full(plan, gc.bm, M, False) and nout % pw == 0
     nsm = _num_sms(a.device)
     static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
                   KRED=kred, som=nout, sri=ri.stride(0), n_mt=mtiles.shape[0],
