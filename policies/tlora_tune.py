@@ -61,10 +61,10 @@ class NanoTuning:
         change of count, right after an observation that kept ``nano``."""
         if tuner.n != tuner.best_n or tuner.best_n != nano or step_s < tuner.best_time_s * (1.0 - tuner.threshold):
             return 0
-        left = tuner.reprobe_every - 1 - tuner._since_probe  # steady while _since_probe + 1 < reprobe_every
-        if step_s < step_s * (1.0 - tuner.threshold):  # only the first (it sets best_time_s = step_s)
-            left = min(left, 1)
-        return max(left, 0)
+        # The first coming tick compares step_s with best_time_s (checked above); it sets
+        # best_time_s = step_s, so every later one compares step_s with itself: never an improvement.
+        # So the ticks stay steady while _since_probe + 1 < reprobe_every.
+        return max(tuner.reprobe_every - 1 - tuner._since_probe, 0)
 
     def _wake(self, gid: int, upto: int) -> None:
         """Apply a deferred group's steady observations of the ticks up to number ``upto`` (what
