@@ -44,8 +44,19 @@ def bucket_of(rank: int) -> int:
 
 
 def test_the_measured_h100_failure_is_what_the_formula_says():
-    assert smem_bytes("f1", 4, KernelConfig(), 3) == 245_760 > SMEM_LIMIT_BYTES
-    assert smem_bytes("f2", 4, KernelConfig(), 3) == 245_760  # the second requirement the H100 reported
+    old = KernelConfig(bk=128)   # the tiles of that failure (bk 128, the default until 2026-11-26)
+    assert smem_bytes("f1", 4, old, 3) == 245_760 > SMEM_LIMIT_BYTES
+    assert smem_bytes("f2", 4, old, 3) == 245_760  # the second requirement the H100 reported
+
+
+def test_default_f1_at_rank_128_fits_two_ctas_per_sm():
+    """bk 64 (was 128): _f1's rank-128 tiles need 73,728 B at its stages, so two CTAs share an SM
+    (the reason for the default, profiler/KERNELS.md, session 16's second helper); at bk 128 one."""
+    cfg = KernelConfig()
+    st = stages_for("f1", 1 << 3, cfg)
+    assert smem_bytes("f1", 3, cfg, st) == 73_728 and 2 * smem_bytes("f1", 3, cfg, st) <= SMEM_LIMIT_BYTES
+    old = KernelConfig(bk=128)
+    assert 2 * smem_bytes("f1", 3, old, stages_for("f1", 1 << 3, old)) > SMEM_LIMIT_BYTES
 
 
 def _gemm_config(kern, name):
@@ -110,13 +121,13 @@ def test_the_persistent_gemm_fits_every_rank_at_its_fitted_stages():
     assert max(got[("gemmp", "128x256x64w8s2l", b, 3)] for b in range(5)) == 180_248
 
 
-CONFIGS = [KernelConfig(),
+CONFIGS = [KernelConfig(), KernelConfig(bk=128),
            dataclasses.replace(KernelConfig(), bms=(128, 128, 128, 128, 128)),
            dataclasses.replace(KernelConfig(), bk=64, bn=256, stages_f1=4, stages_f2=4, stages_b1=4, stages_b2=4),
            dataclasses.replace(KernelConfig(), cms=(1, 1, 2, 2, 2))]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "bm128", "bk64-bn256-4stages", "cm2"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "bk128", "bm128", "bk64-bn256-4stages", "cm2"])
 def test_every_rank_mix_fits_shared_memory(cfg):
     for mask in range(1, 32):  # every set of rank buckets a mix can hold
         for k in KERNELS:

@@ -80,8 +80,11 @@ class KernelConfig:
     picked on an H100 (see profiler/KERNELS.md). ``TLORA_KCFG`` (env, JSON) overrides fields.
 
     bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
-    bk / bn: columns of X / of Y per tile (powers of two >= 32); cms: column-width multiplier of
-    each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
+    bk / bn: columns of X / of Y per tile (powers of two >= 32; bk 64, was 128, since session
+    16's second helper: ``_f1`` at rank 128 then fits two CTAs per SM, 73,728 B and 107
+    registers instead of 147,456 B and 164, and ``_b2``'s grid doubles; H100, step / base,
+    4096x4096 128x2 1.411 -> 1.393, 8+128 1.411 -> 1.387, 64x8 1.328 -> 1.285, no mix of 13
+    slower beyond noise; profiler/KERNELS.md); cms: column-width multiplier of each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
     tiles for high ranks cut those re-reads); waves: target programs per SM
     used to choose the K/N splits and token chunks; split_floor: when every adapter's rank is
     >= 33 (rank buckets 64-256: one program per SM), the K splits of ``_f1`` and N groups of
@@ -99,7 +102,7 @@ class KernelConfig:
     through TMA descriptors where the tensors allow (else plain pointer loads)."""
     bms: tuple = (64, 64, 128, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
-    bk: int = 128
+    bk: int = 64
     bn: int = 128
     waves: float = 2.0
     max_split: int = 16
