@@ -105,8 +105,8 @@ GEMM_TILES = ((128, 256, 64, 8), (256, 128, 64, 8), (128, 128, 64, 8), (128, 128
 # the persistent GEMM (_gemm_persist, session 16): tiles; each at split 1/2/4, three loop modes
 # (LoRA first, LoRA after the loop, flattened loop), stages 3-4, with and without a TMA store
 PGEMM_TILES = ((128, 256, 64, 8),)
-_PTR_F32 = {"Pacc", "meta_f", "G", "GB", "GA"}
-_PTR_I32 = {"Cnt", "tiles", "meta_i", "chunks"}
+_PTR_F32 = {"Pacc", "meta_f", "G", "GB", "GA", "WSP"}
+_PTR_I32 = {"Cnt", "tiles", "meta_i", "chunks", "TCNT"}
 
 
 def _smem_variants(kern, bms, bk, bn, cms):
@@ -210,7 +210,8 @@ def smem_sweep(out_path, procs):
     jobs += [("gemmp", f"{bm}x{bn}x{bk}w{w}s{sp}{'f' if fl else ''}{'l' if lf else ''}", b, st,
               dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, NUM_SMS=132, BWD=bwd, LORA=True,
                    HAS_BIAS=not bwd, DROPOUT=bwd, SEED_PTR=False, UNIFORM=False, TMA_STORE=ts,
-                   SPLIT=sp, FLATTEN=fl, LORA_FIRST=lf, WS=False, PREC="tf32", num_warps=w))
+                   SPLIT=sp, FLATTEN=fl, LORA_FIRST=lf, WS=False, PREC="tf32",
+                   TAIL_SPLIT=lf and not fl, num_warps=w))
              for bm, bn, bk, w in PGEMM_TILES for sp in (1, 2, 4)
              for fl, lf in ((False, True), (False, False), (True, False))
              for b in range(5) for st in (3, 4) for bwd in (True, False) for ts in (True, False)]

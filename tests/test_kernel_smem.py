@@ -54,7 +54,8 @@ def test_default_f1_at_rank_128_fits_two_ctas_per_sm():
     (the reason for the default, profiler/KERNELS.md, session 16's second helper); at bk 128 one."""
     cfg = KernelConfig()
     st = stages_for("f1", 1 << 3, cfg)
-    assert smem_bytes("f1", 3, cfg, st) == 73_728 and 2 * smem_bytes("f1", 3, cfg, st) <= SMEM_LIMIT_BYTES
+    assert smem_bytes("f1", 3, cfg, st) == 73_728
+    assert 2 * smem_bytes("f1", 3, cfg, st) <= SMEM_LIMIT_BYTES
     old = KernelConfig(bk=128)
     assert 2 * smem_bytes("f1", 3, old, stages_for("f1", 1 << 3, old)) > SMEM_LIMIT_BYTES
 

@@ -259,3 +259,47 @@ def test_tma_store_only_when_every_row_tile_is_full():
     assert _all_full(whole, 32, 96, False) and not _all_full(whole, 64, 96, False)
     assert not _all_full(clipped, 32, 97, False)
     assert _all_full(None, 32, 96, True) and not _all_full(None, 32, 97, True)
+
+
+def test_tail_split_rule():
+    """The last round is split in two K halves only when it holds at most half the SMs' tiles
+    (576 tiles on 132 SMs: 48; 512: 116, not split), after a full round, LoRA first, not
+    flattened, and ``tail_split`` on."""
+    from tlora_sim.profiler.kernels.lora_gemm import tail_split_tiles
+    gc = GemmConfig(bm=128, bn=256, bk=64, persistent=True, split=2, lora_first=True)
+    assert tail_split_tiles(gc, 576, 132) == 48
+    assert tail_split_tiles(gc, 512, 132) == 0 and tail_split_tiles(gc, 528, 132) == 0
+    assert tail_split_tiles(gc, 66, 132) == 0          # no full round
+    assert tail_split_tiles(GemmConfig(bm=128, bn=256, persistent=True, lora_first=True,
+                                       tail_split=False), 576, 132) == 0
+    assert tail_split_tiles(GemmConfig(persistent=True, split=2), 576, 132) == 0
+
+
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_tail_split_gemm_matches_reference_and_leaves_workspace_zero(p):
+    """Case 0 has 14 tiles in both passes (4 programs off CUDA): the last two are reduced in two
+    K halves through the fp32 workspace; two steps of one plan match the float64 reference (the
+    counters are zero again after each) and equal the same GEMM without the split."""
+    segs, ranks, K, N = CASES[0]
+    t = _case(400, segs, ranks, K, N)
+    gc = GemmConfig(bm=32, bn=64, bk=32, group_m=2, persistent=True, split=2, lora_first=True)
+    cfg = KernelConfig(base_gemm="triton", gemm_fwd=gc, gemm_bwd=gc)
+    plan = build_plan(segs, ranks, t["scales"], p, K, N, DEV, cfg)
+    ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],
+                                     t["dy"], dropout=p, seed=5, bias=t["bias"])
+    for _ in range(2):
+        x = t["x"].clone().requires_grad_(True)
+        A = t["A"].clone().requires_grad_(True)
+        B = t["B"].clone().requires_grad_(True)
+        y = multi_lora_linear(x, t["W"], A, B, plan, t["bias"], seed=5)
+        got = (y, *torch.autograd.grad(y, [x, A, B], t["dy"]))
+        ws = [v for k, v in plan.extra.items() if isinstance(k, tuple) and k[0] == "gemm_ws"]
+        assert len(ws) == 2                         # forward and backward each split a tail
+        assert all(int(c.abs().sum()) == 0 for _, c in ws)       # counters zero again
+        for name, g in zip(("y", "dx", "dA", "dB"), got):
+            assert _rel(g, ref[name]) < TOL, name
+    off = KernelConfig(base_gemm="triton", gemm_fwd=GemmConfig(**{**vars(gc), "tail_split": False}),
+                       gemm_bwd=GemmConfig(**{**vars(gc), "tail_split": False}))
+    _, plain = _run(t, segs, ranks, K, N, off, p, seed=5)
+    for a, b in zip(got, plain):
+        assert _rel(a, b) < 1e-5

@@ -132,8 +132,68 @@ def _store(OUT, ODESC, val, rows, cols, rmask, cmask, som, m0, c0,
                  val.to(OUT.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
+@triton.jit
+def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOUT, som, sri,
+               seed, u, n_full, n_nt, n_mt, k_tiles,
+               BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               GROUP_M: tl.constexpr, BWD: tl.constexpr, LORA: tl.constexpr,
+               HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr,
+               PREC: tl.constexpr):
+    """Half ``u % 2`` of the reduction of tail tile ``n_full + u // 2`` (TAIL_SPLIT): half 0
+    adds the LoRA term (LORA_FIRST order) and K steps [0, k_tiles / 2), half 1 the rest; each
+    stores its fp32 sum into its own slot of the workspace WSP (2 x BM x BN per tail tile), and
+    the second to finish (the tile's int32 counter in TCNT, zero between launches) adds the two
+    slots, stores the tile and zeroes the counter again. (fp32 atomics of both halves into one
+    zeroed slot, as ``_f1``'s K splits do, made the GEMM 34 us slower on 4096x4096 8+128, H100;
+    profiler/KERNELS.md, "Session 16, second helper".)"""
+    j = u // 2
+    half = u % 2
+    mt, nt = _tile(n_full + j, n_nt, n_mt, GROUP_M)
+    m0 = tl.load(mtiles + mt * 3 + 1)
+    m1 = tl.load(mtiles + mt * 3 + 2)
+    rows = m0 + tl.arange(0, BM)
+    rmask = rows < m1
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if LORA:
+        if half == 0:
+            acc = _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed,
+                              BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
+        # a select after the branch keeps the loop's wgmma asynchronous (session 15: with the
+        # accumulator a branch result every HGMMA was followed by DEPBAR.LE gsb0, 0x0)
+        acc = tl.where(rmask[:, None], acc, 0.0)
+    kh = k_tiles // 2
+    k0 = half * kh
+    k1 = kh + half * (k_tiles - kh)
+    for kb in range(k0, k1):
+        x = XIN.load([m0, kb * BK])
+        if BWD:
+            w = W.load([kb * BK, nt * BN])
+        else:
+            w = W.load([nt * BN, kb * BK]).T
+        acc = _dot(x, w, acc, PREC)
+    tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    tl.store(WSP + (2 * j + half).to(tl.int64) * (BM * BN) + tile, acc)   # this half's sum
+    tl.debug_barrier()   # every thread's stores issued before the release below
+    done = tl.atomic_add(TCNT + j, 1, sem="acq_rel", scope="gpu")
+    if done == 1:   # both sums are in their slots: add them and store the tile, by column
+        # halves re-read from L2 (holding acc and a whole slot took 255 registers: the low-rank
+        # kernels' main loop went from 174 and slowed, H100, 4096x14336 16x4)
+        slot = WSP + (2 * j).to(tl.int64) * (BM * BN)
+        for c in tl.static_range(2):
+            cols = nt * BN + c * (BN // 2) + tl.arange(0, BN // 2)
+            cmask = cols < NOUT
+            part = tl.arange(0, BM)[:, None] * BN + c * (BN // 2) + tl.arange(0, BN // 2)[None, :]
+            v = tl.load(slot + part, cache_modifier=".cg") + tl.load(slot + BM * BN + part,
+                                                                     cache_modifier=".cg")
+            if HAS_BIAS:
+                v += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(OUT + rows.to(tl.int64)[:, None] * som + cols[None, :],
+                     v.to(OUT.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        tl.atomic_xchg(TCNT + j, 0)   # for the next launch
+
+
 @triton.jit(do_not_specialize=["seed", "n_mt"])
-def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f,
+def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT,
                         M, NOUT, KRED, som, sri, n_mt, seed,
                         BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
@@ -141,18 +201,27 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
                         DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr, UNIFORM: tl.constexpr,
                         TMA_STORE: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                         LORA_FIRST: tl.constexpr, WS: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, TAIL_SPLIT: tl.constexpr = False):
     """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term (see the module docstring); XIN and W
     are TMA descriptors (blocks [BM, BK] and [BN, BK] forward (W: NOUT x KRED) or [BK, BN]
     backward (W: KRED x NOUT)); ODESC a descriptor of OUT (blocks [BM, BN // SPLIT]) used only
     with TMA_STORE. Grid: min(NUM_SMS, tiles) programs. SPLIT (1, 2 or 4) column parts of the
-    epilogue; WS: Triton's warp-specialised loop."""
+    epilogue; WS: Triton's warp-specialised loop. TAIL_SPLIT (the host sets it only when the
+    last, partial round of tiles has at most NUM_SMS / 2 tiles, LORA_FIRST, not UNIFORM): the
+    tiles of that round are each reduced by two programs, half of K each, through the fp32
+    workspace WSP (tail tiles x 2 x BM x BN) and zeroed counters TCNT (``_tail_half``), so that the
+    round takes about half a tile's time instead of a whole one (e.g. 576 tiles on 132 SMs:
+    4.36 rounds of work took 5)."""
     start_pid = tl.program_id(0)
     n_nt = tl.cdiv(NOUT, BN)
     n_tiles = n_mt * n_nt
     k_tiles = tl.cdiv(KRED, BK)
     tile_c = start_pid - NUM_SMS   # the epilogue's own counter (tutorial 09)
-    for t in tl.range(start_pid, n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
+    if TAIL_SPLIT:
+        n_full = n_tiles - n_tiles % NUM_SMS
+    else:
+        n_full = n_tiles
+    for t in tl.range(start_pid, n_full, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
         mt, nt = _tile(t, n_nt, n_mt, GROUP_M)
         if UNIFORM:
             m0 = mt * BM
@@ -209,3 +278,8 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
                 _part(q3, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, nt * BN + 3 * PW,
                       NOUT, som, sri, seed, BUCKETS, BM, PW, BWD, EPI_LORA, HAS_BIAS, DROPOUT,
                       SEED_PTR, TMA_STORE, PREC)
+    if TAIL_SPLIT:
+        if start_pid < 2 * (n_tiles - n_full):
+            _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOUT, som,
+                       sri, seed, start_pid, n_full, n_nt, n_mt, k_tiles, BUCKETS, BM, BN, BK,
+                       GROUP_M, BWD, LORA, HAS_BIAS, DROPOUT, SEED_PTR, PREC)

@@ -165,16 +165,45 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     n_mt = cdiv(M, gc.bm) if uniform else mtiles.shape[0]
     nsm = _num_sms(a.device)
     grid = (max(1, min(nsm, n_mt * cdiv(nout, gc.bn))),)
+    ws = None if uniform or plan is None else tail_workspace(plan, gc, bwd, n_mt, nout, nsm,
+                                                             a.device)
     launch(gemm_persist_kernel, grid, f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}",
            buckets, cfg, a_op, w_op, out, o_op, out if lo is None else lo,
            out if ri is None else ri, out if bias is None else bias, mtiles, *meta,
+           *(ws or (out, mtiles)),
            M, nout, kred, out.stride(0), ri.stride(0) if ri is not None else 0, n_mt, sarg,
            start_stages=gc.fitted_stages(), BUCKETS=buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk,
            GROUP_M=gc.group_m, NUM_SMS=nsm, BWD=bwd, LORA=plan is not None,
            HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=sptr, UNIFORM=uniform,
            TMA_STORE=full, SPLIT=gc.split, FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False,
-           PREC=prec,
+           PREC=prec, TAIL_SPLIT=ws is not None,
            num_warps=gc.warps)
+
+
+def tail_split_tiles(gc: GemmConfig, n_tiles: int, nsm: int) -> int:
+    """Tiles of the last, partial round that ``gemm_persist_kernel`` reduces in two K halves
+    (TAIL_SPLIT), or 0: only with ``gc.tail_split``, LoRA first and no flattening, at least one
+    full round (``nsm`` programs, one per SM), and a last round of at most nsm / 2 tiles (two
+    programs each then fit one round: half a tile's time instead of a whole one's)."""
+    tail = n_tiles % nsm
+    ok = gc.tail_split and gc.lora_first and not gc.flatten and n_tiles >= nsm
+    return tail if ok and 0 < 2 * tail <= nsm else 0
+
+
+def tail_workspace(plan, gc: GemmConfig, bwd: bool, n_mt: int, nout: int, nsm: int, device):
+    """(fp32 workspace of tail x 2 x bm x bn: each half's sum, int32 counters of tail: zero,
+    the kernel leaves them zero) for ``tail_split_tiles``'s tail tiles of this GEMM, cached on
+    the plan; None when no tail is split."""
+    tail = tail_split_tiles(gc, n_mt * cdiv(nout, gc.bn), nsm)
+    if not tail:
+        return None
+    key = ("gemm_ws", bwd, tail, gc.bm, gc.bn, str(device))
+    ws = plan.extra.get(key)
+    if ws is None:
+        ws = plan.extra[key] = (torch.zeros(2 * tail * gc.bm * gc.bn, dtype=torch.float32,
+                                            device=device),
+                                torch.zeros(tail, dtype=torch.int32, device=device))
+    return ws
 
 
 def _all_full(plan, bm: int, M: int, uniform: bool) -> bool:
@@ -233,12 +262,16 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     pw = gc.bn // gc.split
     full = _all_full(plan, gc.bm, M, False) and nout % pw == 0
     nsm = _num_sms(a.device)
-    static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
+    ws = tail_workspace(plan, gc, bwd, mtiles.shape[0], nout, nsm, a.device)
+    wsp, tcnt = ws or (plan.meta_f, plan.meta_i)   # unused without TAIL_SPLIT
+    static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, WSP=wsp, TCNT=tcnt,
+                  M=M, NOUT=nout,
                   KRED=kred, som=nout, sri=ri.stride(0), n_mt=mtiles.shape[0],
                   BUCKETS=plan.buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
                   NUM_SMS=nsm, BWD=bwd, LORA=True, HAS_BIAS=has_bias, DROPOUT=dropout,
                   SEED_PTR=seed_is_tensor, UNIFORM=False, TMA_STORE=full, SPLIT=gc.split,
-                  FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False, PREC=prec)
+                  FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False, PREC=prec,
+                  TAIL_SPLIT=ws is not None)
     bl = BoundLaunch(gemm_persist_kernel, (max(1, min(nsm, mtiles.shape[0] * cdiv(nout, gc.bn))),),
                      f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}", plan.buckets,
                      plan.cfg, ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed"), static,
