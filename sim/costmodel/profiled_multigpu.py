@@ -65,8 +65,8 @@ def _collectives(gpu_name: str) -> Collectives:
 
 def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
               plan: str, nano: int, micro: int, ckpt: bool, terms: dict | None = None,
-              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None
-              ) -> tuple[float, tuple[str, ...], float]:
+              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None,
+              above: float | None = None) -> tuple[float, tuple[str, ...], float] | None:
     """(step time s, reasons it is extrapolated, peak memory per GPU bytes) of ``members`` under
     ``par``; ``art``/``key`` the profiled artifact and its key (``profiled.ProfiledCostModel.key``).
 
@@ -74,25 +74,36 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     ``mixes``: per-GPU mixes instead of ``per_gpu_mixes`` (the profiler's own placement of
     rank-local adapters, when predicting its rows). ``memory=False`` leaves the memory out
     (returned as NaN; ``plan_memory`` gives it). ``cache``: a dict shared by the calls of one
-    planner question (same members, plan, counts): per-GPU layer times, heads and optimizer
-    times computed once for the parallelism plans that share them (pure functions of their keys)."""
-    from tlora_sim.sim.costmodel.profiled import _opt_ms, memory_breakdown, tables_of  # profiled imports us
-
-    m, gpu = get_model(model), GPUS[gpu_name]
+    planner question (same artifact, model, GPU type, members, plan, counts): the question's
+    context (model, terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter
+    parameters, and optimizer times, computed once for the parallelism plans that share them
+    (pure functions of their keys). ``above``: return None, without the layer times, where one
+    GPU's step without them, ``(B x head + AdamW) + communication`` in s, already exceeds ``above``
+    (the step adds ``B x L x layer >= 0`` to the first sum, the same floating-point operations
+    otherwise, and rounding is monotone: the plan's step exceeds ``above`` too)."""
+    cache = {} if cache is None else cache
+    # what every plan of one question reads (the cache is one question's: same model, GPU type,
+    # members, plan and counts); the fitted terms given as ``terms`` are not kept
+    ctx = cache.get("ctx") if terms is None else None
+    if ctx is None:
+        ctx = _context(art, key, model, gpu_name, plan, terms)
+        if terms is None:
+            cache["ctx"] = ctx
+    m, net_bw, terms, coll, why, tab, pe, pid, lmemo, opt_ms, breakdown = ctx
     n = par.n_gpus
-    if terms is not None:
-        coll, why = Collectives(terms), ()
-    else:
-        terms, coll, why = _terms(gpu_name)
     reasons = set(why) if n > 1 else set()
     if n > 2:
         reasons.add("multigpu:gpus>2")
-    net = gpu.net_bw_bytes_s / 1e3 if n > GPUS_PER_NODE else None
+    net = net_bw if n > GPUS_PER_NODE else None
     if net is not None:
         reasons.add("multigpu:inter-node")
     if par.kind == "pp":
         reasons.add("multigpu:pp")
-    mixes = mixes if mixes is not None else per_gpu_mixes(members, par, micro)
+    if mixes is None:  # the same mixes for every plan of one data-parallel degree (not local)
+        mk = ("mixes", par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
+        mixes = cache.get(mk)
+        if mixes is None:
+            mixes = cache[mk] = per_gpu_mixes(members, par, micro)
     hs = terms["host_scale"]  # one training process per busy GPU of a host: they share its CPU
     busy = min(len(mixes) if par.kind == "local" else n, GPUS_PER_NODE)
     fam = PLAN_FAMILY[plan]
@@ -102,43 +113,23 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
         fam = "fused"
         reasons.add(f"multigpu:host_scale_of_fused:{plan}")
     hs = float(hs[fam] if isinstance(hs, dict) else hs) if busy > 1 else 1.0
-    tab = tables_of(key, model)
-    pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
     L = math.ceil(m.layers / par.pp)
     worst_ms, mem = 0.0, (0.0 if memory else math.nan)
-    cache = {} if cache is None else cache
-    # layer times kept across questions on the model's tables (a pure function of the key; the
-    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
-    lmemo = tab.layer_memo
-    pid = id(pe)
-    _PES.setdefault(pid, pe)
     for mix in mixes:
         mkey = tuple(mix)
-        seqs = sum(b for _, b, _ in mix)
+        # a mix's sequences, tokens, head and adapter parameters: pure functions of the mix
+        per = cache.get(mkey)
+        if per is None:
+            tokens = sum(b * s for _, b, s in mix)
+            per = cache[mkey] = (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
+                                 sum(m.lora_params(r) for r, _, _ in mix))
+        seqs, tokens, (head, e_head), params = per
         n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
-        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
-        got = lmemo.get(lkey)
-        if got is None:
-            if len(lmemo) >= 1 << 17:
-                lmemo.clear()
-            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
-        lay, e_layer = got
-        tokens = sum(b * s for _, b, s in mix)
-        head, e_head = tab.head(tokens)
-        if e_layer:
-            reasons.add("layer")
-        if e_head:
-            reasons.add("head")
-        if par.kind == "pp":
-            compute = (micro + par.pp - 1) * L * lay + micro * head
-        else:
-            compute = micro * (L * lay + head)
-        params = sum(m.lora_params(r) for r, _, _ in mix)
         tensors = LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
         okey = ("opt", params, L, tensors)
         opt = cache.get(okey)
         if opt is None:
-            opt = cache[okey] = _opt_ms(art, params * L / m.layers, tensors)
+            opt = cache[okey] = opt_ms(art, params * L / m.layers, tensors)
         comm = 0.0
         replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
         if replicas > 1:
@@ -152,10 +143,47 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
             comm += micro * 4 * L * c
         if replicas > 1 or par.kind == "tp":
             comm += float(terms["sync_ms"])
+        if above is not None and ((micro * head + opt) + comm) / 1e3 > above:
+            return None
+        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
+        got = lmemo.get(lkey)
+        if got is None:
+            if len(lmemo) >= 1 << 17:
+                lmemo.clear()
+            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+        lay, e_layer = got
+        if e_layer:
+            reasons.add("layer")
+        if e_head:
+            reasons.add("head")
+        if par.kind == "pp":
+            compute = (micro + par.pp - 1) * L * lay + micro * head
+        else:
+            compute = micro * (L * lay + head)
         worst_ms = max(worst_ms, compute + opt + comm)
         if memory:
-            mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, memory_breakdown, tab))
+            mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, breakdown, tab))
     return worst_ms / 1e3, tuple(sorted(reasons)), mem
+
+
+def _context(art: dict, key: str, model: str, gpu_name: str, plan: str, terms: dict | None) -> tuple:
+    """What ``plan_step`` reads for every plan of one question: the model, the inter-node bandwidth,
+    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry
+    and its id, the layer memo, and ``profiled``'s optimizer time and memory breakdown."""
+    from tlora_sim.sim.costmodel.profiled import _opt_ms, memory_breakdown, tables_of  # profiled imports us
+
+    if terms is not None:
+        coll, why = Collectives(terms), ()
+    else:
+        terms, coll, why = _terms(gpu_name)
+    tab = tables_of(key, model)
+    # layer times kept across questions on the model's tables (a pure function of the key; the
+    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
+    pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
+    pid = id(pe)
+    _PES.setdefault(pid, pe)
+    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, pid, tab.layer_memo,
+            _opt_ms, memory_breakdown)
 
 
 def plan_memory(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
@@ -213,12 +241,23 @@ def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], 
             t[3] = plan_memory(art, key, model, gpu_name, members, t[0], micro, ckpt)
         return t[3]
 
+    # Plans that cannot come before a fitting ``dp`` in that order are not timed (``fits``: its
+    # step, once it fits): ``fsdp`` (the same mix, layer, AdamW and all-reduce terms as ``dp``, plus
+    # an all-gather >= 0, so a step >= dp's, and dp first among equals), and plans whose step
+    # without the layer times already exceeds it (``plan_step``'s ``above``).
     for pipeline in (False, True):
         pool = [p for p in candidates(m, n, len(members), pipeline) if pipeline == (p.kind == "pp")]
+        fits = None
         for par in pool:
-            s, r, _ = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
-                                memory=False, cache=cache)
-            tried.append([par, s, r, None])
+            if fits is not None and par.kind == "fsdp":
+                continue
+            got = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
+                            memory=False, cache=cache, above=fits)
+            if got is None:
+                continue
+            tried.append([par, got[0], got[1], None])
+            if par.kind == "dp" and math.isfinite(got[0]) and mem_of(tried[-1]) <= cap:
+                fits = got[0]
         for t in sorted(tried, key=lambda t: t[1]):  # stable: candidate order among equal steps
             if mem_of(t) <= cap:
                 return tuple(t)

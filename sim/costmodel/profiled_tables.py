@@ -104,6 +104,7 @@ class Tables:
         # answers of ``head`` by tokens, and of ``layer_ms`` for ``plan_step`` (``layer_memo``): pure
         # functions of their arguments, asked again and again by the multi-GPU planner's questions
         self._head_memo: dict[float, tuple[float, bool]] = {}
+        self._peak_memo: dict[float, float] = {}  # head_peak by tokens (few distinct token counts)
         self.layer_memo: dict[tuple, tuple[float, bool]] = {}
         # answers of ``l0g`` by tokens and of ``attn_ms`` by (length, sequences, gpu): pure
         # functions of their arguments, asked for every mix the scalar model prices
@@ -145,7 +146,12 @@ class Tables:
         return v * roofline_head_ms(self.m, self.gpu, t) / roofline_head_ms(self.m, self.gpu, edge), True
 
     def head_peak(self, t: float) -> float:
-        """Peak bytes of the head step at t tokens (proportional to tokens beyond the grid)."""
+        """Peak bytes of the head step at t tokens (proportional to tokens beyond the grid;
+        memoised by t: a pure function of it)."""
+        got = self._peak_memo.get(t)
+        return got if got is not None else _keep(self._peak_memo, t, self._head_peak(t))
+
+    def _head_peak(self, t: float) -> float:
         if not self.h_peak:
             return 3 * 4.0 * t * self.m.vocab
         if t < self.h_t[0]:
