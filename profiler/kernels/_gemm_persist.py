@@ -30,8 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._gemm_triton import _epilogue
-from ._triton import _dot, _keep, _seed_value
+from ._gemm_triton import _adapter_term
+from ._triton import _dot
 
 
 @triton.jit
@@ -62,24 +62,9 @@ def _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed
     cols = nt * BN + tl.arange(0, BN)
     rmask = rows < m1
     cmask = cols < NOUT
-    start = tl.load(meta_i + ad * 8)
-    rank = tl.load(meta_i + ad * 8 + 2)
-    roff = tl.load(meta_i + ad * 8 + 3)
-    poff = tl.load(meta_i + ad * 8 + 4)
-    bucket = tl.load(meta_i + ad * 8 + 5)
-    if BWD:
-        acc = _epilogue(acc, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff, poff,
-                        bucket, BUCKETS, PREC)
-        if DROPOUT:
-            thresh = tl.load(meta_i + ad * 8 + 6)
-            inv_keep = tl.load(meta_f + ad * 2 + 1)
-            keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
-            acc = tl.where(keep, acc * inv_keep, 0.0)
-        else:
-            acc = tl.where(rmask[:, None], acc, 0.0)
-    else:
-        acc = _epilogue(acc, LO, RI, sri, tl.load(meta_f + ad * 2), rows, rmask, cols, cmask,
-                        start, rank, roff, poff, bucket, BUCKETS, PREC)
+    acc = _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, nt * BN,
+                        NOUT, seed, BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
+    if not (BWD and DROPOUT):
         # keeps the main loop's wgmma asynchronous (gemm_lora_kernel, session 15)
         acc = tl.where(rmask[:, None], acc, 0.0)
     return acc
@@ -98,24 +83,9 @@ def _part(acc, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, c0, NOUT, s
     rmask = rows < m1
     cmask = cols < NOUT
     if LORA:
-        start = tl.load(meta_i + ad * 8)
-        rank = tl.load(meta_i + ad * 8 + 2)
-        roff = tl.load(meta_i + ad * 8 + 3)
-        poff = tl.load(meta_i + ad * 8 + 4)
-        bucket = tl.load(meta_i + ad * 8 + 5)
-        if BWD:
-            lo = _epilogue(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, sri, 1.0, rows, rmask,
-                           cols, cmask, start, rank, roff, poff, bucket, BUCKETS, PREC)
-            if DROPOUT:
-                thresh = tl.load(meta_i + ad * 8 + 6)
-                inv_keep = tl.load(meta_f + ad * 2 + 1)
-                keep = _keep(rows, c0, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, PW)
-                lo = tl.where(keep, lo * inv_keep, 0.0)
-        else:
-            lo = _epilogue(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, sri,
-                           tl.load(meta_f + ad * 2), rows, rmask, cols, cmask, start, rank, roff,
-                           poff, bucket, BUCKETS, PREC)
-        acc += lo
+        acc += _adapter_term(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, meta_i, meta_f, ad,
+                             sri, rows, rmask, cols, cmask, c0, NOUT, seed, BUCKETS, BM, PW, BWD,
+                             DROPOUT, SEED_PTR, PREC)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     _store(OUT, ODESC, acc, rows, cols, rmask, cmask, som, m0, c0, TMA_STORE)

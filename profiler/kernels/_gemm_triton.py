@@ -75,6 +75,36 @@ def _epilogue(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
     return acc
 
 
+@triton.jit
+def _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, c0, NOUT,
+                  seed, BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BWD: tl.constexpr, DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr,
+                  PREC: tl.constexpr):
+    """``acc`` plus adapter ``ad``'s LoRA term on the (BM, BN) tile of ``rows`` x columns c0 ..
+    c0 + BN (``cols``): forward ``s P B`` (s from ``meta_f``), backward ``Q A^T`` with, under
+    DROPOUT, the mask of ``_keep`` applied to the sum and kept values scaled by 1 / (1 - p).
+    The adapter's fields come from ``meta_i`` / ``meta_f`` (``_triton``'s META_I / META_F
+    columns). Callers add the row-mask select that keeps their main loop's wgmma asynchronous."""
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    if BWD:  # dX_lora = mask(Q A^T) / (1 - p)
+        acc = _epilogue(acc, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff,
+                        poff, bucket, BUCKETS, PREC)
+        if DROPOUT:
+            thresh = tl.load(meta_i + ad * 8 + 6)
+            inv_keep = tl.load(meta_f + ad * 2 + 1)
+            keep = _keep(rows, c0, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
+            acc = tl.where(keep, acc * inv_keep, 0.0)
+    else:  # Y_lora = s P B
+        scale = tl.load(meta_f + ad * 2)
+        acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
+                        poff, bucket, BUCKETS, PREC)
+    return acc
+
+
 @triton.jit(do_not_specialize=["seed", "n_mt"])
 def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                      M, NOUT, KRED, sxm, sw, som, sri, n_mt, seed,
@@ -106,30 +136,16 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
     cmask = cols < NOUT
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if LORA:
-        start = tl.load(meta_i + ad * 8)
-        rank = tl.load(meta_i + ad * 8 + 2)
-        roff = tl.load(meta_i + ad * 8 + 3)
-        poff = tl.load(meta_i + ad * 8 + 4)
-        bucket = tl.load(meta_i + ad * 8 + 5)
-        if BWD:  # dX_lora = mask(Q A^T) / (1 - p)
-            acc = _epilogue(acc, LO, RI, sri, 1.0, rows, rmask, cols, cmask, start, rank, roff,
-                            poff, bucket, BUCKETS, PREC)
-            if DROPOUT:
-                thresh = tl.load(meta_i + ad * 8 + 6)
-                inv_keep = tl.load(meta_f + ad * 2 + 1)
-                keep = _keep(rows, nt * BN, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
-                acc = tl.where(keep, acc * inv_keep, 0.0)
-            else:
+        acc = _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask,
+                            nt * BN, NOUT, seed, BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
+        if BWD:
+            if not DROPOUT:
                 # Without this select the main loop's accumulator starts as the bucket branches'
                 # result itself, and Triton 3.6 then leaves the loop's wgmma synchronous (sm_90
                 # SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 after every HGMMA instead of one group in
                 # flight, as with dropout or in the forward): 41-66 us more on 4096x4096 at
                 # ranks 16-128 (profiler/KERNELS.md, session 15). Rows past m1 are never stored.
                 acc = tl.where(rmask[:, None], acc, 0.0)
-        else:  # Y_lora = s P B
-            scale = tl.load(meta_f + ad * 2)
-            acc = _epilogue(acc, LO, RI, sri, scale, rows, rmask, cols, cmask, start, rank, roff,
-                            poff, bucket, BUCKETS, PREC)
     if USE_TMA:
         for kb in range(0, tl.cdiv(KRED, BK)):
             x = XIN.load([m0, kb * BK])
