@@ -155,29 +155,51 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     nout = out.shape[1]
     cfg = plan.cfg if plan is not None else KernelConfig()
     sarg, sptr = seed_args(seed)
-    pw = gc.bn // gc.split
-    a_op = TensorDescriptor.from_tensor(a, [gc.bm, gc.bk])
-    w_op = TensorDescriptor.from_tensor(w, [gc.bk, gc.bn] if bwd else [gc.bn, gc.bk])
-    full = _all_full(plan, gc.bm, M, uniform) and nout % pw == 0
-    o_op = TensorDescriptor.from_tensor(out, [gc.bm, pw]) if full else a_op
+    a_op = tma_desc(a, gc, bwd, True)
+    full = _all_full(plan, gc.bm, M, uniform) and nout % (gc.bn // gc.split) == 0
+    o_op = _out_desc(out, gc) if full else a_op
     buckets = plan.buckets if plan is not None else 0
     meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)
     n_mt = cdiv(M, gc.bm) if uniform else mtiles.shape[0]
     nsm = _num_sms(a.device)
-    grid = (max(1, min(nsm, n_mt * cdiv(nout, gc.bn))),)
     ws = None if uniform or plan is None else tail_workspace(plan, gc, bwd, n_mt, nout, nsm,
                                                              a.device)
-    launch(gemm_persist_kernel, grid, f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}",
-           buckets, cfg, a_op, w_op, out, o_op, out if lo is None else lo,
-           out if ri is None else ri, out if bias is None else bias, mtiles, *meta,
-           *(ws or (out, mtiles)),
+    launch(gemm_persist_kernel, _persist_grid(gc, n_mt, nout, nsm), _persist_name(gc, bwd),
+           buckets, cfg, a_op, tma_desc(w, gc, bwd, False), out, o_op,
+           out if lo is None else lo, out if ri is None else ri, out if bias is None else bias,
+           mtiles, *meta, *(ws or (out, mtiles)),
            M, nout, kred, out.stride(0), ri.stride(0) if ri is not None else 0, n_mt, sarg,
-           start_stages=gc.fitted_stages(), BUCKETS=buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk,
-           GROUP_M=gc.group_m, NUM_SMS=nsm, BWD=bwd, LORA=plan is not None,
-           HAS_BIAS=bias is not None, DROPOUT=dropout, SEED_PTR=sptr, UNIFORM=uniform,
-           TMA_STORE=full, SPLIT=gc.split, FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False,
-           PREC=prec, TAIL_SPLIT=ws is not None,
-           num_warps=gc.warps)
+           start_stages=gc.fitted_stages(), num_warps=gc.warps,
+           **_persist_constexprs(gc, bwd, prec, buckets, nsm, lora=plan is not None,
+                                 has_bias=bias is not None, dropout=dropout, seed_ptr=sptr,
+                                 uniform=uniform, full=full, tail=ws is not None))
+
+
+def _persist_constexprs(gc: GemmConfig, bwd: bool, prec: str, buckets: int, nsm: int, *,
+                        lora: bool, has_bias: bool, dropout: bool, seed_ptr: bool, uniform: bool,
+                        full: bool, tail: bool) -> dict:
+    """``gemm_persist_kernel``'s constexpr arguments for a launch of ``gc`` (``full``: every row
+    tile full, so the TMA store; ``tail``: a tail workspace is passed, TAIL_SPLIT)."""
+    return dict(BUCKETS=buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m, NUM_SMS=nsm,
+                BWD=bwd, LORA=lora, HAS_BIAS=has_bias, DROPOUT=dropout, SEED_PTR=seed_ptr,
+                UNIFORM=uniform, TMA_STORE=full, SPLIT=gc.split, FLATTEN=gc.flatten,
+                LORA_FIRST=gc.lora_first, WS=False, PREC=prec, TAIL_SPLIT=tail)
+
+
+def _persist_grid(gc: GemmConfig, n_mt: int, nout: int, nsm: int) -> tuple:
+    """One program per SM, or per tile where there are fewer tiles than SMs."""
+    return (max(1, min(nsm, n_mt * cdiv(nout, gc.bn))),)
+
+
+def _persist_name(gc: GemmConfig, bwd: bool) -> str:
+    """The name ``launch`` remembers the stages of a persistent launch of ``gc`` under."""
+    return f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}"
+
+
+def _out_desc(out: torch.Tensor, gc: GemmConfig) -> TensorDescriptor:
+    """The TMA descriptor of the output for the persistent kernel's store: blocks of bm rows
+    by one epilogue part (bn / split columns)."""
+    return TensorDescriptor.from_tensor(out, [gc.bm, gc.bn // gc.split])
 
 
 def tail_split_tiles(gc: GemmConfig, n_tiles: int, nsm: int) -> int:
@@ -259,23 +281,20 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     operands that cannot back a descriptor take ``_run_persist``'s generic path."""
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
-    pw = gc.bn // gc.split
-    full = _all_full(plan, gc.bm, M, False) and nout % pw == 0
+    full = _all_full(plan, gc.bm, M, False) and nout % (gc.bn // gc.split) == 0
     nsm = _num_sms(a.device)
-    ws = tail_workspace(plan, gc, bwd, mtiles.shape[0], nout, nsm, a.device)
+    n_mt = mtiles.shape[0]
+    ws = tail_workspace(plan, gc, bwd, n_mt, nout, nsm, a.device)
     wsp, tcnt = ws or (plan.meta_f, plan.meta_i)   # unused without TAIL_SPLIT
     static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, WSP=wsp, TCNT=tcnt,
-                  M=M, NOUT=nout,
-                  KRED=kred, som=nout, sri=ri.stride(0), n_mt=mtiles.shape[0],
-                  BUCKETS=plan.buckets, BM=gc.bm, BN=gc.bn, BK=gc.bk, GROUP_M=gc.group_m,
-                  NUM_SMS=nsm, BWD=bwd, LORA=True, HAS_BIAS=has_bias, DROPOUT=dropout,
-                  SEED_PTR=seed_is_tensor, UNIFORM=False, TMA_STORE=full, SPLIT=gc.split,
-                  FLATTEN=gc.flatten, LORA_FIRST=gc.lora_first, WS=False, PREC=prec,
-                  TAIL_SPLIT=ws is not None)
-    bl = BoundLaunch(gemm_persist_kernel, (max(1, min(nsm, mtiles.shape[0] * cdiv(nout, gc.bn))),),
-                     f"gemmp_{'bwd' if bwd else 'fwd'}{dataclasses.astuple(gc)}", plan.buckets,
-                     plan.cfg, ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed"), static,
-                     dict(num_warps=gc.warps), start_stages=gc.fitted_stages(), checked=())
+                  M=M, NOUT=nout, KRED=kred, som=nout, sri=ri.stride(0), n_mt=n_mt,
+                  **_persist_constexprs(gc, bwd, prec, plan.buckets, nsm, lora=True,
+                                        has_bias=has_bias, dropout=dropout,
+                                        seed_ptr=seed_is_tensor, uniform=False, full=full,
+                                        tail=ws is not None))
+    bl = BoundLaunch(gemm_persist_kernel, _persist_grid(gc, n_mt, nout, nsm), _persist_name(gc, bwd),
+                     plan.buckets, plan.cfg, ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed"),
+                     static, dict(num_warps=gc.warps), start_stages=gc.fitted_stages(), checked=())
     wd: list = [None, None]
 
     def run(x, w_, out, lo, ri_, bias, seed):
@@ -285,9 +304,8 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
             return
         if wd[0] != w_.data_ptr():
             wd[0], wd[1] = w_.data_ptr(), tma_desc(w_, gc, bwd, False)
-        xd = TensorDescriptor.from_tensor(x, [gc.bm, gc.bk])
-        bl(xd, wd[1], out, TensorDescriptor.from_tensor(out, [gc.bm, pw]) if full else xd, lo,
-           ri_, bias, seed)
+        xd = tma_desc(x, gc, bwd, True)
+        bl(xd, wd[1], out, _out_desc(out, gc) if full else xd, lo, ri_, bias, seed)
     return run
 
 
