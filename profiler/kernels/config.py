@@ -88,9 +88,9 @@ class KernelConfig:
     16's second helper: ``_f1`` at rank 128 then fits two CTAs per SM, 73,728 B and 107
     registers instead of 147,456 B and 164, and ``_b2``'s grid doubles; H100, step / base,
     4096x4096 128x2 1.411 -> 1.393, 8+128 1.411 -> 1.387, 64x8 1.328 -> 1.285, no mix of 13
-    slower beyond noise; profiler/KERNELS.md); cms: column-width multiplier of each bucket in the kernels that re-read a rank-wide operand per column block (dA, dB: wider
-    tiles for high ranks cut those re-reads); waves: target programs per SM
-    used to choose the K/N splits and token chunks; split_floor: when every adapter's rank is
+    slower beyond noise; profiler/KERNELS.md); cms: column-width multiplier of each bucket in
+    the kernels that re-read a rank-wide operand per column block (dA, dB: wider tiles for high
+    ranks cut those re-reads); waves: target programs per SM used to choose the K/N splits and token chunks; split_floor: when every adapter's rank is
     >= 33 (rank buckets 64-256: one program per SM), the K splits of ``_f1`` and N groups of
     ``_f2`` are rounded down (grid <= the target, e.g. 4 x 64 tiles = 256 programs = two waves)
     instead of up (5 x 64 = 320: a third, part-empty wave; H100, 128x2: f1 46 -> 41 us, f2 30 ->
@@ -98,7 +98,8 @@ class KernelConfig:
     session 13); num_warps / num_stages: Triton launch
     options per kernel (f1, f2, b1, b2); stages_b1_hi: b1's stages instead when every rank is >=
     33 (H100: b1 37 -> 33 us at 128x2, 32 -> 28 at 64x8, 111 -> 104 at 4096x14336 64x8; with
-    rank-16 tiles in the mix 4 stages lost, 16x4 41 -> 44; profiler/KERNELS.md, session 14). base_gemm: who runs the frozen layer's two GEMMs:
+    rank-16 tiles in the mix 4 stages lost, 16x4 41 -> 44; profiler/KERNELS.md, session 14).
+    base_gemm: who runs the frozen layer's two GEMMs:
     "cublas" (torch ``addmm_`` onto the LoRA term), "triton" (``lora_gemm``: our GEMM with the
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
     ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
