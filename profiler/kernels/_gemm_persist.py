@@ -30,8 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._gemm_triton import _adapter_term
-from ._triton import _dot
+from ._gemm_triton import _adapter_term, _tma_mainloop
 
 
 @triton.jit
@@ -134,13 +133,7 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
     kh = k_tiles // 2
     k0 = half * kh
     k1 = kh + half * (k_tiles - kh)
-    for kb in range(k0, k1):
-        x = XIN.load([m0, kb * BK])
-        if BWD:
-            w = W.load([kb * BK, nt * BN])
-        else:
-            w = W.load([nt * BN, kb * BK]).T
-        acc = _dot(x, w, acc, PREC)
+    acc = _tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN, BK, BWD, PREC)
     tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     tl.store(WSP + (2 * j + half).to(tl.int64) * (BM * BN) + tile, acc)   # this half's sum
     tl.debug_barrier()   # every thread's stores issued before the release below
@@ -201,13 +194,7 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
         if LORA and LORA_FIRST:
             acc = _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed,
                               BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
-        for kb in range(k_tiles):
-            x = XIN.load([m0, kb * BK])
-            if BWD:
-                w = W.load([kb * BK, nt * BN])
-            else:
-                w = W.load([nt * BN, kb * BK]).T
-            acc = _dot(x, w, acc, PREC)
+        acc = _tma_mainloop(acc, XIN, W, m0, nt, 0, k_tiles, BN, BK, BWD, PREC)
         tile_c += NUM_SMS
         mt, nt = _tile(tile_c, n_nt, n_mt, GROUP_M)
         if UNIFORM:

@@ -76,6 +76,21 @@ def _epilogue(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
 
 
 @triton.jit
+def _tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN: tl.constexpr, BK: tl.constexpr,
+                  BWD: tl.constexpr, PREC: tl.constexpr):
+    """``acc`` plus the row tile at ``m0`` of X times column tile ``nt`` of op(W) over the K
+    blocks ``k0 .. k1 - 1``, both operands loaded through their TMA descriptors (XIN blocks
+    [BM, BK]; W blocks [BK, BN] backward, [BN, BK] forward, transposed on load)."""
+    for kb in range(k0, k1):
+        x = XIN.load([m0, kb * BK])
+        if BWD:
+            w = W.load([kb * BK, nt * BN])
+        else:
+            w = W.load([nt * BN, kb * BK]).T
+        acc = _dot(x, w, acc, PREC)
+    return acc
+
+@triton.jit
 def _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, c0, NOUT,
                   seed, BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                   BWD: tl.constexpr, DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr,
@@ -147,13 +162,7 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                 # ranks 16-128 (profiler/KERNELS.md, session 15). Rows past m1 are never stored.
                 acc = tl.where(rmask[:, None], acc, 0.0)
     if USE_TMA:
-        for kb in range(0, tl.cdiv(KRED, BK)):
-            x = XIN.load([m0, kb * BK])
-            if BWD:
-                w = W.load([kb * BK, nt * BN])
-            else:
-                w = W.load([nt * BN, kb * BK]).T
-            acc = _dot(x, w, acc, PREC)
+        acc = _tma_mainloop(acc, XIN, W, m0, nt, 0, tl.cdiv(KRED, BK), BN, BK, BWD, PREC)
     else:
         # clamped rows: loads need no row mask (rows past m1 are not stored); columns are
         # clamped only when NOUT is not a multiple of BN (a clamp hides their contiguity)
