@@ -37,11 +37,18 @@ Columns (times in s unless named otherwise):
   decade ``"10-99"`` (issue 20's target: per-decision time flat within 2x from queue length 10 to
   10,000, i.e. <= 2); empty when ``"10-99"`` has fewer than 20 decisions or no larger decade has 20
   (the queue never got past 99: nothing to compare). These columns come last, after ``date``.
-* ``decision_cpu_ms_q_flat`` (last column; printed as ``q_cpu``): the same ratio from each decade's
+* ``decision_cpu_ms_q_flat`` (printed as ``q_cpu``): the same ratio from each decade's
   ``cpu_ms_per_call`` (CPU time of the engine's thread per decision, estimated since session 15
   from the ``cpu_timed`` decisions: the first 64 of each decade, then every 8th; in ``decision_ms_by_queue``
   too): on a shared machine other processes inflate the wall times of whole stretches of a run
   (so of some decades more than others), not its CPU times. Empty in rows from before it.
+* ``decision_idle_cpu_ms_q_flat`` and ``placed_cpu_ms_q_flat`` (after it; printed as ``q_idle`` and
+  ``q_place``): a decision costs a look at the queue plus work per job it places, and a decade's
+  mean mixes the two in whatever proportion its decisions had (``mlora`` at load 0.7: idle
+  decisions ~0.01 ms at every queue length, one decision at queue 100-999 placed 95 jobs in ~5 ms,
+  so its ``q_cpu`` read 5x). The same ratio of the decades' ``idle_cpu_ms_per_call`` (decisions
+  that placed no job; >= 20 of them in both decades) and of their ``cpu_ms_per_placed_job`` (>= 20
+  jobs placed in both): each flat within 2x means neither part grows with the queue.
 
 Rows of the same (case, policy, cost_model) are replaced, others kept; a ``skipped`` row (nothing ran)
 never replaces a row of its (case, policy) and is replaced by any; the file is rewritten after every
@@ -182,7 +189,7 @@ COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s"
            "events_per_s", "decisions", "decision_ms", "decision_share", "peak_rss_mb", "base_rss_mb", "status",
            "trace", "cluster", "invariants", "tag", "host", "cpu_model", "cpus", "python", "commit", "dirty",
            "src_sha", "out_sha", "date", "queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue",
-           "decision_cpu_ms_q_flat"]
+           "decision_cpu_ms_q_flat", "decision_idle_cpu_ms_q_flat", "placed_cpu_ms_q_flat"]
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
@@ -235,17 +242,19 @@ def _decade_low(key: str) -> int:
     return int(key.split("-")[0])
 
 
-def decision_flatness(by_queue: dict, time: str = "ms_per_call") -> float | None:
-    """The ``decision_ms_q_flat`` column (``time="cpu_ms_per_call"``: ``decision_cpu_ms_q_flat``):
-    ms per decision in the largest queue-length decade with at least ``FLAT_MIN_DECISIONS``
-    decisions over ms per decision in decade ``"10-99"`` (issue 20: flat within 2x from queue
-    length 10 to 10,000). None (an empty cell) when ``"10-99"`` has fewer decisions, when no larger
-    decade has enough (queues never got past 99: nothing to compare), or when the reference time
-    is 0 or missing (``perf.json`` files from before the CPU times)."""
+def decision_flatness(by_queue: dict, time: str = "ms_per_call", count: str = "decisions") -> float | None:
+    """The ``decision_ms_q_flat`` column (``time="cpu_ms_per_call"``: ``decision_cpu_ms_q_flat``;
+    ``"idle_cpu_ms_per_call"`` counted by ``"idle_decisions"``: ``decision_idle_cpu_ms_q_flat``;
+    ``"cpu_ms_per_placed_job"`` counted by ``"placed_jobs"``: ``placed_cpu_ms_q_flat``): ms per
+    decision in the largest queue-length decade with at least ``FLAT_MIN_DECISIONS`` of ``count``
+    over ms per decision in decade ``"10-99"`` (issue 20: flat within 2x from queue length 10 to
+    10,000). None (an empty cell) when ``"10-99"`` has fewer, when no larger decade has enough
+    (queues never got past 99: nothing to compare), or when the reference time is 0 or missing
+    (``perf.json`` files from before the CPU times or the idle/placed split)."""
     ref = by_queue.get("10-99")
-    if not ref or ref.get("decisions", 0) < FLAT_MIN_DECISIONS or not ref.get(time):
+    if not ref or ref.get(count, 0) < FLAT_MIN_DECISIONS or not ref.get(time):
         return None
-    big = [k for k, v in by_queue.items() if _decade_low(k) > 10 and v.get("decisions", 0) >= FLAT_MIN_DECISIONS]
+    big = [k for k, v in by_queue.items() if _decade_low(k) > 10 and v.get(count, 0) >= FLAT_MIN_DECISIONS]
     if not big or time not in by_queue[max(big, key=_decade_low)]:
         return None
     return by_queue[max(big, key=_decade_low)][time] / ref[time]
@@ -256,7 +265,9 @@ def compact_by_queue(by_queue: dict) -> str:
     out = {k: {"decisions": int(v.get("decisions", 0)), "mean_queue": float(f"{v.get('mean_queue', 0.0):.4g}"),
                "ms_per_call": float(f"{v.get('ms_per_call', 0.0):.4g}"),
                **({"cpu_ms_per_call": float(f"{v['cpu_ms_per_call']:.4g}")} if "cpu_ms_per_call" in v else {}),
-               **({"cpu_timed": int(v["cpu_timed"])} if "cpu_timed" in v else {})}
+               **({"cpu_timed": int(v["cpu_timed"])} if "cpu_timed" in v else {}),
+               **{k: int(v[k]) for k in ("idle_decisions", "placed_jobs") if k in v},
+               **{k: float(f"{v[k]:.4g}") for k in ("idle_cpu_ms_per_call", "cpu_ms_per_placed_job") if k in v}}
            for k, v in by_queue.items()}
     return json.dumps(out, separators=(",", ":"))
 
@@ -298,7 +309,9 @@ def _child(spec: dict) -> dict:
             "peak_rss_mb": peak, "base_rss_mb": base_rss, "src_sha": src, "out_sha": out_sha,
             "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm), **queue,
             "decision_ms_q_flat": decision_flatness(by_queue), "decision_ms_by_queue": compact_by_queue(by_queue),
-            "decision_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_call")}
+            "decision_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_call"),
+            "decision_idle_cpu_ms_q_flat": decision_flatness(by_queue, "idle_cpu_ms_per_call", "idle_decisions"),
+            "placed_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_placed_job", "placed_jobs")}
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -423,7 +436,8 @@ def _fmt(r: dict) -> str:
     return (f"{r['case']:>15} {r['policy']:>12} {str(r.get('cost_model'))[:9]:>9} {r['jobs']:>8} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} "
             f"{r['jobs_per_s']:9.0f} {r['us_per_job']:8.0f} {r['events_per_s']:9.0f} {r['decision_ms']:8.3f} "
             f"{r['peak_rss_mb']:7.0f} {r.get('queue_mean', 0):8.1f} {r.get('queue_max', 0):7d} "
-            f"{_opt(r.get('decision_ms_q_flat')):>6} {_opt(r.get('decision_cpu_ms_q_flat')):>6}")
+            f"{_opt(r.get('decision_ms_q_flat')):>6} {_opt(r.get('decision_cpu_ms_q_flat')):>6} "
+            f"{_opt(r.get('decision_idle_cpu_ms_q_flat')):>6} {_opt(r.get('placed_cpu_ms_q_flat')):>7}")
 
 
 def _opt(x: float | None) -> str:
@@ -492,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table, names, policies, machine, tag, path = plan_runs(ap, args, "replay", DEFAULT_CASES)
     print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
-          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6} {'q_cpu':>6}", flush=True)
+          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6} {'q_cpu':>6} {'q_idle':>6} {'q_place':>7}", flush=True)
     philly = philly_path(args.philly)
     failed = 0
     for name in names:

@@ -145,7 +145,7 @@ class Engine:
         self._events = 0
         self._decisions = 0
         self._decision_time = 0.0
-        self._by_queue: dict[int, list] = {}  # queue-length decade -> [decisions, wall s, Σ length, CPU s, CPU-timed decisions]
+        self._by_queue: dict[int, list] = {}  # queue-length decade -> results.SimResult.decisions_by_queue
         self._groups_started = 0
         self._finished = 0
         self._running = 0  # members of running groups
@@ -223,7 +223,7 @@ class Engine:
             return
         self._shrunk = False
         qlen = len(self.queue)
-        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0, 0.0, 0])
+        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0])
         w = 1 if b[0] < CPU_ALL else CPU_SAMPLE if b[0] % CPU_SAMPLE == 0 else 0  # CPU-time weight (CPU_ALL)
         c0 = time.thread_time() if w else 0.0
         t0 = time.perf_counter()
@@ -233,14 +233,15 @@ class Engine:
         snap.groups.freeze()  # the engine changes from here on
         snap.queue.freeze()
         dt = time.perf_counter() - t0
-        if w:
-            b[3] += w * (time.thread_time() - c0)
-            b[4] += 1
+        cpu = w * (time.thread_time() - c0) if w else 0.0
+        placed = sum(len(a.job_indices) for a in actions if isinstance(a, (StartGroup, AddMembers)))
         self._decision_time += dt
         self._decisions += 1
-        b[0] += 1
-        b[1] += dt
-        b[2] += qlen
+        for k in ((0, 5) if not placed else (0,)):  # idle decisions also go to their own five
+            b[k:k + 3] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
+            if w:
+                b[k + 3:k + 5] = b[k + 3] + cpu, b[k + 4] + 1
+        b[10] += placed
         if self._obs is not None:
             self._obs.decision(self.env.now, actions)
         for a in actions:

@@ -37,9 +37,11 @@ class SimResult:
         decisions_by_queue: queue-length decade -> ``[decisions, total wall time (s), Σ queue
             length, CPU time of the engine's thread (s; estimated from the CPU-timed decisions,
             ``engine.CPU_ALL``), CPU-timed decisions]`` (decade 0: empty queue; d >= 1:
-            10^(d-1) <= length < 10^d): how decision cost grows with the queue (issue 20's
-            "per-decision time flat from queue 10 to 10,000"; the CPU time does not count other
-            processes sharing the machine, the wall time does).
+            10^(d-1) <= length < 10^d), then the same five for the decade's idle decisions (those
+            that placed no job: no ``StartGroup``/``AddMembers``), then the jobs its decisions
+            placed: how decision cost grows with the queue (issue 20's "per-decision time flat
+            from queue 10 to 10,000"; the CPU time does not count other processes sharing the
+            machine, the wall time does). Older results may carry only the first five.
     """
 
     jobs: Sequence[Job]
