@@ -302,3 +302,20 @@ def test_grad_blocks_single_and_multi_chunk_across_steps(dtype):
         progs = [p for k, v in plan.extra.items() if k[0] == "fwdprog" for p in v.bwd.values()]
         assert progs and all(float(p.gacc.abs().sum()) == 0.0 for p in progs)
         assert all(p.gacc.numel() == plan.sum_r * (K + N) for p in progs)
+
+
+def test_rank64_tiles_and_chunk_granularity():
+    """Defaults of session 17 (profiler/KERNELS.md): rank-64 adapters get token tiles of 64 rows
+    (64x8 at 4,096 tokens: 64 tiles), while token chunks stay multiples of ``chunk_gran`` = 128
+    rows, so that 8-128x8 (1,024 tokens an adapter) keeps one chunk per adapter and no ``_gfin``
+    pass; with chunks of 64-row granularity it got two."""
+    cfg = KernelConfig()
+    assert cfg.bms[2] == 64 and cfg.chunk_gran == 128
+    mix = ([1024] * 8, [8, 16, 32, 64, 128, 16, 8, 32])
+    plan = build_plan(*mix, [1.0] * 8, 0.1, 4096, 4096, "cpu", cfg, n_sm=132)
+    assert plan.nch == (1,) * 8
+    fine = build_plan(*mix, [1.0] * 8, 0.1, 4096, 4096, "cpu", KernelConfig(chunk_gran=64),
+                      n_sm=132)
+    assert fine.nch == (2,) * 8
+    p64 = build_plan([512] * 8, [64] * 8, [1.0] * 8, 0.1, 4096, 4096, "cpu", cfg, n_sm=132)
+    assert p64.n_tiles == 64 and p64.nch == (1,) * 8

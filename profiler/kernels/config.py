@@ -83,7 +83,14 @@ class KernelConfig:
     """Tile and launch knobs; the defaults are the configuration that ``bench/kernels.py --tune``
     picked on an H100 (see profiler/KERNELS.md). ``TLORA_KCFG`` (env, JSON) overrides fields.
 
-    bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16);
+    bms: token rows per tile of each rank bucket (R = 16, 32, 64, 128, 256; powers of two >= 16;
+    rank 64 at 64 rows, was 128, since session 17: ``_b2``'s rank-64 CTAs then take 49,152 B
+    instead of 98,304 and ``_b1``'s rank-64 launch 131,072 B instead of 196,608; H100, same-machine
+    A/B over three rounds, step / base, 4096x4096 64x8 1.302 -> 1.289, 8-64 1.297 -> 1.256, mixed16
+    1.334 -> 1.326; profiler/KERNELS.md); chunk_gran: token chunks (the rows of one dA/dB
+    reduction program) are multiples of max(chunk_gran, max(bms)) rows (128: the chunks that the
+    rank-64 tiles of 128 rows gave before, so mixes keep one chunk per adapter where they had
+    one; at 64, 8-128x8 got two per adapter and a ``_gfin`` pass, step 1.306 -> 1.315);
     bk / bn: columns of X / of Y per tile (powers of two >= 32; bk 64, was 128, since session
     16's second helper: ``_f1`` at rank 128 then fits two CTAs per SM, 73,728 B and 107
     registers instead of 147,456 B and 164, and ``_b2``'s grid doubles; H100, step / base,
@@ -105,13 +112,14 @@ class KernelConfig:
     ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
     gemm_fwd / gemm_bwd override that table's tiles; gemm_tma: that GEMM reads its operands
     through TMA descriptors where the tensors allow (else plain pointer loads)."""
-    bms: tuple = (64, 64, 128, 64, 64)
+    bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
     bn: int = 128
     waves: float = 2.0
     max_split: int = 16
     split_floor: bool = True
+    chunk_gran: int = 128
     warps_f1: int = 8
     warps_f2: int = 8
     warps_b1: int = 8

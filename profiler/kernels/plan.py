@@ -114,7 +114,7 @@ def build_plan(seg_lens: Sequence[int], ranks: Sequence[int], scales: Sequence[f
     nkb, nnb = cdiv(Kf, cfg.bk), cdiv(Nf, cfg.bn)
     # token chunks for the reductions over tokens (dA, dB): ~target programs over min(nkb, nnb)
     n_chunk_target = max(1, cdiv(target, min(nkb, nnb)))
-    gran = max(cfg.bms)
+    gran = max(max(cfg.bms), int(cfg.chunk_gran))
     chunk_rows = max(gran, cdiv(cdiv(max(M, 1), n_chunk_target), gran) * gran)
     for i, (L, r, b) in enumerate(zip(seg_lens, ranks, buckets)):
         if L == 0:
