@@ -42,13 +42,16 @@ Columns (times in s unless named otherwise):
   from the ``cpu_timed`` decisions: the first 64 of each decade, then every 8th; in ``decision_ms_by_queue``
   too): on a shared machine other processes inflate the wall times of whole stretches of a run
   (so of some decades more than others), not its CPU times. Empty in rows from before it.
-* ``decision_idle_cpu_ms_q_flat`` and ``placed_cpu_ms_q_flat`` (after it; printed as ``q_idle`` and
+* ``decision_idle_ms_q_flat`` and ``placed_ms_q_flat`` (after it; printed as ``q_idle`` and
   ``q_place``): a decision costs a look at the queue plus work per job it places, and a decade's
   mean mixes the two in whatever proportion its decisions had (``mlora`` at load 0.7: idle
   decisions ~0.01 ms at every queue length, one decision at queue 100-999 placed 95 jobs in ~5 ms,
-  so its ``q_cpu`` read 5x). The same ratio of the decades' ``idle_cpu_ms_per_call`` (decisions
-  that placed no job; >= 20 of them in both decades) and of their ``cpu_ms_per_placed_job`` (>= 20
-  jobs placed in both): each flat within 2x means neither part grows with the queue.
+  so its ``q_cpu`` read 5x). The same ratio of the decades' ``idle_ms_per_call`` (decisions that
+  placed no job; >= 20 of them in both decades) and of their ``ms_per_placed_job`` (>= 20 jobs
+  placed in both): each flat within 2x means neither part grows with the queue. Wall times, which
+  the engine takes of every decision: the sampled CPU times (``idle_cpu_ms_per_call``,
+  ``cpu_ms_per_placed_job`` in ``decision_ms_by_queue``) leave too few placing decisions in some
+  decades, so run these on a quiet machine.
 
 Rows of the same (case, policy, cost_model) are replaced, others kept; a ``skipped`` row (nothing ran)
 never replaces a row of its (case, policy) and is replaced by any; the file is rewritten after every
@@ -189,7 +192,7 @@ COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s"
            "events_per_s", "decisions", "decision_ms", "decision_share", "peak_rss_mb", "base_rss_mb", "status",
            "trace", "cluster", "invariants", "tag", "host", "cpu_model", "cpus", "python", "commit", "dirty",
            "src_sha", "out_sha", "date", "queue_mean", "queue_max", "decision_ms_q_flat", "decision_ms_by_queue",
-           "decision_cpu_ms_q_flat", "decision_idle_cpu_ms_q_flat", "placed_cpu_ms_q_flat"]
+           "decision_cpu_ms_q_flat", "decision_idle_ms_q_flat", "placed_ms_q_flat"]
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
@@ -244,8 +247,8 @@ def _decade_low(key: str) -> int:
 
 def decision_flatness(by_queue: dict, time: str = "ms_per_call", count: str = "decisions") -> float | None:
     """The ``decision_ms_q_flat`` column (``time="cpu_ms_per_call"``: ``decision_cpu_ms_q_flat``;
-    ``"idle_cpu_ms_per_call"`` counted by ``"idle_decisions"``: ``decision_idle_cpu_ms_q_flat``;
-    ``"cpu_ms_per_placed_job"`` counted by ``"placed_jobs"``: ``placed_cpu_ms_q_flat``): ms per
+    ``"idle_ms_per_call"`` counted by ``"idle_decisions"``: ``decision_idle_ms_q_flat``;
+    ``"ms_per_placed_job"`` counted by ``"placed_jobs"``: ``placed_ms_q_flat``): ms per
     decision in the largest queue-length decade with at least ``FLAT_MIN_DECISIONS`` of ``count``
     over ms per decision in decade ``"10-99"`` (issue 20: flat within 2x from queue length 10 to
     10,000). None (an empty cell) when ``"10-99"`` has fewer, when no larger decade has enough
@@ -267,7 +270,8 @@ def compact_by_queue(by_queue: dict) -> str:
                **({"cpu_ms_per_call": float(f"{v['cpu_ms_per_call']:.4g}")} if "cpu_ms_per_call" in v else {}),
                **({"cpu_timed": int(v["cpu_timed"])} if "cpu_timed" in v else {}),
                **{k: int(v[k]) for k in ("idle_decisions", "placed_jobs") if k in v},
-               **{k: float(f"{v[k]:.4g}") for k in ("idle_cpu_ms_per_call", "cpu_ms_per_placed_job") if k in v}}
+               **{k: float(f"{v[k]:.4g}") for k in ("idle_ms_per_call", "ms_per_placed_job", "idle_cpu_ms_per_call",
+                                                    "cpu_ms_per_placed_job") if k in v}}
            for k, v in by_queue.items()}
     return json.dumps(out, separators=(",", ":"))
 
@@ -310,8 +314,8 @@ def _child(spec: dict) -> dict:
             "cost_model": cm.get("name", "?") if isinstance(cm, dict) else str(cm), **queue,
             "decision_ms_q_flat": decision_flatness(by_queue), "decision_ms_by_queue": compact_by_queue(by_queue),
             "decision_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_call"),
-            "decision_idle_cpu_ms_q_flat": decision_flatness(by_queue, "idle_cpu_ms_per_call", "idle_decisions"),
-            "placed_cpu_ms_q_flat": decision_flatness(by_queue, "cpu_ms_per_placed_job", "placed_jobs")}
+            "decision_idle_ms_q_flat": decision_flatness(by_queue, "idle_ms_per_call", "idle_decisions"),
+            "placed_ms_q_flat": decision_flatness(by_queue, "ms_per_placed_job", "placed_jobs")}
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -437,7 +441,7 @@ def _fmt(r: dict) -> str:
             f"{r['jobs_per_s']:9.0f} {r['us_per_job']:8.0f} {r['events_per_s']:9.0f} {r['decision_ms']:8.3f} "
             f"{r['peak_rss_mb']:7.0f} {r.get('queue_mean', 0):8.1f} {r.get('queue_max', 0):7d} "
             f"{_opt(r.get('decision_ms_q_flat')):>6} {_opt(r.get('decision_cpu_ms_q_flat')):>6} "
-            f"{_opt(r.get('decision_idle_cpu_ms_q_flat')):>6} {_opt(r.get('placed_cpu_ms_q_flat')):>7}")
+            f"{_opt(r.get('decision_idle_ms_q_flat')):>6} {_opt(r.get('placed_ms_q_flat')):>7}")
 
 
 def _opt(x: float | None) -> str:
