@@ -391,16 +391,12 @@ class RowIds:
     RECENT = 1 << 12
     """Answers kept in the dict before they are sorted into the arrays."""
     MIN_ROWS = 64
-    """Fewest pairs looked up by ids (fewer: the plain call; the constructor's ``min_rows`` sets
-    another). Measured on one H100 kind, plain vs ids: 8 pairs 10 vs 13 us, 40 pairs 24 vs 19 us,
-    850 pairs 209 vs 38 us (an open-addressing table in numpy arrays instead of the sorted one: 86
-    us at 850 pairs, its probing rounds); ``PlannerBatch`` (4 GPUs, rows 4x wider): 8 pairs 20 vs
-    25 us, 16 pairs 25 vs 25 us, 40 pairs 43 vs 26 us (it passes 16)."""
+    """Fewest pairs looked up by ids (fewer: the plain call). Measured on one H100 kind, plain vs
+    ids: 8 pairs 10 vs 13 us, 40 pairs 24 vs 19 us, 850 pairs 209 vs 38 us (an open-addressing
+    table in numpy arrays instead of the sorted one: 86 us at 850 pairs, its probing rounds)."""
 
-    def __init__(self, batch, min_rows: int | None = None) -> None:
+    def __init__(self, batch) -> None:
         self.batch = batch
-        if min_rows is not None:
-            self.MIN_ROWS = min_rows
         self.ids: dict[bytes, int] = {}
         self._keys = np.zeros(0, np.uint64)  # sorted codes
         self._vals = np.zeros(0)  # their step times

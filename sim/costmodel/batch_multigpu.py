@@ -83,7 +83,7 @@ class PlannerBatch:
         # (members, nano)): pure functions of them, asked again and again by the policies
         self._step_memo: dict[bytes, float] = {}
         self._local_memo: dict[tuple, float] = {}
-        self.row_ids = RowIds(self, 16)  # merged step times by the ids of their parts (``batch.RowIds``)
+        self.row_ids = RowIds(self)  # merged step times by the ids of their parts (``batch.RowIds``)
         m, n = fb.m, self.n
         self.art = cost_model.artifact
         terms, coll, _ = _terms(gpu_name)  # the curves and host terms plan_step uses
