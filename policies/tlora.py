@@ -457,10 +457,8 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
         and that the batch cost model (``tlora_sim.sim.costmodel.batch``, where it applies) does not refuse by
         more than its margin (merged step time over the bound, or collective throughput short of
-        what the two do apart). The batch's step times of the pairs are kept by the ids of the two
-        rows (``batch.RowIds``: a kind's many groups have few distinct rows, so most pairs were
-        asked before). ``at``: the views' slots in the kind's table. Sources with no partner left
-        are absent."""
+        what the two do apart). ``at``: the views' slots in the kind's table. Sources with no
+        partner left are absent."""
         g = len(views)
         if g < 2:
             return {}
@@ -481,13 +479,11 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         if src.size >= (PAIR_SCREEN_MIN if tab.multi else 1) and tab.batch is not None:
             known = tab.known[at[src]] & tab.known[at[dst]]
             s, d = at[src[known]], at[dst[known]]
-            mem, rows = tab.members, tab.rows
-            steps = tab.batch.row_ids.merged_step_times(tab.rid[d], tab.rid[s], lambda i: (rows[d[i]], rows[s[i]]),
-                                                        tab.nano[d])
-            refuse = batch_refusals(tab.batch, None, tab.nano[d],
+            mem = tab.members
+            refuse = batch_refusals(tab.batch, tab.batch.merge(tab.rows[d], tab.rows[s]), tab.nano[d],
                                     np.minimum(tab.bound[s], tab.bound[d]), tab.iso[s] + tab.iso[d],
                                     tab.rate[s] + tab.rate[d] - freed_value + self.config.min_gain,
-                                    lambda i: mem[d[i]] + mem[s[i]], steps)
+                                    lambda i: mem[d[i]] + mem[s[i]])
             keep = np.ones(src.size, bool)
             keep[np.flatnonzero(known)[refuse]] = False
             src, dst = src[keep], dst[keep]

@@ -32,8 +32,7 @@ class KindTable:
     time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
     (``alive``), the batch cost model's feature rows (``known``: the slot's row describes its
     group), and each slot's cost-model members (``members``, for a batch whose ``local`` plan is
-    placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot. ``rid``: the id
-    of the slot's row in the batch's ``RowIds`` (``sim/costmodel/batch.py``; written with the row).
+    placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot.
 
     Consolidation's bookkeeping lives here too: ``stamp`` (the decision stamp of the group's last
     change as grouping sees it, ``TLoRA._note_changes``), and ``chk_hi``/``chk_lo`` (the stamps at
@@ -56,7 +55,6 @@ class KindTable:
         new["known"] = np.zeros(cap, bool)
         new["alive"] = np.zeros(cap, bool)
         new["gid"] = np.full(cap, -1, np.int64)
-        new["rid"] = np.full(cap, -1, np.int64)
         new["rows"] = np.zeros((cap, self.batch.WIDTH if self.batch is not None else 0))
         if old is not None:
             n = len(old)
@@ -86,7 +84,6 @@ class KindTable:
         self.members[i] = members
         if row is not None:
             self.rows[i] = row
-            self.rid[i] = self.batch.row_ids.id_of(self.rows[i])
 
     def retime(self, gid: int, step: float, nano: int) -> None:
         """Group ``gid`` runs at ``nano`` nano-batches with step time ``step`` (s); members unchanged."""
@@ -235,18 +232,16 @@ def refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np
     return over | short
 
 
-def batch_refusals(batch: Any, rows: np.ndarray | None, nano, bound_s, iso_s, need, members_of,
-                   steps: np.ndarray | None = None) -> np.ndarray:
+def batch_refusals(batch: Any, rows: np.ndarray, nano, bound_s, iso_s, need, members_of) -> np.ndarray:
     """Which merged candidates (feature ``rows``, shape (P, W), at nano-batch counts ``nano``) the
     batch cost model refuses for certain (``refused``; ``bound_s``, ``iso_s``, ``need``: scalars
-    or shape (P,)). ``steps``: ``batch.step_times(rows, nano)`` where the caller has it (from
-    ``RowIds.merged_step_times``; ``rows`` is then not read). A one-GPU batch (``FusedBatch``)
-    gives the step time itself. A multi-GPU batch (``PlannerBatch``) gives the fastest of the
-    planner's row-additive plans; the candidates refused by that are checked against the ``local``
-    plan too (its placement is per member: ``members_of(i)`` gives candidate ``i``'s cost-model
-    members), so the bound used is the minimum over every plan the planner may return, below its
-    step time, and a refusal stays certain."""
-    t = batch.step_times(rows, nano) if steps is None else steps
+    or shape (P,)). A one-GPU batch (``FusedBatch``) gives the step time itself. A multi-GPU
+    batch (``PlannerBatch``) gives the fastest of the planner's row-additive plans; the
+    candidates refused by that are checked against the ``local`` plan too (its placement is per
+    member: ``members_of(i)`` gives candidate ``i``'s cost-model members), so the bound used is
+    the minimum over every plan the planner may return, below its step time, and a refusal stays
+    certain."""
+    t = batch.step_times(rows, nano)
     ref = refused(t, bound_s, iso_s, need, batch.REL_MARGIN)
     local = getattr(batch, "local_step_times", None)
     if local is not None and ref.any():

@@ -93,7 +93,6 @@ class FusedBatch:
         # step times by (row, nano) bytes (``step_times``): a row's columns keep their meaning
         # (sequence lengths are numbered once), so an answer is a pure function of the key
         self._step_memo: dict[bytes, float] = {}
-        self.row_ids = RowIds(self)  # merged step times by the ids of their parts (``RowIds``)
 
     @classmethod
     def of(cls, cost_model, model: str, gpu_name: str, n_gpus: int) -> "FusedBatch | None":
@@ -368,118 +367,6 @@ def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.
     return np.fromiter(got, float, P)
 
 
-class RowIds:
-    """Step times of merged rows kept by the ids of their parts (for a batch ``FusedBatch`` or
-    ``PlannerBatch``): consolidation screens every changed pair of a kind's groups on each tick,
-    ~850 pairs a call on the merged ITP trace, and their rows are few (764 distinct group rows in
-    that whole replay) while the pairs are millions. ``id_of`` numbers distinct rows (by their
-    bytes), and ``merged_step_times`` keeps ``batch.step_times(batch.merge(a, b), nano)`` by (id
-    of a, id of b, nano) as one int, in a sorted array read with one ``searchsorted`` per call
-    (answers new since the last sort in a dict, sorted in every ``RECENT`` of them): no merged row
-    is built and no row hashed for a pair asked before.
-
-    Exact: equal ids are rows equal bit for bit, so the merged rows are too, and ``step_times`` is
-    a pure function of each (row, nano) (its own memo relies on the same); a kept answer is the one
-    the plain call gives, found only under its own key (the code is injective, and so is its
-    product with an odd constant mod 2^64). Pairs with a row past ``MAX_IDS`` ids (``id_of`` -1)
-    or a nano-batch count that is not a whole number in [0, 2^20) are answered by the plain call."""
-
-    MAX_IDS = 1 << 20
-    """Most distinct rows numbered (then ``id_of`` answers -1: the plain call)."""
-    CAP = 1 << 20
-    """Most kept step times (past it, the sorted ones are dropped at the next sort)."""
-    RECENT = 1 << 12
-    """Answers kept in the dict before they are sorted into the arrays."""
-    MIN_ROWS = 64
-    """Fewest pairs looked up by ids (fewer: the plain call). Measured on one H100 kind, plain vs
-    ids: 8 pairs 10 vs 13 us, 40 pairs 24 vs 19 us, 850 pairs 209 vs 38 us (an open-addressing
-    table in numpy arrays instead of the sorted one: 86 us at 850 pairs, its probing rounds)."""
-
-    def __init__(self, batch) -> None:
-        self.batch = batch
-        self.ids: dict[bytes, int] = {}
-        self._keys = np.zeros(0, np.uint64)  # sorted codes
-        self._vals = np.zeros(0)  # their step times
-        self._recent: dict[int, float] = {}  # code -> step time, not yet in the arrays
-
-    def __len__(self) -> int:
-        return len(self._keys) + len(self._recent)
-
-    def id_of(self, row: np.ndarray) -> int:
-        """The id of ``row`` (a float64 row of the batch), or -1 once ``MAX_IDS`` rows have ids."""
-        k = row.tobytes()
-        i = self.ids.get(k)
-        if i is None:
-            if len(self.ids) >= self.MAX_IDS:
-                return -1
-            i = self.ids[k] = len(self.ids)
-        return i
-
-    def merged_step_times(self, ia: np.ndarray, ib: np.ndarray, rows_of, nano) -> np.ndarray:
-        """Shape (P,): ``batch.step_times(batch.merge(A, B), nano)`` where row i of A and B has id
-        ``ia[i]`` and ``ib[i]`` (int64 arrays, shape (P,)); ``rows_of(idx)`` gives (A[idx], B[idx])
-        for an index array or ``slice(None)`` ``idx`` (asked only for the pairs not kept); ``nano``
-        one number or shape (P,), passed to ``step_times`` as given (a subset where an array).
-        Fewer than ``MIN_ROWS`` pairs: the plain call (the lookups' fixed cost exceeds its)."""
-        P = len(ia)
-        batch = self.batch
-        if P < self.MIN_ROWS:
-            a, b = rows_of(slice(None))
-            return batch.step_times(batch.merge(a, b), nano)
-        arr = np.ndim(nano) > 0
-        nv = np.asarray(nano)
-        ni = nv.astype(np.int64)
-        # one int per (nano, id a, id b): 20 bits each (ids < MAX_IDS); negative where an id is -1
-        # or the count negative, >= 2^60 where the count is 2^20 or more
-        code = (ni << 40) | (ia << 20) | ib
-        if code.min() < 0 or code.max() >= 1 << 60 or not (ni == nv).all():
-            a, b = rows_of(slice(None))
-            return batch.step_times(batch.merge(a, b), nano)
-        # times an odd constant mod 2^64 (a bijection: the keys stay distinct) so that the dict's
-        # hash spreads them (the plain code's low bits are the id of b, often one for all)
-        u = code.astype(np.uint64) * _MIX
-        keys = self._keys
-        if len(keys):
-            pos = np.minimum(np.searchsorted(keys, u), len(keys) - 1)
-            found = keys[pos] == u
-            out = self._vals[pos]
-            if found.all():
-                return out
-            miss = np.flatnonzero(~found)
-        else:
-            out = np.empty(P)
-            miss = np.arange(P)
-        rec = self._recent
-        codes = u[miss].tolist()
-        got = list(map(rec.get, codes))
-        if None in got:
-            new = [k for k, v in enumerate(got) if v is None]
-            idx = miss[new]
-            a, b = rows_of(idx)
-            t = batch.step_times(batch.merge(a, b), nv[idx] if arr else nano)
-            for k, v in zip(new, t.tolist()):
-                got[k] = rec[codes[k]] = v
-        out[miss] = got
-        if len(rec) >= self.RECENT:
-            self._sort()
-        return out
-
-    def _sort(self) -> None:
-        """Move the recent answers into the sorted arrays (dropping the older ones past ``CAP``)."""
-        rec = self._recent
-        k = np.fromiter(rec.keys(), np.uint64, len(rec))
-        v = np.fromiter(rec.values(), float, len(rec))
-        if len(self._keys) + len(k) <= self.CAP:
-            k, v = np.concatenate([self._keys, k]), np.concatenate([self._vals, v])
-        order = np.argsort(k)
-        self._keys, self._vals = k[order], v[order]
-        rec.clear()
-
-
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-"""An odd 64-bit constant (``RowIds``: multiplying by it mod 2^64 permutes the codes)."""
-
-
 def loglog_interp(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
     """``tlora_sim.sim.costmodel.profiled.loglog_interp`` on an array (values outside the table are the edge values;
     callers replace them)."""
@@ -496,4 +383,4 @@ def _smoothmax(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
 
 
-__all__ = ["FusedBatch", "REL_MARGIN", "RowIds"]
+__all__ = ["FusedBatch", "REL_MARGIN"]

@@ -49,8 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tlora_sim.sim.costmodel.batch import (LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, TOKENS, FusedBatch, RowIds,
-                                          rows_memoised)
+from tlora_sim.sim.costmodel.batch import LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, TOKENS, FusedBatch, rows_memoised
 from tlora_sim.sim.costmodel.batch import WIDTH as SUB
 from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
@@ -83,7 +82,6 @@ class PlannerBatch:
         # (members, nano)): pure functions of them, asked again and again by the policies
         self._step_memo: dict[bytes, float] = {}
         self._local_memo: dict[tuple, float] = {}
-        self.row_ids = RowIds(self)  # merged step times by the ids of their parts (``batch.RowIds``)
         m, n = fb.m, self.n
         self.art = cost_model.artifact
         terms, coll, _ = _terms(gpu_name)  # the curves and host terms plan_step uses
