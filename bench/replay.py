@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
 
     table, names, policies, machine, tag, path = plan_runs(ap, args, "replay", DEFAULT_CASES)
     print(f"{'case':>15} {'policy':>12} {'cost_mod':>9} {'jobs':>8} {'wall_s':>8} {'cpu_s':>8} {'jobs/s':>9} {'us/job':>8} "
-          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6} {'q_cpu':>6} {'q_idle':>6} {'q_place':>7}", flush=True)
+          f"{'events/s':>9} {'dec_ms':>8} {'peak_MB':>7} {'q_mean':>8} {'q_max':>7} {'q_flat':>6} {'q_cpu':>6} "
+          f"{'q_idle':>6} {'q_place':>7}", flush=True)
     philly = philly_path(args.philly)
     failed = 0
     for name in names:

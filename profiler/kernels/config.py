@@ -97,7 +97,8 @@ class KernelConfig:
     4096x4096 128x2 1.411 -> 1.393, 8+128 1.411 -> 1.387, 64x8 1.328 -> 1.285, no mix of 13
     slower beyond noise; profiler/KERNELS.md); cms: column-width multiplier of each bucket in
     the kernels that re-read a rank-wide operand per column block (dA, dB: wider tiles for high
-    ranks cut those re-reads); waves: target programs per SM used to choose the K/N splits and token chunks; split_floor: when every adapter's rank is
+    ranks cut those re-reads); waves: target programs per SM used to choose the K/N splits and
+    token chunks; split_floor: when every adapter's rank is
     >= 33 (rank buckets 64-256: one program per SM), the K splits of ``_f1`` and N groups of
     ``_f2`` are rounded down (grid <= the target, e.g. 4 x 64 tiles = 256 programs = two waves)
     instead of up (5 x 64 = 320: a third, part-empty wave; H100, 128x2: f1 46 -> 41 us, f2 30 ->
