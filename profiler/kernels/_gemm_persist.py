@@ -155,16 +155,60 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
         tl.atomic_xchg(TCNT + j, 0)   # for the next launch
 
 
-@triton.jit(do_not_specialize=["seed", "n_mt"])
+@triton.jit
+def _gfin_idle(G, chunks, DA, DB, gf_items, gf_first, pid, NUM_SMS: tl.constexpr,
+               GF_BLOCK: tl.constexpr):
+    """``_triton._gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
+    have no tile in the last round (GFIN): work item i of ``chunks`` (g_off, d_off, n, is_b: n <=
+    GF_BLOCK elements of G from g_off, contiguous in DA or, with is_b, DB from d_off) is
+    converted to the gradient's dtype and zeroed in G, two items per iteration (more bytes in
+    flight per SM). Offsets and lengths are multiples of 8 (K and N are: TMA rows), so the
+    accesses are 16 bytes wide."""
+    nid = NUM_SMS - gf_first
+    offs = tl.arange(0, GF_BLOCK)
+    for i in range(pid - gf_first, gf_items, 2 * nid):
+        j = tl.minimum(i + nid, gf_items - 1)
+        g0 = tl.multiple_of(tl.load(chunks + i * 4), 8)
+        d0 = tl.multiple_of(tl.load(chunks + i * 4 + 1), 8)
+        n0 = tl.multiple_of(tl.load(chunks + i * 4 + 2), 8)
+        b0 = tl.load(chunks + i * 4 + 3)
+        g1 = tl.multiple_of(tl.load(chunks + j * 4), 8)
+        d1 = tl.multiple_of(tl.load(chunks + j * 4 + 1), 8)
+        n1 = tl.multiple_of(tl.where(i + nid < gf_items, tl.load(chunks + j * 4 + 2), 0), 8)
+        b1 = tl.load(chunks + j * 4 + 3)
+        m0 = offs < n0
+        m1 = offs < n1
+        v0 = tl.load(G + g0 + offs, mask=m0, other=0.0)
+        v1 = tl.load(G + g1 + offs, mask=m1, other=0.0)
+        if b0 != 0:
+            tl.store(DB + d0 + offs, v0.to(DB.dtype.element_ty), mask=m0)
+        else:
+            tl.store(DA + d0 + offs, v0.to(DA.dtype.element_ty), mask=m0)
+        if b1 != 0:
+            tl.store(DB + d1 + offs, v1.to(DB.dtype.element_ty), mask=m1)
+        else:
+            tl.store(DA + d1 + offs, v1.to(DA.dtype.element_ty), mask=m1)
+        # the zero stores below may take another thread-to-element layout than the loads
+        # (Triton 3.6, sm_90: loads 8 elements a thread, the fp32 stores 4): without a barrier a
+        # thread zeroed elements another had not yet read (H100: dA/dB errors of 0.03-0.17)
+        tl.debug_barrier()
+        z = tl.zeros((GF_BLOCK,), dtype=tl.float32)
+        tl.store(G + g0 + offs, z, mask=m0)
+        tl.store(G + g1 + offs, z, mask=m1)
+
+
+@triton.jit(do_not_specialize=["seed", "n_mt", "gf_items", "gf_first"])
 def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT,
-                        M, NOUT, KRED, som, sri, n_mt, seed,
+                        G, chunks, DA, DB,
+                        M, NOUT, KRED, som, sri, n_mt, seed, gf_items, gf_first,
                         BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
                         BWD: tl.constexpr, LORA: tl.constexpr, HAS_BIAS: tl.constexpr,
                         DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr, UNIFORM: tl.constexpr,
                         TMA_STORE: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
                         LORA_FIRST: tl.constexpr, WS: tl.constexpr,
-                        PREC: tl.constexpr, TAIL_SPLIT: tl.constexpr = False):
+                        PREC: tl.constexpr, TAIL_SPLIT: tl.constexpr = False,
+                        GFIN: tl.constexpr = False, GF_BLOCK: tl.constexpr = 8192):
     """OUT (M, NOUT) = XIN (M, KRED) @ op(W) + LoRA term (see the module docstring); XIN and W
     are TMA descriptors (blocks [BM, BK] and [BN, BK] forward (W: NOUT x KRED) or [BK, BN]
     backward (W: KRED x NOUT)); ODESC a descriptor of OUT (blocks [BM, BN // SPLIT]) used only
@@ -174,7 +218,10 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
     tiles of that round are each reduced by two programs, half of K each, through the fp32
     workspace WSP (tail tiles x 2 x BM x BN) and zeroed counters TCNT (``_tail_half``), so that the
     round takes about half a tile's time instead of a whole one (e.g. 576 tiles on 132 SMs:
-    4.36 rounds of work took 5)."""
+    4.36 rounds of work took 5). GFIN (the host sets it only when programs ``gf_first`` ..
+    NUM_SMS - 1 have no tile in the last round, grid = NUM_SMS): those programs then do the
+    backward's ``_gfin`` pass over the work items ``chunks`` (``_gfin_idle``; G the dA/dB
+    workspace, DA / DB the gradients), so that it costs no launch of its own."""
     start_pid = tl.program_id(0)
     n_nt = tl.cdiv(NOUT, BN)
     n_tiles = n_mt * n_nt
@@ -240,3 +287,6 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
             _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOUT, som,
                        sri, seed, start_pid, n_full, n_nt, n_mt, k_tiles, BUCKETS, BM, BN, BK,
                        GROUP_M, BWD, LORA, HAS_BIAS, DROPOUT, SEED_PTR, PREC)
+    if GFIN:
+        if start_pid >= gf_first:
+            _gfin_idle(G, chunks, DA, DB, gf_items, gf_first, start_pid, NUM_SMS, GF_BLOCK)

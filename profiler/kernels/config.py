@@ -112,7 +112,16 @@ class KernelConfig:
     LoRA term in its epilogue) or "auto" (Triton only for the (pass, in, out) shapes where
     ``profiler/data/base_gemm.json`` records it measured faster than cuBLAS on this GPU);
     gemm_fwd / gemm_bwd override that table's tiles; gemm_tma: that GEMM reads its operands
-    through TMA descriptors where the tensors allow (else plain pointer loads)."""
+    through TMA descriptors where the tensors allow (else plain pointer loads).
+    bwd_cublas (under "auto"): "table" (the backward as the table says), "tail" (cuBLAS instead
+    of our persistent backward wherever that GEMM would split its last round, i.e. the last round holds
+    at most half the SMs' tiles, ``lora_gemm.tail_split_tiles``: wave quantisation, e.g. 4096x4096
+    at 4,608 tokens, 576 tiles on 132 SMs, where cuBLAS's 192 x 192 tiles make 4 whole rounds;
+    H100, 8+128, step / base 1.365 -> 1.333; profiler/KERNELS.md, session 18) or "always".
+    gfin_fold_bytes: ``_gfin``'s pass (multi-chunk dA/dB rows out of the fp32 workspace) is done
+    by our persistent backward GEMM's programs that have no tile in its last round, instead of a
+    launch of its own, when it moves at most this many bytes per such program (0: never;
+    ``lora_gemm._bound_persist``)."""
     bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
@@ -134,10 +143,14 @@ class KernelConfig:
     gemm_tma: bool = True
     gemm_fwd: "GemmConfig | None" = None
     gemm_bwd: "GemmConfig | None" = None
+    bwd_cublas: str = "tail"
+    gfin_fold_bytes: int = 1_600_000
 
     def __post_init__(self):
         if self.base_gemm not in BASE_GEMMS:
             raise ValueError(f"base_gemm must be one of {BASE_GEMMS}, got {self.base_gemm!r}")
+        if self.bwd_cublas not in ("table", "tail", "always"):
+            raise ValueError(f"bwd_cublas must be table, tail or always, got {self.bwd_cublas!r}")
 
     @classmethod
     def from_env(cls) -> "KernelConfig":

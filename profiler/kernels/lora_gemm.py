@@ -29,7 +29,8 @@ from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
 from .fastlaunch import BoundLaunch
 
 __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
-           "gemm_lora_backward", "base_gemm", "bound_gemm", "tma_desc"]
+           "gemm_lora_backward", "base_gemm", "bound_gemm", "tma_desc", "gfin_first",
+           "gfin_items"]
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                           "base_gemm.json")
@@ -76,6 +77,13 @@ def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None,
             f"{pass_}|{plan.in_features}|{plan.out_features}")
         if ent and ent.get("impl") == "triton" and plan.n_tokens >= int(ent.get("min_tokens", 0)):
             choice = own or GemmConfig(**ent.get("config", {}))
+    if choice is not None and pass_ == "bwd" and cfg.base_gemm == "auto" \
+            and cfg.bwd_cublas != "table":   # KernelConfig.bwd_cublas (not under "triton")
+        n_tiles = sum(cdiv(L, choice.bm) for L in plan.seg_lens) * cdiv(plan.in_features,
+                                                                         choice.bn)
+        if cfg.bwd_cublas == "always" or (choice.persistent and tail_split_tiles(
+                choice, n_tiles, _num_sms(device)) > 0):
+            choice = None
     plan.extra[key] = choice
     return choice
 
@@ -167,8 +175,8 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     launch(gemm_persist_kernel, _persist_grid(gc, n_mt, nout, nsm), _persist_name(gc, bwd),
            buckets, cfg, a_op, tma_desc(w, gc, bwd, False), out, o_op,
            out if lo is None else lo, out if ri is None else ri, out if bias is None else bias,
-           mtiles, *meta, *(ws or (out, mtiles)),
-           M, nout, kred, out.stride(0), ri.stride(0) if ri is not None else 0, n_mt, sarg,
+           mtiles, *meta, *(ws or (out, mtiles)), out, mtiles, out, out,
+           M, nout, kred, out.stride(0), ri.stride(0) if ri is not None else 0, n_mt, sarg, 0, 0,
            start_stages=gc.fitted_stages(), num_warps=gc.warps,
            **_persist_constexprs(gc, bwd, prec, buckets, nsm, lora=plan is not None,
                                  has_bias=bias is not None, dropout=dropout, seed_ptr=sptr,
@@ -228,6 +236,41 @@ def tail_workspace(plan, gc: GemmConfig, bwd: bool, n_mt: int, nout: int, nsm: i
     return ws
 
 
+def gfin_first(gc: GemmConfig, n_tiles: int, nsm: int) -> "int | None":
+    """The first of the persistent programs that have no tile in the last round (they are
+    ``gf_first .. nsm - 1``), or None where every program has one (or there is a single round):
+    with the tail split, programs from 2 x its tiles; else from n_tiles % nsm."""
+    if n_tiles <= nsm:
+        return None
+    tail = tail_split_tiles(gc, n_tiles, nsm)
+    busy = 2 * tail if tail else n_tiles % nsm
+    return busy if 0 < busy < nsm else None
+
+
+GF_BLOCK = 8192
+
+
+def gfin_items(plan, device) -> "tuple[torch.Tensor, int]":
+    """(int32 (n, 4) work items (g_off, d_off, n, is_b), n) of ``_gfin`` for ``plan``: the dA rows
+    (sum_r x K, then the dB rows, sum_r x N, in the backward's workspace) of every adapter with
+    several token chunks, in runs of at most ``GF_BLOCK`` elements (contiguous in the workspace
+    and in the gradient); cached on the plan."""
+    key = ("gfin_items", str(device))
+    hit = plan.extra.get(key)
+    if hit is None:
+        K, N, out = plan.in_features, plan.out_features, []
+        for i, r in enumerate(plan.ranks):
+            if plan.nch[i] <= 1 or plan.seg_lens[i] == 0:
+                continue
+            ro = plan.roffs[i]
+            for g0, d0, n, isb in ((ro * K, ro * K, r * K, 0),
+                                   (plan.sum_r * K + ro * N, ro * N, r * N, 1)):
+                out += [(g0 + c, d0 + c, min(GF_BLOCK, n - c), isb) for c in range(0, n, GF_BLOCK)]
+        t = torch.tensor(out or [[0, 0, 0, 0]], dtype=torch.int32).reshape(-1, 4).to(device)
+        hit = plan.extra[key] = (t, len(out))
+    return hit
+
+
 def _all_full(plan, bm: int, M: int, uniform: bool) -> bool:
     """Whether every row tile has bm rows: M a multiple of bm (uniform tiles), else every
     segment of ``plan`` (``row_tiles`` clips tiles at segment ends; empty segments have none)."""
@@ -246,18 +289,20 @@ def tma_desc(t: torch.Tensor, gc: GemmConfig, bwd: bool, is_a: bool) -> TensorDe
 
 def bound_gemm(plan, gc: GemmConfig, bwd: bool, prec: str, a: torch.Tensor, w: torch.Tensor,
                ri: torch.Tensor, has_bias: bool = False, dropout: bool = False,
-               seed_is_tensor: bool = False):
+               seed_is_tensor: bool = False, gacc: "torch.Tensor | None" = None):
     """(``BoundLaunch``, uses TMA) of ``gemm_lora_kernel`` with the LoRA term over ``plan``'s row
     tiles, for a (M, KRED) and w laid out as given (``_run``'s launch with everything but the
     step's operands bound). Dynamic arguments, in order: XIN, W (TMA descriptors when it uses
-    TMA, else the tensors), OUT, LO (P or Q), RI (lora_B or lora_A), BIAS, seed."""
+    TMA, else the tensors), OUT, LO (P or Q), RI (lora_B or lora_A), BIAS, seed. ``gacc`` (the
+    backward's dA/dB workspace, when ``_gfin`` has work): a persistent backward may take that
+    pass into its idle programs (``_bound_persist``)."""
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
     cfg = plan.cfg
     mtiles = row_tiles(plan, gc.bm, a.device)
     if gc.persistent:
         return _bound_persist(plan, gc, bwd, prec, a, w, ri, mtiles, has_bias, dropout,
-                              seed_is_tensor), False
+                              seed_is_tensor, gacc), False
     tma = cfg.gemm_tma and _tma_ok(a) and _tma_ok(w)
     static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, M=M, NOUT=nout,
                   KRED=kred, sxm=a.stride(0), sw=w.stride(0), som=nout, sri=ri.stride(0),
@@ -274,11 +319,14 @@ def bound_gemm(plan, gc: GemmConfig, bwd: bool, prec: str, a: torch.Tensor, w: t
 
 
 def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles, has_bias: bool,
-                   dropout: bool, seed_is_tensor: bool):
+                   dropout: bool, seed_is_tensor: bool, gacc=None):
     """``bound_gemm``'s launch for a persistent ``gc``: a callable with the per-tile launch's
-    dynamic arguments (XIN, W, OUT, LO, RI, BIAS, seed: tensors) that builds the TMA descriptors
-    (the weight's cached while it stays where it is) and launches through a ``BoundLaunch``;
-    operands that cannot back a descriptor take ``_run_persist``'s generic path."""
+    dynamic arguments (XIN, W, OUT, LO, RI, BIAS, seed: tensors; then DA, DB, the gradients, when
+    ``run.folds``) that builds the TMA descriptors (the weight's cached while it stays where it
+    is) and launches through a ``BoundLaunch``; operands that cannot back a descriptor take
+    ``_run_persist``'s generic path. It returns whether it did ``_gfin``'s pass (GFIN: ``gacc``
+    given, programs without a tile in the last round, and at most ``cfg.gfin_fold_bytes`` of
+    that pass per such program)."""
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
     full = _all_full(plan, gc.bm, M, False) and nout % (gc.bn // gc.split) == 0
@@ -286,26 +334,40 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     n_mt = mtiles.shape[0]
     ws = tail_workspace(plan, gc, bwd, n_mt, nout, nsm, a.device)
     wsp, tcnt = ws or (plan.meta_f, plan.meta_i)   # unused without TAIL_SPLIT
+    first = gfin_first(gc, n_mt * cdiv(nout, gc.bn), nsm) if gacc is not None else None
+    items, n_items = gfin_items(plan, a.device) if first is not None else (plan.meta_i, 0)
+    elems = sum(r * (plan.in_features + plan.out_features)
+                for r, c, L in zip(plan.ranks, plan.nch, plan.seg_lens) if c > 1 and L)
+    folds = bool(n_items) and elems * 10 <= plan.cfg.gfin_fold_bytes * (nsm - first)
     static = dict(mtiles=mtiles, meta_i=plan.meta_i, meta_f=plan.meta_f, WSP=wsp, TCNT=tcnt,
+                  G=gacc if folds else plan.meta_f, chunks=items if folds else plan.meta_i,
                   M=M, NOUT=nout, KRED=kred, som=nout, sri=ri.stride(0), n_mt=n_mt,
+                  gf_items=n_items if folds else 0, gf_first=first if folds else 0,
+                  GFIN=folds, GF_BLOCK=GF_BLOCK,
                   **_persist_constexprs(gc, bwd, prec, plan.buckets, nsm, lora=True,
                                         has_bias=has_bias, dropout=dropout,
                                         seed_ptr=seed_is_tensor, uniform=False, full=full,
                                         tail=ws is not None))
     bl = BoundLaunch(gemm_persist_kernel, _persist_grid(gc, n_mt, nout, nsm), _persist_name(gc, bwd),
-                     plan.buckets, plan.cfg, ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed"),
-                     static, dict(num_warps=gc.warps), start_stages=gc.fitted_stages(), checked=())
+                     plan.buckets, plan.cfg,
+                     ("XIN", "W", "OUT", "ODESC", "LO", "RI", "BIAS", "seed", "DA", "DB"),
+                     static, dict(num_warps=gc.warps), start_stages=gc.fitted_stages(),
+                     checked=(8, 9) if folds else ())
     wd: list = [None, None]
 
-    def run(x, w_, out, lo, ri_, bias, seed):
-        if not (_tma_ok(x) and _tma_ok(w_) and _tma_ok(out)) or x.shape[0] != M:
+    def run(x, w_, out, lo, ri_, bias, seed, da=None, db=None):
+        if (not (_tma_ok(x) and _tma_ok(w_) and _tma_ok(out)) or x.shape[0] != M
+                or (folds and da is None)):
             _run_persist(x, w_, out, mtiles, gc, bwd, prec, plan, lo, ri_,
                          bias if has_bias else None, seed, dropout)
-            return
+            return False
         if wd[0] != w_.data_ptr():
             wd[0], wd[1] = w_.data_ptr(), tma_desc(w_, gc, bwd, False)
         xd = tma_desc(x, gc, bwd, True)
-        bl(xd, wd[1], out, _out_desc(out, gc) if full else xd, lo, ri_, bias, seed)
+        bl(xd, wd[1], out, _out_desc(out, gc) if full else xd, lo, ri_, bias, seed,
+           da if folds else out, db if folds else out)
+        return folds
+    run.folds = folds
     return run
 
 

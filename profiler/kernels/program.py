@@ -219,13 +219,19 @@ class BackwardProgram:
                  else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
             self.b1(dy, lora_B, psave, q, dB)
             self.b2(x, lora_A, q, dxl, dA, seed)
-            if self.gfin is not None:
+            # _gfin's pass: its own launch, or inside our persistent GEMM's programs that have
+            # no tile in the last round (lora_gemm._bound_persist, GFIN)
+            fold = self.gfin is not None and self.gc is not None and self.gc.persistent
+            if self.gfin is not None and not fold:
                 self.gfin(dA, dB)
             if self.write_dx:
                 dx = dxl.addmm_(dy, weight)  # cuBLAS, beta = 1
-            elif self.need_x:
+            elif self.need_x:   # (self.gc is None only without need_x or with write_dx)
                 dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
-                self._gemm(plan, dy, weight, q, lora_A, seed, dx)
+                done = self._gemm(plan, dy, weight, q, lora_A, seed, dx,
+                                  *((dA, dB) if fold else ()))
+                if fold and not done:
+                    self.gfin(dA, dB)   # the GEMM did not take it
         elif self.need_x:
             dx = torch.zeros(self.x_shape, dtype=self.dtype, device=self.device)
         return dx, (dA if need_A else None), (dB if need_B else None)
@@ -233,14 +239,19 @@ class BackwardProgram:
     def _wdesc(self, weight):
         return _wdesc_of(self, weight, True)
 
-    def _gemm(self, plan, dy, weight, q, lora_A, seed, dx):
-        """Our GEMM with mask(Q A^T) / (1 - p) in its epilogue, bound at the first step."""
+    def _gemm(self, plan, dy, weight, q, lora_A, seed, dx, *grads) -> bool:
+        """Our GEMM with mask(Q A^T) / (1 - p) in its epilogue, bound at the first step; with
+        ``grads`` (dA, dB) a persistent GEMM may do ``_gfin``'s pass too: returns whether it
+        did."""
         if self.gemm is None:
             self.gemm = bound_gemm(plan, self.gc, True, self.prec, dy, weight, lora_A,
                                    dropout=self.dropout,
-                                   seed_is_tensor=isinstance(seed, torch.Tensor))
+                                   seed_is_tensor=isinstance(seed, torch.Tensor),
+                                   gacc=self.gacc if self.gfin is not None else None)
         bl, tma = self.gemm
         if not tma:
+            if getattr(bl, "folds", False) and grads:
+                return bl(dy, weight, dx, q, lora_A, dx, seed, *grads)
             bl(dy, weight, dx, q, lora_A, dx, seed)
         elif dy.data_ptr() & 15:  # TMA needs a 16-byte aligned base: the generic launch
             gemm_lora_backward(dy, weight, q, lora_A, plan, self.gc, seed, self.dropout, dx,
@@ -248,6 +259,7 @@ class BackwardProgram:
         else:
             bl(tma_desc(dy, self.gc, True, True), self._wdesc(weight), dx, q,
                lora_A, dx, seed)
+        return False
 
 
 def _key(x, lora_A, lora_B, seed, dropout: bool, extra) -> tuple:
