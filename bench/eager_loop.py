@@ -14,7 +14,8 @@ synchronisation:
 * ``host_ms``   median host time per step inside the loop (perf_counter between step returns);
   ``host_p90_ms`` its 90th percentile;
 * ``stream_ms`` median GPU time per step inside the loop (CUDA events between steps);
-* the same with Python's garbage collector off (``gc.disable()`` around the loop): ``*_nogc``.
+* each of these with Python's garbage collector on and off (column ``gc``; off: ``gc.disable()``
+  around the loop), ``--rounds`` loops each (column ``round``).
 
 Usage (GPU machine, repository root, package importable as in bench/kernels_gpu.sh):
     python3 bench/eager_loop.py --cases 4096x4096:64x8,4096x4096:mixed16 --out $OUT
@@ -26,9 +27,7 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -46,37 +45,11 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def loop(step, sets, n: int, gc_on: bool) -> dict:
-    """One eager loop of ``n`` steps: wall, host and stream times per step (ms)."""
-    import torch
-    for a in sets:
-        step(*a)
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    ts = [0.0] * (n + 1)
-    if not gc_on:
-        gc.disable()
-    try:
-        t0 = ts[0] = time.perf_counter()
-        ev[0].record()
-        for i in range(n):
-            step(*sets[i % len(sets)])
-            ev[i + 1].record()
-            ts[i + 1] = time.perf_counter()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) * 1e3 / n
-    finally:
-        gc.enable()
-    host = sorted((ts[i + 1] - ts[i]) * 1e3 for i in range(n))
-    stream = statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(n))
-    return {"wall_ms": wall, "host_ms": statistics.median(host), "host_p90_ms": host[int(0.9 * n)],
-            "stream_ms": stream}
-
-
 def main(argv=None) -> None:
     import torch
 
     import bench.kernels as KB
+    from bench.kernel_host import eager_loop
     from tlora_sim.profiler.kernels.baselines import make_impl
     args = parse_args(argv)
     KB.DEV = "cuda"
@@ -93,7 +66,7 @@ def main(argv=None) -> None:
             gpu = KB.time_graph(impl.step, sets, 20)
             for gc_on in (True, False):
                 for r in range(args.rounds):
-                    got = loop(impl.step, sets, args.steps, gc_on)
+                    got = eager_loop(impl.step, sets, args.steps, gc_on)
                     row = {"layer": layer, "mix": mix, "path": path, "gc": gc_on, "round": r,
                            "gpu_ms": gpu, **got, "device": torch.cuda.get_device_name(),
                            "torch": torch.__version__}

@@ -86,22 +86,42 @@ def host_times(step, sets, n):
     return statistics.median(ts), statistics.fmean(ts)
 
 
-def wall_and_stream(step, sets, n):
-    """(wall ms per step of an eager loop with one final sync, median GPU ms per step in it)."""
+def eager_loop(step, sets, n, gc_on: bool = True) -> dict:
+    """One eager loop of ``n`` steps with one final synchronisation (``gc_on`` False: Python's
+    garbage collector disabled around it): ``wall_ms`` per step, median and 90th-percentile host
+    time per step inside the loop (``host_ms``, ``host_p90_ms``: perf_counter between step
+    returns) and median GPU time per step (``stream_ms``: CUDA events between steps)."""
+    import gc
+
     import torch
     for a in sets:
         step(*a)
     _sync()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    t0 = time.perf_counter()
-    ev[0].record()
-    for i in range(n):
-        step(*sets[i % len(sets)])
-        ev[i + 1].record()
-    _sync()
-    wall = (time.perf_counter() - t0) * 1e3 / n
+    ts = [0.0] * (n + 1)
+    if not gc_on:
+        gc.disable()
+    try:
+        t0 = ts[0] = time.perf_counter()
+        ev[0].record()
+        for i in range(n):
+            step(*sets[i % len(sets)])
+            ev[i + 1].record()
+            ts[i + 1] = time.perf_counter()
+        _sync()
+        wall = (time.perf_counter() - t0) * 1e3 / n
+    finally:
+        gc.enable()
+    host = sorted((ts[i + 1] - ts[i]) * 1e3 for i in range(n))
     stream = statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(n))
-    return wall, stream
+    return {"wall_ms": wall, "host_ms": statistics.median(host), "host_p90_ms": host[int(0.9 * n)],
+            "stream_ms": stream}
+
+
+def wall_and_stream(step, sets, n):
+    """(wall ms per step of an eager loop with one final sync, median GPU ms per step in it)."""
+    got = eager_loop(step, sets, n)
+    return got["wall_ms"], got["stream_ms"]
 
 
 def single_graphs(step, sets, n):
