@@ -336,6 +336,7 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     wsp, tcnt = ws or (plan.meta_f, plan.meta_i)   # unused without TAIL_SPLIT
     first = gfin_first(gc, n_mt * cdiv(nout, gc.bn), nsm) if gacc is not None else None
     items, n_items = gfin_items(plan, a.device) if first is not None else (plan.meta_i, 0)
+    # bytes of the pass: per element an fp32 read, an fp32 zero and a 2-byte gradient write (10)
     elems = sum(r * (plan.in_features + plan.out_features)
                 for r, c, L in zip(plan.ranks, plan.nch, plan.seg_lens) if c > 1 and L)
     folds = bool(n_items) and elems * 10 <= plan.cfg.gfin_fold_bytes * (nsm - first)
