@@ -58,6 +58,7 @@ def summarize(rows):
                              "ranks_differ": differ, "tokens": int(f.get("M") or 0),
                              "eager_over_gpu": f["eager_ms"] / f["ms"],
                              "eager_graph_over_gpu": _num(f.get("eager_graph_ms")) / f["ms"],
+                             "eager_auto_over_gpu": _num(f.get("eager_auto_ms")) / f["ms"],
                              "beats_padded": (d["padded"]["ms"] > f["ms"]) if "padded" in d
                              else None})
     m = res["mixes"]
@@ -72,10 +73,10 @@ def summarize(rows):
             "median_eager_vs_loop": med(x["eager_vs_loop"] for x in m),
             "max_eager_over_gpu_2048": max((x["eager_over_gpu"] for x in m if x["tokens"] >= 2048),
                                            default=float("nan")),
-            "max_eager_graph_over_gpu_2048": max((x["eager_graph_over_gpu"] for x in m
-                                                  if x["tokens"] >= 2048
-                                                  and not math.isnan(x["eager_graph_over_gpu"])),
-                                                 default=float("nan")),
+            **{f"max_eager_{p}_over_gpu_2048": max((x[f"eager_{p}_over_gpu"] for x in m
+                                                    if x["tokens"] >= 2048
+                                                    and not math.isnan(x[f"eager_{p}_over_gpu"])),
+                                                   default=float("nan")) for p in ("graph", "auto")},
             "beats_padded_all_differing": all(x["beats_padded"] for x in m
                                               if x["ranks_differ"] and x["beats_padded"]
                                               is not None),
@@ -85,6 +86,8 @@ def summarize(rows):
                     ">=1.2x vs best baseline (median)": t["median_speedup_vs_best"] >= 1.2,
                     ">=2x vs loop eager (median)": t["median_eager_vs_loop"] >= 2.0,
                     "eager within 15% of GPU time (>= 2048 tokens)": t["max_eager_over_gpu_2048"] <= 1.15,
+                    "eager within 15% of GPU time (>= 2048 tokens), cuda_graph='auto'":
+                        t["max_eager_auto_over_gpu_2048"] <= 1.15,
                     "faster than padded (differing ranks)": t["beats_padded_all_differing"]}
         res["targets"] = t
         lines.append("targets: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)

@@ -16,8 +16,10 @@ fused (ours). Two times per row:
                path (for ``fused``: ``MultiLoRALinear``'s plain launch path, the default;
                ``eager_plain_ms`` repeats it). ``eager_graph_ms``: the same loop through
                ``MultiLoRALinear(cuda_graph=True)`` (forward and backward replayed from CUDA
-               graphs), ``fused`` only. In the CSVs before kernel_bench_h100_2026-11-25-c, ``eager_ms``
-               of ``fused`` was the CUDA-graph path.
+               graphs), ``fused`` only; ``eager_auto_ms``: through ``cuda_graph="auto"`` (graphs
+               only for steps under ``graphed.AUTO_MAX_FLOPS``; from 2026-11-26 session 19 on). In
+               the CSVs before kernel_bench_h100_2026-11-25-c, ``eager_ms`` of ``fused`` was the
+               CUDA-graph path.
 
 ``floor_ms`` is the roofline floor: base GEMM FLOPs (4 M K N) at the measured bf16 matrix rate
 (the faster of an 8192^3 product and the base layer's own GPU time) plus the fewest LoRA bytes
@@ -79,7 +81,7 @@ ALL_IMPLS = ["base", "alone", "loop", "padded", "peft", "fused", "lorafusion", "
 COLUMNS = ["layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch",
            "triton", "ratio_to_base", "eager_ratio_to_base", "ratio_to_floor", "base_tflops",
            "mix", "n_adapters", "M", "K", "N", "dropout", "lora_flops_pct", "driver", "cuda",
-           "date", "kernel_config", "eager_plain_ms", "eager_graph_ms"]
+           "date", "kernel_config", "eager_plain_ms", "eager_graph_ms", "eager_auto_ms"]
 
 
 def parse_args(argv=None):
@@ -462,11 +464,12 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             sets = [impl.inputs(x, dy) for x, dy in sets_xy]
             if args.profile and name in ("base", "fused") and DEV == "cuda":
                 profile_step(impl, sets, label)
-            eager_fns = [impl.step] + ([impl.eager_step] if hasattr(impl, "eager_step") else [])
+            eager_fns = [impl.step] + ([impl.eager_step, impl.auto_step] if hasattr(impl, "eager_step") else [])
             ms, ems_all = time_graph_and_eager(impl.step, eager_fns, sets, args.replays,
                                                args.eager_ms)
             ems = ems_all[0]
             graph_ems = ems_all[1] if len(ems_all) > 1 else ""
+            auto_ems = ems_all[2] if len(ems_all) > 2 else ""
         except Exception as e:  # record and go on: one failing baseline must not stop the run
             print(f"  {layer} {mix} {label}: FAILED {e!r}", flush=True)
             continue
@@ -482,6 +485,7 @@ def run_case(layer, mix, impls, args, ceil, vers, cfgs):
             "layer": layer, "ranks": _fmt(ranks), "tokens": _fmt(segs), "impl": label,
             "ms": round(ms, 5), "eager_ms": round(ems, 5), "eager_plain_ms": round(ems, 5),
             "eager_graph_ms": round(graph_ems, 5) if graph_ems != "" else "",
+            "eager_auto_ms": round(auto_ems, 5) if auto_ems != "" else "",
             "device": vers["device"], "torch": vers["torch"], "triton": vers["triton"],
             "mix": mix, "n_adapters": len(ranks), "M": M, "K": K, "N": N,
             "dropout": args.dropout, "lora_flops_pct": round(100 * lora_flops / (4 * M * K * N), 3),

@@ -234,14 +234,17 @@ class FusedImpl(Impl):
         mod.set_segments(self.seg_lens)
         mod.train(self.p > 0)
         self.mod = mod
-        # the same layer on its CUDA-graph path (same Parameter objects), for the eager loop
-        gmod = MultiLoRALinear(self.K, self.N, self.ranks, scales=self.scales, dropout=self.p,
-                               dtype=weight.dtype, device=weight.device,
-                               adapter_dtype=lora_A.dtype, kernel_config=kernel_config,
-                               cuda_graph=True)
-        gmod.weight, gmod.lora_A, gmod.lora_B = mod.weight, mod.lora_A, mod.lora_B
-        gmod.set_segments(self.seg_lens)
-        self.gmod = gmod.train(True)
+        # the same layer on its CUDA-graph path and on "auto" (same Parameter objects), for the eager loop
+        self.gmod, self.amod = (self._twin(mod, kernel_config, g) for g in (True, "auto"))
+
+    def _twin(self, mod, kernel_config, cuda_graph):
+        twin = MultiLoRALinear(self.K, self.N, self.ranks, scales=self.scales, dropout=self.p,
+                               dtype=mod.weight.dtype, device=mod.weight.device,
+                               adapter_dtype=mod.lora_A.dtype, kernel_config=kernel_config,
+                               cuda_graph=cuda_graph)
+        twin.weight, twin.lora_A, twin.lora_B = mod.weight, mod.lora_A, mod.lora_B
+        twin.set_segments(self.seg_lens)
+        return twin.train(True)
 
     def params(self):
         return [self.mod.lora_A, self.mod.lora_B]
@@ -255,6 +258,11 @@ class FusedImpl(Impl):
         the same as ``step``)."""
         y = self.gmod(x)
         return torch.autograd.grad(y, [x, self.gmod.lora_A, self.gmod.lora_B], dy)
+
+    def auto_step(self, x, dy):
+        """``step`` through ``cuda_graph="auto"`` (graphs for small steps, ``graphed.use_graphs``)."""
+        y = self.amod(x)
+        return torch.autograd.grad(y, [x, self.amod.lora_A, self.amod.lora_B], dy)
 
 
 class LoRAFusionImpl(Impl):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from typing import Optional, Sequence
 
 import torch
@@ -160,14 +161,18 @@ class MultiLoRALinear(torch.nn.Module):
     ``cuda_graph=True``: in training mode on CUDA, forward and backward replay CUDA graphs
     captured on the first step of each input shape and segment layout (``graphed``), which removes
     the Python launch path from an eager loop; the output is then the graph's buffer, overwritten
-    by the next step. Raises ValueError on bad ranks/segments/shapes."""
+    by the next step of that shape. ``cuda_graph="auto"``: the same only for steps small enough
+    that the plain path is host-bound (``graphed.use_graphs``: under ``graphed.AUTO_MAX_FLOPS``,
+    a layout met twice), the plain path otherwise; the recommended setting for an eager training
+    loop. Default False: the plain path, whose outputs are never overwritten. Raises ValueError
+    on bad ranks/segments/shapes or a ``cuda_graph`` other than False, True or "auto"."""
 
     def __init__(self, in_features: int, out_features: int, ranks: Sequence[int],
                  alphas: Optional[Sequence[float]] = None, dropout: float | Sequence[float] = 0.0,
                  bias: bool = False, scales: Optional[Sequence[float]] = None,
                  dtype: torch.dtype = torch.bfloat16, device=None,
                  adapter_dtype: Optional[torch.dtype] = None,
-                 kernel_config: Optional[KernelConfig] = None, cuda_graph: bool = False):
+                 kernel_config: Optional[KernelConfig] = None, cuda_graph: "bool | str" = False):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.ranks = tuple(int(r) for r in ranks)
@@ -208,8 +213,12 @@ class MultiLoRALinear(torch.nn.Module):
         self._checked: tuple = ()
         self._gen = torch.Generator().manual_seed(0)
         self._rng = random.Random(0)  # the plain path's per-step dropout seeds
-        self.cuda_graph = bool(cuda_graph)
-        self.graph_cache: dict = {}   # graphed.graphed_forward's graphs, by input key
+        if cuda_graph not in (False, True, "auto"):
+            raise ValueError(f"cuda_graph must be False, True or 'auto', not {cuda_graph!r}")
+        self.cuda_graph = cuda_graph if cuda_graph == "auto" else bool(cuda_graph)
+        self.graph_cache: OrderedDict = OrderedDict()  # graphed.graphed_forward's graphs, by input key
+        self.graph_uses: dict = {}     # steps met per key not yet captured ("auto")
+        self.graph_pending: dict = {}  # per captured key: its last replay awaits its backward
         self._counters: dict = {}
 
     def set_segments(self, seg_lens: Sequence[int]) -> None:
@@ -251,7 +260,8 @@ class MultiLoRALinear(torch.nn.Module):
                 and torch.is_grad_enabled()):
             from .graphed import graphed_forward
             y = graphed_forward(self, x2, plan, multi_lora_linear)
-            return y if flat else y.reshape(*lead, self.out_features)
+            if y is not None:
+                return y if flat else y.reshape(*lead, self.out_features)
         if seed is None:
             seed = self._rng.randrange(2 ** 31 - 1)
         y = _module_step(self, x2, plan, seed, self.training)
