@@ -128,3 +128,40 @@ def test_auto_is_the_plain_path_off_cuda_and_bad_modes_are_refused():
     assert not a.graph_cache and not a.graph_uses
     with pytest.raises(ValueError, match="cuda_graph"):
         MultiLoRALinear(32, 16, [2], cuda_graph="always")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the GPU machine)")
+@pytest.mark.parametrize("tokens", [512, 8192])
+def test_auto_steps_equal_the_plain_path_on_the_gpu(tokens):
+    """Dropout 0: every step through "auto" (plain at first, then replayed graphs for the small
+    step, always plain for the large one) gives the plain layer's y, dX, dA and dB; a second
+    forward before the first's backward still gives each backward its own gradients."""
+    torch.manual_seed(0)
+    ranks, segs = [4, 16], [tokens // 4, tokens - tokens // 4]
+    kw = dict(dtype=torch.bfloat16, device="cuda")
+    plain = MultiLoRALinear(4096, 4096, ranks, **kw).train()
+    auto = MultiLoRALinear(4096, 4096, ranks, cuda_graph="auto", **kw).train()
+    auto.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        plain.lora_B.normal_()
+        auto.lora_B.copy_(plain.lora_B)
+
+    def step(mod, x, dy):
+        y = mod(x, segs)
+        return [y.clone()] + list(torch.autograd.grad(y, [x, mod.lora_A, mod.lora_B], dy))
+
+    for _ in range(4):
+        x = torch.randn(tokens, 4096, **kw, requires_grad=True)
+        dy = torch.randn(tokens, 4096, **kw)
+        for a, b in zip(step(auto, x, dy), step(plain, x, dy)):
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+    assert bool(auto.graph_cache) == (4.0 * tokens * 4096 * 4096 < AUTO_MAX_FLOPS)
+    x1, x2 = (torch.randn(tokens, 4096, **kw, requires_grad=True) for _ in range(2))
+    dy = torch.randn(tokens, 4096, **kw)
+    y1, y2 = auto(x1, segs), auto(x2, segs)  # the second must not overwrite the first's buffers
+    g1 = torch.autograd.grad(y1, [x1, auto.lora_A], dy)
+    g2 = torch.autograd.grad(y2, [x2, auto.lora_A], dy)
+    for got, x in ((g1, x1), (g2, x2)):
+        want = torch.autograd.grad(plain(x, segs), [x, plain.lora_A], dy)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
