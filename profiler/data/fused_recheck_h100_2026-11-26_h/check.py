@@ -3,7 +3,8 @@
     .venv/bin/python profiler/data/fused_recheck_h100_2026-11-26_h/check.py [FOLDER [OLD_FOLDER]]
 
 Without arguments it checks this folder against ``../fused_profile_h100_2026-11-26``; FOLDER (a
-folder holding another ``run_fused.py`` ``profile_h100.csv``) and OLD_FOLDER (the profile its mixes
+folder holding another ``run_fused.py`` ``profile_h100.csv``, or an H200's ``profile_h200.csv``,
+checked against the H200 artifact) and OLD_FOLDER (the profile its mixes
 are compared with) check a later kernel the same way (``../fused_recheck_h100_2026-11-26_i``).
 
 Reads this folder's ``profile_h100.csv`` (``run_fused.py`` on one H100 with the persistent GEMM in
@@ -46,9 +47,12 @@ def describe(a: np.ndarray) -> str:
 
 def main(folder: Path = HERE, old_folder: Path = DATA / "fused_profile_h100_2026-11-26") -> None:
     """Print the artifact's errors on ``folder``'s fused mix rows and the step ratios against
-    ``old_folder``'s same mixes. Raises FileNotFoundError if either profile CSV is missing."""
-    art = load_artifact(DATA / "costmodel_h100.json")
-    new = mix_rows(folder / "profile_h100.csv")
+    ``old_folder``'s same mixes. The GPU is the one whose profile ``folder`` holds
+    (``profile_h200.csv``: the H200 artifact, else the H100's). Raises FileNotFoundError if either
+    profile CSV is missing."""
+    gpu = "h200" if (folder / "profile_h200.csv").exists() else "h100"
+    art = load_artifact(DATA / f"costmodel_{gpu}.json")
+    new = mix_rows(folder / f"profile_{gpu}.csv")
     pred = fit.predict_rows(art, new)
     pred["signed"] = pred.predicted_ms / pred.measured_ms - 1
     print(f"artifact {art.get('id', '?')} on {len(pred)} fused mix rows of {folder.name}")
@@ -57,7 +61,7 @@ def main(folder: Path = HERE, old_folder: Path = DATA / "fused_profile_h100_2026
             bias = np.median(s.signed) * 100 if len(s) else float("nan")
             print(f"  {model:12s} {name} (<>{SMALL_MS:g} ms): {describe(s.ape.to_numpy() * 100)}"
                   f"   median signed {bias:+.1f}%")
-    old = mix_rows(old_folder / "profile_h100.csv")
+    old = mix_rows(old_folder / f"profile_{gpu}.csv")
     both = new.merge(old, on=KEY, suffixes=("_new", "_old"))
     both["ratio"] = both.step_ms_new / both.step_ms_old
     print(f"\nsame mixes measured with both kernels: {len(both)}; step new / old ({old_folder.name}),"
