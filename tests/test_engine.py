@@ -10,7 +10,7 @@ import pytest
 from tlora_sim.sim.core.listeners import EngineListener, EventCounter
 
 from conftest import CM, cluster, make_job, policy, reindex, run_engine
-from tlora_sim.sim.core.engine import Engine, InvariantError
+from tlora_sim.sim.core.engine import Engine, InvariantError, _Wake
 from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
 
 
@@ -133,12 +133,12 @@ def test_stale_timers_are_ignored_and_every_job_finishes_once(reliability):
 def test_a_stale_timer_called_directly_changes_nothing():
     a = make_job(0, steps=100)
     eng = Engine([a], cluster("1x8xH100"), CM, policy("independent"))
-    eng.env.process(eng._arrivals())
+    eng._start_arrivals()
     eng.env.run(until=1.0)
     (g,) = eng.groups.values()
     before = dict(g.remaining), g.version, eng._events
-    eng._on_timer(g.gid, g.version - 1, None)  # an old version
-    eng._on_timer(g.gid + 99, g.version, None)  # a group that does not exist
+    eng._on_timer(_Wake(None, g.gid, g.version - 1))  # an old version
+    eng._on_timer(_Wake(None, g.gid + 99, g.version))  # a group that does not exist
     assert (dict(g.remaining), g.version, eng._events) == before
 
 

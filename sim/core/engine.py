@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Mapping, Sequence
 
 import simpy
+from simpy.events import NORMAL
 
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.costmodel.interface import CostModel
@@ -35,6 +35,7 @@ from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
+from tlora_sim.sim.core.snapshot import GroupViews as _LazyViews  # the lazy ``Snapshot.groups``
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -46,7 +47,22 @@ decision ~11% of ``independent``'s CPU on merged ITP, bench/README.md session 15
 __all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "SimResult"]
 
 
-@dataclass
+class _Wake:
+    """A SimPy event that runs ``callback(event)`` when processed: what ``env.timeout(delay)
+    .callbacks.append(callback)`` gave, scheduled with ``Environment.schedule`` (same time and
+    order) without a ``Timeout``'s bookkeeping, ~4 per job. ``gid``/``version``: the group a group
+    timer was set for (``_on_timer``, ``_on_resume``)."""
+
+    __slots__ = ("callbacks", "gid", "version")
+    _ok = True  # SimPy's ``step`` reads it: the event succeeded
+
+    def __init__(self, callback, gid: int = -1, version: int = 0) -> None:
+        self.callbacks = [callback]
+        self.gid = gid
+        self.version = version
+
+
+@dataclass(slots=True)
 class _Group:
     gid: int
     model: str
@@ -152,7 +168,14 @@ class Engine:
         self._dirty: set[int] = set()  # groups started, retimed or closed since the last decision
         self._shrunk = False  # a running group lost a member to a finish since the last decision
         self._kinds: dict[tuple[str, int], dict[int, None]] = {}  # (model, n_gpus) -> running group ids
-        self._member_flops = [cost_model.step_flops(j.model, (j.member,)) for j in self.jobs]
+        flops: dict = {}  # (model, Member) -> FLOPs per step: a few distinct ones (the cost model is pure)
+        self._member_flops = [flops[k] if k in flops else flops.setdefault(k, cost_model.step_flops(*k))
+                              for k in ((j.model, (j.member,)) for j in self.jobs)]
+        self._schedule = self.env.schedule
+        self._next_job = 0  # the first job not yet arrived
+        self._last_state = None  # the timeline's last row without its time
+        self._apply = {StartGroup: self._start_group, AddMembers: self._add_members, RemoveMembers: self._remove_members,
+                       StopMembers: self._stop_members, SetExecution: self._set_execution}
         self._timer_s = policy.timer_s
         self._timer_pending = False
         watchers = list(listeners) + ([InvariantChecker(self.jobs, cluster, cost_model)] if check_invariants else [])
@@ -168,7 +191,7 @@ class Engine:
     def run(self) -> SimResult:
         """Simulate until every job finished; return the raw result."""
         t0 = time.perf_counter()
-        self.env.process(self._arrivals())
+        self._start_arrivals()
         self.env.run()
         if self._obs is not None:  # every job finished once, GPUs released, work adds up
             self._obs.final(self.timeline, self.records)
@@ -180,31 +203,41 @@ class Engine:
                          self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started,
                          self._by_queue)
 
-    def _arrivals(self):
-        env, jobs, i = self.env, self.jobs, 0
-        while i < len(jobs):
-            t = jobs[i].submit_time_s
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            first = i
-            while i < len(jobs) and jobs[i].submit_time_s <= env.now:
-                self.queue[i] = jobs[i]
-                i += 1
-            self._queue_keys.added(range(first, i))
-            if self._obs is not None:
-                self._obs.arrive(env.now, range(first, i))
-            self._events += 1
-            self._request_decision()
+    def _start_arrivals(self) -> None:
+        """Queue the jobs submitted by now, or wake at the first submit time."""
+        if self.jobs and self.jobs[0].submit_time_s > self.env.now:
+            self._schedule(_Wake(self._arrive), NORMAL, self.jobs[0].submit_time_s - self.env.now)
+        elif self.jobs:
+            self._arrive()
+
+    def _arrive(self, _ev=None) -> None:
+        """Queue the jobs submitted by now, ask for a decision, and wake at the next submit time
+        (one event per distinct submit time)."""
+        now, jobs, queue = self.env.now, self.jobs, self.queue
+        i = first = self._next_job
+        n = len(jobs)
+        while i < n and jobs[i].submit_time_s <= now:
+            queue[i] = jobs[i]
+            i += 1
+        self._next_job = i
+        self._queue_keys.added(range(first, i))
+        if self._obs is not None:
+            self._obs.arrive(now, range(first, i))
+        self._events += 1
+        self._request_decision()
+        if i < n:
+            self._schedule(_Wake(self._arrive), NORMAL, jobs[i].submit_time_s - now)
 
     def _request_decision(self) -> None:
         if not self._pending:
             self._pending = True
-            self.env.timeout(0).callbacks.append(self._decide)
+            self._schedule(_Wake(self._decide), NORMAL, 0)
 
     # ---- policy ----------------------------------------------------------------------------
     def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
         """The read-only view handed to the policy (group views built on first access)."""
-        return Snapshot(self.env.now, QueueView(self.queue, self._queue_keys), _LazyViews(self), self.free.copy(), self.cluster,
+        return Snapshot(self.env.now, QueueView(self.queue, self._queue_keys), _LazyViews(self.groups, self._view, self.env.now),
+                        self.free.copy(), self.cluster,
                         self.cost_model, self._kinds, changed)
 
     def _view(self, g: "_Group", now: float) -> GroupView:
@@ -234,35 +267,33 @@ class Engine:
         snap.queue.freeze()
         dt = time.perf_counter() - t0
         cpu = w * (time.thread_time() - c0) if w else 0.0
-        placed = sum(len(a.job_indices) for a in actions if isinstance(a, (StartGroup, AddMembers)))
         self._decision_time += dt
         self._decisions += 1
+        if self._obs is not None:
+            self._obs.decision(self.env.now, actions)
+        placed = 0
+        apply = self._apply
+        start, add = apply[StartGroup], apply[AddMembers]
+        for a in actions:
+            f = apply.get(type(a))
+            if f is None:  # a subclass of an action, or no action
+                f = next((g for t, g in apply.items() if isinstance(a, t)), None)
+                if f is None:
+                    self._fail(f"unknown action {a!r}")
+            if f is start or f is add:
+                placed += len(a.job_indices)
+            f(a)
         for k in ((0, 5) if not placed else (0,)):  # idle decisions also go to their own five
             b[k:k + 3] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
             if w:
                 b[k + 3:k + 5] = b[k + 3] + cpu, b[k + 4] + 1
         b[10] += placed
-        if self._obs is not None:
-            self._obs.decision(self.env.now, actions)
-        for a in actions:
-            if isinstance(a, StartGroup):
-                self._start_group(a)
-            elif isinstance(a, AddMembers):
-                self._add_members(a)
-            elif isinstance(a, RemoveMembers):
-                self._remove_members(a)
-            elif isinstance(a, StopMembers):
-                self._stop_members(a)
-            elif isinstance(a, SetExecution):
-                self._set_execution(a)
-            else:
-                self._fail(f"unknown action {a!r}")
         self._record()
         if self.progress is not None:
             self.progress(self.env.now)
         if self._timer_s and self.groups and not self._timer_pending:
             self._timer_pending = True
-            self.env.timeout(self._timer_s).callbacks.append(self._on_policy_timer)
+            self._schedule(_Wake(self._on_policy_timer), NORMAL, self._timer_s)
 
     def _on_policy_timer(self, _ev) -> None:
         self._timer_pending = False
@@ -271,33 +302,36 @@ class Engine:
 
     # ---- actions ---------------------------------------------------------------------------
     def _take_from_queue(self, indices: Sequence[int], what: str) -> list[int]:
+        queue = self.queue
         if not indices:
             self._fail(f"{what} with no jobs")
         for i in indices:
-            if i not in self.queue:
+            if i not in queue:
                 self._fail(f"{what} names job index {i}, which is not queued")
-        if len(set(indices)) != len(indices):
+        if len(indices) > 1 and len(set(indices)) != len(indices):
             self._fail(f"{what} names a job twice: {indices}")
         for i in indices:
-            del self.queue[i]
+            del queue[i]
         self._queue_keys.removed(indices)
         return list(indices)
 
     def _start_group(self, a: StartGroup) -> None:
         now = self.env.now
         idx = self._take_from_queue(a.job_indices, "StartGroup")
-        models = {self.jobs[i].model for i in idx}
-        if len(models) != 1:
-            self._fail(f"StartGroup mixes base models {sorted(models)}")
+        jobs = self.jobs
+        model = jobs[idx[0]].model
+        if len(idx) > 1 and any(jobs[i].model != model for i in idx):
+            self._fail(f"StartGroup mixes base models {sorted({jobs[i].model for i in idx})}")
         n = sum(k for _, k in a.placement)
         try:
             self.free.apply(a.placement, -1)
         except (RuntimeError, IndexError, TypeError) as e:
             self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
-        g = _Group(self._next_gid, models.pop(), n, tuple(a.placement), a.plan, idx,
-                   {i: self.remaining_queued.pop(i, float(self.jobs[i].total_steps)) for i in idx},
-                   started_s=now, last_update_s=now, paused_until_s=now + self.start_pause_s, pause_set_s=now,
-                   nano_batches=a.nano_batches, micro_batches=a.micro_batches)
+        kept = self.remaining_queued
+        g = _Group(self._next_gid, model, n, tuple(a.placement), a.plan, idx,
+                   {i: kept.pop(i, float(jobs[i].total_steps)) for i in idx} if kept
+                   else {i: float(jobs[i].total_steps) for i in idx},
+                   now, 0.0, now + self.start_pause_s, now, now, 0, 0.0, 0.0, a.nano_batches, a.micro_batches)
         self._next_gid += 1
         self._groups_started += 1
         self.groups[g.gid] = g
@@ -306,8 +340,9 @@ class Engine:
         self._running += len(idx)
         if self._obs is not None:
             self._obs.start(g.gid, g.model, n, g.placement, g.plan, idx, self.free.free)
+        records = self.records
         for i in idx:
-            r = self.records[i]
+            r = records[i]
             if r.start_s is None:
                 r.start_s = now
         self._retime(g)
@@ -460,9 +495,11 @@ class Engine:
         self._dirty.add(g.gid)
         first = g.remaining[first_i]
         finish = max(now, g.paused_until_s) + max(first, 0.0) * step
-        self.env.timeout(finish - now).callbacks.append(partial(self._on_timer, g.gid, g.version))
+        if finish < now:
+            raise ValueError(f"Negative delay {finish - now}")
+        self._schedule(_Wake(self._on_timer, g.gid, g.version), NORMAL, finish - now)
         if g.paused_until_s > now:
-            self.env.timeout(g.paused_until_s - now).callbacks.append(partial(self._on_resume, g.gid, g.version))
+            self._schedule(_Wake(self._on_resume, g.gid, g.version), NORMAL, g.paused_until_s - now)
 
     def _set_rates(self, g: _Group, active: bool) -> None:
         self._tok_rate -= g.tok_rate
@@ -486,33 +523,40 @@ class Engine:
         changes. Members changed, so each member's record of the largest group it ran in is
         brought up to date here."""
         if g.membership is None:
-            size = len(g.members)
-            for i in g.members:
-                r = self.records[i]
-                r.max_group_size = max(r.max_group_size, size)
-            jobs = tuple(self.jobs[i] for i in g.members)
-            rem = g.remaining
-            g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
-                            sum(self._member_flops[i] for i in g.members), min(g.members, key=rem.__getitem__))
+            members, records = g.members, self.records
+            size = len(members)
+            for i in members:
+                r = records[i]
+                if r.max_group_size < size:
+                    r.max_group_size = size
+            if size == 1:
+                i = members[0]
+                j = self.jobs[i]
+                g.membership = ((j,), (j.member,), j.batch_size * j.seq_len, 0 + self._member_flops[i], i)
+            else:
+                jobs = tuple(map(self.jobs.__getitem__, members))
+                g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
+                                sum(map(self._member_flops.__getitem__, members)),
+                                min(members, key=g.remaining.__getitem__))
         return g.membership
 
-    def _on_resume(self, gid: int, version: int, _ev) -> None:
-        g = self.groups.get(gid)
-        if g is None or g.version != version:
+    def _on_resume(self, ev: _Wake) -> None:
+        g = self.groups.get(ev.gid)
+        if g is None or g.version != ev.version:
             return
         self._events += 1
         if self._obs is not None:
-            self._obs.at(self.env.now, "resume", gid)
+            self._obs.at(self.env.now, "resume", ev.gid)
         self._set_rates(g, active=True)
         self._record()
 
-    def _on_timer(self, gid: int, version: int, _ev) -> None:
-        g = self.groups.get(gid)
-        if g is None or g.version != version:
+    def _on_timer(self, ev: _Wake) -> None:
+        g = self.groups.get(ev.gid)
+        if g is None or g.version != ev.version:
             return  # stale: the group changed since this timer was set
         self._events += 1
         if self._obs is not None:
-            self._obs.at(self.env.now, "timer", gid)
+            self._obs.at(self.env.now, "timer", ev.gid)
         self._settle(g)
         done = [i for i in g.members if g.remaining[i] <= _STEP_EPS + 1e-9 * self.jobs[i].total_steps]
         if not done:
@@ -540,58 +584,13 @@ class Engine:
             self._obs.close(g.gid, self.free.free)
 
     def _record(self) -> None:
-        now = self.env.now
-        row = (now, self._running, len(self.queue), len(self.groups), self._gpus_alloc,
-               max(self._tok_rate, 0.0), max(self._flop_rate, 0.0))
-        if self.timeline and self.timeline[-1][0] == now:
-            self.timeline[-1] = row
-        elif not self.timeline or self.timeline[-1][1:] != row[1:]:
-            self.timeline.append(row)
+        now, tok, flop, tl = self.env.now, self._tok_rate, self._flop_rate, self.timeline
+        state = (self._running, len(self.queue), len(self.groups), self._gpus_alloc,
+                 tok if not tok < 0.0 else 0.0, flop if not flop < 0.0 else 0.0)  # max(x, 0.0), NaN kept
+        if tl and tl[-1][0] == now:
+            tl[-1] = (now, *state)
+            self._last_state = state
+        elif state != self._last_state:
+            tl.append((now, *state))
+            self._last_state = state
 
-
-class _LazyViews(Mapping):
-    """``Snapshot.groups`` of an engine snapshot: a group's view is built when the policy first reads it,
-    so policies that never read groups (``independent``) pay nothing per running group.
-
-    Valid while the policy decides: the engine calls ``freeze`` once ``decide`` returns; views read
-    before stay readable, any other read then raises (a policy must copy what it keeps).
-    """
-
-    __slots__ = ("_engine", "_groups", "_now", "_views")
-
-    def __init__(self, engine: "Engine") -> None:
-        self._engine = engine
-        self._groups = engine.groups  # not mutated while the policy decides
-        self._now = engine.env.now
-        self._views: dict = {}
-
-    def __getitem__(self, gid: int) -> GroupView:
-        v = self._views.get(gid)
-        if v is None:
-            if self._groups is None:
-                raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-            v = self._views[gid] = self._engine._view(self._groups[gid], self._now)
-        return v
-
-    def __iter__(self):
-        if self._groups is None:
-            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-        return iter(self._groups)
-
-    def size(self, gid: int) -> int:
-        """Number of members of running group ``gid`` (``len(self[gid].members)``) without building
-        its view. KeyError if it is not running."""
-        if self._groups is None:
-            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-        return len(self._groups[gid].members)
-
-    def __len__(self) -> int:
-        return len(self._groups) if self._groups is not None else len(self._views)
-
-    def __contains__(self, gid) -> bool:
-        return gid in self._views or (self._groups is not None and gid in self._groups)
-
-    def freeze(self) -> None:
-        """Detach from the engine (called when ``decide`` returns)."""
-        self._groups = None
-        self._engine = None

@@ -165,6 +165,56 @@ class QueueView(Sequence):
         self._tuple = None
 
 
+class GroupViews(Mapping):
+    """``Snapshot.groups`` of an engine snapshot: a group's view is built when the policy first reads it,
+    so policies that never read groups (``independent``) pay nothing per running group.
+
+    Valid while the policy decides: the engine calls ``freeze`` once ``decide`` returns; views read
+    before stay readable, any other read then raises (a policy must copy what it keeps).
+    """
+
+    __slots__ = ("_build", "_groups", "_now", "_views")
+
+    def __init__(self, groups: Mapping, build, now: float) -> None:
+        """``groups``: the engine's running groups by id (not mutated while the policy decides);
+        ``build(group, now)``: the view of one of them at ``now``."""
+        self._build = build
+        self._groups = groups
+        self._now = now
+        self._views: dict = {}
+
+    def __getitem__(self, gid: int) -> GroupView:
+        v = self._views.get(gid)
+        if v is None:
+            if self._groups is None:
+                raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+            v = self._views[gid] = self._build(self._groups[gid], self._now)
+        return v
+
+    def __iter__(self):
+        if self._groups is None:
+            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+        return iter(self._groups)
+
+    def size(self, gid: int) -> int:
+        """Number of members of running group ``gid`` (``len(self[gid].members)``) without building
+        its view. KeyError if it is not running."""
+        if self._groups is None:
+            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+        return len(self._groups[gid].members)
+
+    def __len__(self) -> int:
+        return len(self._groups) if self._groups is not None else len(self._views)
+
+    def __contains__(self, gid) -> bool:
+        return gid in self._views or (self._groups is not None and gid in self._groups)
+
+    def freeze(self) -> None:
+        """Detach from the engine (called when ``decide`` returns)."""
+        self._groups = None
+        self._build = None
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Read-only state at one decision point.
