@@ -29,6 +29,7 @@ from simpy.events import NORMAL
 
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.costmodel.interface import CostModel
+from tlora_sim.sim.core.gc_scope import frozen_before, no_collections
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
@@ -48,10 +49,8 @@ __all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "SimRe
 
 
 class _Wake:
-    """A SimPy event that runs ``callback(event)`` when processed: what ``env.timeout(delay)
-    .callbacks.append(callback)`` gave, scheduled with ``Environment.schedule`` (same time and
-    order) without a ``Timeout``'s bookkeeping, ~4 per job. ``gid``/``version``: the group a group
-    timer was set for (``_on_timer``, ``_on_resume``)."""
+    """A SimPy event running ``callback(event)``: ``env.timeout(delay).callbacks.append(callback)`` (same time
+    and order) without a Timeout's cost, by ``Environment.schedule``. ``gid``/``version``: a group timer's group."""
 
     __slots__ = ("callbacks", "gid", "version")
     _ok = True  # SimPy's ``step`` reads it: the event succeeded
@@ -112,6 +111,9 @@ class Engine:
         listeners: ``EngineListener`` objects told of every state change (``sim/core/listeners.py``),
             e.g. an ``EventCounter``.
 
+    Attributes:
+        member_flops: model FLOPs of one step of each job alone (``CostModel.step_flops``), by job index.
+
     Raises:
         ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
         InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
@@ -150,7 +152,8 @@ class Engine:
         self._queue_keys = QueueKeys()  # its keys as an array, told of every change below
         self.remaining_queued: dict[int, float] = {}  # progress kept by preempted jobs
         self.groups: dict[int, _Group] = {}
-        self.records = [JobRecord() for _ in self.jobs]
+        with no_collections():  # a million records in a row
+            self.records = [JobRecord() for _ in self.jobs]
         self.timeline: list[tuple] = []
         self._next_gid = 0
         self._pending = False
@@ -169,7 +172,7 @@ class Engine:
         self._shrunk = False  # a running group lost a member to a finish since the last decision
         self._kinds: dict[tuple[str, int], dict[int, None]] = {}  # (model, n_gpus) -> running group ids
         flops: dict = {}  # (model, Member) -> FLOPs per step: a few distinct ones (the cost model is pure)
-        self._member_flops = [flops[k] if k in flops else flops.setdefault(k, cost_model.step_flops(*k))
+        self.member_flops = [flops[k] if k in flops else flops.setdefault(k, cost_model.step_flops(*k))
                               for k in ((j.model, (j.member,)) for j in self.jobs)]
         self._schedule = self.env.schedule
         self._next_job = 0  # the first job not yet arrived
@@ -192,7 +195,8 @@ class Engine:
         """Simulate until every job finished; return the raw result."""
         t0 = time.perf_counter()
         self._start_arrivals()
-        self.env.run()
+        with frozen_before():  # the jobs and records outlive the run: no GC scans of them
+            self.env.run()
         if self._obs is not None:  # every job finished once, GPUs released, work adds up
             self._obs.final(self.timeline, self.records)
         if self._finished != len(self.jobs):
@@ -532,11 +536,11 @@ class Engine:
             if size == 1:
                 i = members[0]
                 j = self.jobs[i]
-                g.membership = ((j,), (j.member,), j.batch_size * j.seq_len, 0 + self._member_flops[i], i)
+                g.membership = ((j,), (j.member,), j.batch_size * j.seq_len, 0 + self.member_flops[i], i)
             else:
                 jobs = tuple(map(self.jobs.__getitem__, members))
                 g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
-                                sum(map(self._member_flops.__getitem__, members)),
+                                sum(map(self.member_flops.__getitem__, members)),
                                 min(members, key=g.remaining.__getitem__))
         return g.membership
 

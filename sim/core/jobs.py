@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Sequence
 
 from tlora_sim.sim.costmodel.interface import Member
+from tlora_sim.sim.core.gc_scope import no_collections
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +80,28 @@ class Job:
     def isolated_runtime_s(self) -> float:
         """Run time alone on its requested GPUs: total_steps x isolated step time (s)."""
         return self.total_steps * self.isolated_step_time_s
+
+
+def jobs_from_columns(columns: dict[str, Sequence]) -> list[Job]:
+    """The jobs ``Job(**row)`` for each row of ``columns`` (every field of :class:`Job` but
+    ``member``, one sequence of values per field, all of one length), as the constructor would
+    build them, field by field over whole columns: a million jobs in ~1.5 s instead of ~6 s
+    (issue 20). Values are stored as given; the caller converts them (``int``/``float``/``str``).
+    Jobs with equal (rank, batch_size, seq_len) share one ``member`` (an equal immutable tuple)."""
+    names = [f.name for f in fields(Job) if f.name != "member"]
+    if set(columns) != set(names):
+        raise ValueError(f"jobs_from_columns needs exactly the fields {names}, got {sorted(columns)}")
+    n = len(columns["index"])
+    new = object.__new__
+    with no_collections():  # a million jobs in a row
+        jobs = [new(Job) for _ in range(n)]
+    for name in names:
+        col = columns[name]
+        if len(col) != n:
+            raise ValueError(f"column {name!r} has {len(col)} values, not {n}")
+        deque(map(Job.__dict__[name].__set__, jobs, col), maxlen=0)  # the slot's setter, as __init__ uses
+    shared: dict = {}
+    members = [shared.get(k) or shared.setdefault(k, Member(*k))
+               for k in zip(columns["rank"], columns["batch_size"], columns["seq_len"])]
+    deque(map(Job.__dict__["member"].__set__, jobs, members), maxlen=0)
+    return jobs

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 import pandas as pd
 
@@ -30,26 +32,42 @@ SUMMARY_KEYS = ["jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg
                 "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util", "avg_slowdown", "p90_slowdown"]
 
 
+def _column(values) -> np.ndarray | list:
+    """Python numbers as an array, typed as pandas types their list (int64 when all are ints,
+    float64 when any is a float, bool when all are bools) by ``np.array``'s C path instead of
+    pandas' object-array inference (issue 20); an empty list stays a list (pandas types it)."""
+    values = values if isinstance(values, list) else list(values)
+    return np.array(values) if values else values
+
+
 def jobs_table(res: SimResult) -> pd.DataFrame:
     """One row per job with the ``JOB_COLUMNS`` (times in s)."""
     j, r = res.jobs, res.records
+
+    def job(name):
+        return _column(map(attrgetter(name), j))
+
+    def rec(name):
+        return _column(map(attrgetter(name), r))
+
+    nan = np.nan
     df = pd.DataFrame({
-        "job_id": [x.job_id for x in j], "index": [x.index for x in j], "tenant": [x.tenant for x in j],
-        "model": [x.model for x in j], "rank": [x.rank for x in j], "batch_size": [x.batch_size for x in j],
-        "micro_batch_per_gpu": [x.micro_batch_per_gpu for x in j], "grad_accum": [x.grad_accum for x in j],
-        "seq_len": [x.seq_len for x in j], "num_gpus": [x.num_gpus for x in j],
+        "job_id": [x.job_id for x in j], "index": job("index"), "tenant": [x.tenant for x in j],
+        "model": [x.model for x in j], "rank": job("rank"), "batch_size": job("batch_size"),
+        "micro_batch_per_gpu": job("micro_batch_per_gpu"), "grad_accum": job("grad_accum"),
+        "seq_len": job("seq_len"), "num_gpus": job("num_gpus"),
         "parallelism": [x.parallelism for x in j],
-        "total_steps": [x.total_steps for x in j], "tokens_per_step": [x.tokens_per_step for x in j],
-        "submit_time_s": [x.submit_time_s for x in j],
-        "start_time_s": [np.nan if y.start_s is None else y.start_s for y in r],
-        "finish_time_s": [np.nan if y.finish_s is None else y.finish_s for y in r],
-        "isolated_runtime_s": [x.isolated_runtime_s for x in j],
-        "trace_duration_s": [x.trace_duration_s for x in j],
-        "max_group_size": [y.max_group_size for y in r], "group_changes": [y.group_changes for y in r],
-        "steps_trained": [y.steps_trained for y in r], "early_exit": [y.early_exit for y in r],
-        "max_slowdown": [x.max_slowdown for x in j],
-        "sweep_id": [x.sweep_id or "" for x in j], "loss_floor": [x.loss_floor for x in j],
-        "_iso_step_s": [x.isolated_step_time_s for x in j],
+        "total_steps": job("total_steps"), "tokens_per_step": job("tokens_per_step"),
+        "submit_time_s": job("submit_time_s"),
+        "start_time_s": _column([nan if y is None else y for y in map(attrgetter("start_s"), r)]),
+        "finish_time_s": _column([nan if y is None else y for y in map(attrgetter("finish_s"), r)]),
+        "isolated_runtime_s": job("isolated_runtime_s"),
+        "trace_duration_s": job("trace_duration_s"),
+        "max_group_size": rec("max_group_size"), "group_changes": rec("group_changes"),
+        "steps_trained": rec("steps_trained"), "early_exit": rec("early_exit"),
+        "max_slowdown": job("max_slowdown"),
+        "sweep_id": [x.sweep_id or "" for x in j], "loss_floor": job("loss_floor"),
+        "_iso_step_s": job("isolated_step_time_s"),
     })
     df["jct_s"] = df["finish_time_s"] - df["submit_time_s"]
     df["queue_s"] = df["start_time_s"] - df["submit_time_s"]

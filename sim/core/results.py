@@ -9,7 +9,7 @@ from typing import Sequence
 from tlora_sim.sim.core.jobs import Job
 
 
-@dataclass
+@dataclass(slots=True)
 class JobRecord:
     """Per-job outcome: first start, finish (s), group size history."""
 

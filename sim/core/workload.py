@@ -27,7 +27,7 @@ import pandas as pd
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.costmodel.interface import CostModel, Member
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.jobs import Job, jobs_from_columns
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.traces.sweeps import TAU_FRACTION
 from tlora_sim.traces.frame import source_of
@@ -100,49 +100,65 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
         raise InputError(f"trace table lacks column(s) {missing}", file=frame.attrs.get("path"))
-    gpu = cluster.gpu.name
-    iso_cache: dict[tuple, tuple[float, bool]] = {}
-    jobs: list[Job] = []
+    gpu, total, memory = cluster.gpu.name, cluster.total_gpus, cluster.gpu.memory_bytes
+    iso_cache: dict[tuple, tuple[str, int, float, bool]] = {}
     skipped = {"oversized": 0, "memory": 0}
-    cols = [frame[c].to_numpy() for c in REQUIRED]
     n = len(frame)
-    sweep_ids = frame["sweep_id"].to_numpy() if "sweep_id" in frame.columns else [None] * n
-    floors = frame["loss_floor"].to_numpy() if "loss_floor" in frame.columns else [0.0] * n
-    taus = frame["loss_tau"].to_numpy() if "loss_tau" in frame.columns else [TAU_FRACTION] * n
-    for row, (jid, sub, dur, ngpu, model, rank, mb, ga, seq, slow, tenant, sweep, floor, tau) in enumerate(
-            zip(*cols, sweep_ids, floors, taus)):
-        ngpu = int(ngpu)
-        if not float(sub) + float(dur) <= MAX_TIME_S:
-            raise InputError(f"job {jid!r}: submit {float(sub):g} s + duration {float(dur):g} s exceeds {MAX_TIME_S:g} s, "
+    raw = {c: frame[c].to_numpy() for c in REQUIRED}  # as read, for messages
+    # whole columns as Python values, converted as each job's fields are (``int``, ``float``, ``str``)
+    subs, durs = (list(map(float, raw[c].tolist())) for c in ("submit_time_s", "duration_s"))
+    ngpus, ranks, mbs, gas, seqs = (list(map(int, raw[c].tolist()))
+                                    for c in ("num_gpus", "rank", "micro_batch_per_gpu", "grad_accum", "seq_len"))
+    keys = zip(raw["model"].tolist(), ranks, mbs, gas, seqs, ngpus)
+    kept: list[int] = []  # rows that become jobs
+    steps: list[int] = []
+    plans: list[tuple] = []
+    for row, (sub, dur, ngpu, key) in enumerate(zip(subs, durs, ngpus, keys)):
+        if not sub + dur <= MAX_TIME_S:
+            raise InputError(f"job {raw['job_id'][row]!r}: submit {sub:g} s + duration {dur:g} s exceeds {MAX_TIME_S:g} s, "
                              f"beyond the time resolution of the simulation (wrong time unit?)",
-                             **_where(frame, row),
-                             field="duration_s" if float(dur) > float(sub) else "submit_time_s")
-        if ngpu > cluster.total_gpus:
+                             **_where(frame, row), field="duration_s" if dur > sub else "submit_time_s")
+        if ngpu > total:
             if strict:
-                raise InputError(f"job {jid!r} asks for {ngpu} GPUs; cluster {cluster.spec} has {cluster.total_gpus}",
-                                 **_where(frame, row), field="num_gpus")
+                raise InputError(f"job {raw['job_id'][row]!r} asks for {ngpu} GPUs; cluster {cluster.spec} has "
+                                 f"{cluster.total_gpus}", **_where(frame, row), field="num_gpus")
             skipped["oversized"] += 1
             continue
-        key = (model, int(rank), int(mb), int(ga), int(seq), ngpu)
-        if key not in iso_cache:
+        plan = iso_cache.get(key)
+        if plan is None:
+            model, rank, mb, ga, seq, _ = key
             get_model(model)
-            if int(mb) < 1 or int(ga) < 1:
-                raise InputError(f"job {jid!r}: micro_batch_per_gpu {mb} and grad_accum {ga} must be >= 1",
-                                 **_where(frame, row), field="micro_batch_per_gpu" if int(mb) < 1 else "grad_accum")
-            iso_cache[key] = plan_job(cost_model, model, gpu, int(rank), int(mb), int(ga), int(seq), ngpu,
-                                      cluster.gpu.memory_bytes)
-        par, bs, iso, fits = iso_cache[key]
-        if not fits:
+            if mb < 1 or ga < 1:
+                raise InputError(f"job {raw['job_id'][row]!r}: micro_batch_per_gpu {raw['micro_batch_per_gpu'][row]} "
+                                 f"and grad_accum {raw['grad_accum'][row]} must be >= 1",
+                                 **_where(frame, row), field="micro_batch_per_gpu" if mb < 1 else "grad_accum")
+            plan = iso_cache[key] = plan_job(cost_model, model, gpu, rank, mb, ga, seq, ngpu, memory)
+        if not plan[3]:
             if strict:
-                raise InputError(f"job {jid!r} ({model}, rank {rank}, {mb} x {seq}-token sequences per GPU) does not fit "
-                                 f"any parallelism plan on {ngpu} {gpu}", **_where(frame, row), field="num_gpus")
+                raise InputError(f"job {raw['job_id'][row]!r} ({key[0]}, rank {raw['rank'][row]}, "
+                                 f"{raw['micro_batch_per_gpu'][row]} x {raw['seq_len'][row]}-token sequences per GPU) "
+                                 f"does not fit any parallelism plan on {ngpu} {gpu}", **_where(frame, row), field="num_gpus")
             skipped["memory"] += 1
             continue
-        steps = max(1, int(round(float(dur) / iso)))
-        jobs.append(Job(len(jobs), str(jid), float(sub), ngpu, str(model), int(rank), int(bs), int(seq), steps,
-                        float(dur), iso, float(slow), str(tenant),
-                        None if sweep is None or sweep == "" or sweep != sweep else str(sweep), float(floor),
-                        float(tau), int(mb), int(ga), par))
+        kept.append(row)
+        steps.append(max(1, int(round(dur / plan[2]))))
+        plans.append(plan)
+    sweep_ids = frame["sweep_id"].to_numpy().tolist() if "sweep_id" in frame.columns else None
+    floors = frame["loss_floor"].to_numpy().tolist() if "loss_floor" in frame.columns else None
+    taus = frame["loss_tau"].to_numpy().tolist() if "loss_tau" in frame.columns else None
+    pick = (lambda col: col) if len(kept) == n else (lambda col: [col[r] for r in kept])
+    jobs = jobs_from_columns({
+        "index": range(len(kept)), "job_id": list(map(str, pick(raw["job_id"].tolist()))),
+        "submit_time_s": pick(subs), "num_gpus": pick(ngpus), "model": list(map(str, pick(raw["model"].tolist()))),
+        "rank": pick(ranks), "batch_size": [int(p[1]) for p in plans], "seq_len": pick(seqs), "total_steps": steps,
+        "trace_duration_s": pick(durs), "isolated_step_time_s": [p[2] for p in plans],
+        "max_slowdown": list(map(float, pick(raw["max_slowdown"].tolist()))),
+        "tenant": list(map(str, pick(raw["tenant"].tolist()))),
+        "sweep_id": [None] * len(kept) if sweep_ids is None else
+        [None if w is None or w == "" or w != w else str(w) for w in pick(sweep_ids)],
+        "loss_floor": [0.0] * len(kept) if floors is None else list(map(float, pick(floors))),
+        "loss_tau": [TAU_FRACTION] * len(kept) if taus is None else list(map(float, pick(taus))),
+        "micro_batch_per_gpu": pick(mbs), "grad_accum": pick(gas), "parallelism": [p[0] for p in plans]})
     return jobs, {k: v for k, v in skipped.items() if v}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter, mul
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -193,7 +194,7 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
         if bar is not None:
             bar.close()
     jobs_df = metrics.jobs_table(res)
-    flops = sum(r.steps_trained * cost_model.step_flops(j.model, (j.member,)) for j, r in zip(jobs, res.records))
+    flops = sum(map(mul, map(attrgetter("steps_trained"), res.records), engine.member_flops))  # in job order
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
                **coverage(len(jobs), skipped, cost_model.describe())}
