@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Mapping, Sequence
 
 import simpy
@@ -36,10 +37,11 @@ from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
-from tlora_sim.sim.core.snapshot import GroupViews as _LazyViews  # the lazy ``Snapshot.groups``
+from tlora_sim.sim.core.snapshot import GroupViews as _LazyViews, engine_snapshot  # _LazyViews: Snapshot.groups
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
+_MEMBER, _TOKENS = attrgetter("member"), attrgetter("tokens_per_step")
 CPU_ALL, CPU_SAMPLE = 64, 8
 """CPU clock reads around the first CPU_ALL decisions of each queue-length decade, then every
 CPU_SAMPLE-th, counted CPU_SAMPLE times: a read is a system call (1-4 us on the EPYC VM; around every
@@ -56,9 +58,7 @@ class _Wake:
     _ok = True  # SimPy's ``step`` reads it: the event succeeded
 
     def __init__(self, callback, gid: int = -1, version: int = 0) -> None:
-        self.callbacks = [callback]
-        self.gid = gid
-        self.version = version
+        self.callbacks, self.gid, self.version = [callback], gid, version
 
 
 @dataclass(slots=True)
@@ -209,10 +209,9 @@ class Engine:
 
     def _start_arrivals(self) -> None:
         """Queue the jobs submitted by now, or wake at the first submit time."""
-        if self.jobs and self.jobs[0].submit_time_s > self.env.now:
-            self._schedule(_Wake(self._arrive), NORMAL, self.jobs[0].submit_time_s - self.env.now)
-        elif self.jobs:
-            self._arrive()
+        if self.jobs:
+            t = self.jobs[0].submit_time_s - self.env.now
+            self._schedule(_Wake(self._arrive), NORMAL, t) if t > 0 else self._arrive()
 
     def _arrive(self, _ev=None) -> None:
         """Queue the jobs submitted by now, ask for a decision, and wake at the next submit time
@@ -240,8 +239,8 @@ class Engine:
     # ---- policy ----------------------------------------------------------------------------
     def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
         """The read-only view handed to the policy (group views built on first access)."""
-        return Snapshot(self.env.now, QueueView(self.queue, self._queue_keys), _LazyViews(self.groups, self._view, self.env.now),
-                        self.free.copy(), self.cluster,
+        return engine_snapshot(self.env.now, QueueView(self.queue, self._queue_keys),
+                               _LazyViews(self.groups, self._view, self.env.now), self.free.copy(), self.cluster,
                         self.cost_model, self._kinds, changed)
 
     def _view(self, g: "_Group", now: float) -> GroupView:
@@ -260,7 +259,8 @@ class Engine:
             return
         self._shrunk = False
         qlen = len(self.queue)
-        b = self._by_queue.setdefault(len(str(qlen)) if qlen else 0, [0, 0.0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0])
+        d = len(str(qlen)) if qlen else 0
+        b = self._by_queue.get(d) or self._by_queue.setdefault(d, [0, 0.0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0])
         w = 1 if b[0] < CPU_ALL else CPU_SAMPLE if b[0] % CPU_SAMPLE == 0 else 0  # CPU-time weight (CPU_ALL)
         c0 = time.thread_time() if w else 0.0
         t0 = time.perf_counter()
@@ -288,9 +288,9 @@ class Engine:
                 placed += len(a.job_indices)
             f(a)
         for k in ((0, 5) if not placed else (0,)):  # idle decisions also go to their own five
-            b[k:k + 3] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
+            b[k], b[k + 1], b[k + 2] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
             if w:
-                b[k + 3:k + 5] = b[k + 3] + cpu, b[k + 4] + 1
+                b[k + 3], b[k + 4] = b[k + 3] + cpu, b[k + 4] + 1
         b[10] += placed
         self._record()
         if self.progress is not None:
@@ -539,7 +539,7 @@ class Engine:
                 g.membership = ((j,), (j.member,), j.batch_size * j.seq_len, 0 + self.member_flops[i], i)
             else:
                 jobs = tuple(map(self.jobs.__getitem__, members))
-                g.membership = (jobs, tuple(j.member for j in jobs), sum(j.tokens_per_step for j in jobs),
+                g.membership = (jobs, tuple(map(_MEMBER, jobs)), sum(map(_TOKENS, jobs)),
                                 sum(map(self.member_flops.__getitem__, members)),
                                 min(members, key=g.remaining.__getitem__))
         return g.membership

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator, Mapping, Sequence
 
 from tlora_sim.sim.core.cluster import ClusterSpec
@@ -252,6 +252,26 @@ class Snapshot:
         """Whether the group fits in each GPU's memory under the cost model."""
         mem = self.cost_model.memory_bytes(model, self.cluster.gpu.name, members, n_gpus, plan, micro_batches)
         return mem <= self.cluster.gpu.memory_bytes
+
+
+_SNAPSHOT_FIELDS = tuple(f.name for f in fields(Snapshot))
+_new = object.__new__
+_set = object.__setattr__
+
+
+def engine_snapshot(now_s: float, queue: Sequence[Job], groups: Mapping[int, GroupView], free: FreeGpus,
+                    cluster: ClusterSpec, cost_model: CostModel, kinds: Mapping | None,
+                    changed: frozenset[int] | None) -> Snapshot:
+    """``Snapshot(now_s, queue, groups, free, cluster, cost_model, kinds, changed)``, made with its
+    fields' dict at once instead of the frozen dataclass's ``object.__setattr__`` per field
+    (one snapshot per decision, millions on a long trace)."""
+    snap = _new(Snapshot)
+    _set(snap, "__dict__", {"now_s": now_s, "queue": queue, "groups": groups, "free": free, "cluster": cluster,
+                            "cost_model": cost_model, "kinds": kinds, "changed": changed})
+    return snap
+
+
+assert _SNAPSHOT_FIELDS == tuple(vars(engine_snapshot(*_SNAPSHOT_FIELDS))), "engine_snapshot must set every Snapshot field"
 
 
 @dataclass(frozen=True, slots=True)
