@@ -121,7 +121,16 @@ class KernelConfig:
     gfin_fold_bytes: ``_gfin``'s pass (multi-chunk dA/dB rows out of the fp32 workspace) is done
     by our persistent backward GEMM's programs that have no tile in its last round, instead of a
     launch of its own, when it moves at most this many bytes per such program (0: never;
-    ``lora_gemm._bound_persist``)."""
+    ``lora_gemm._bound_persist``).
+    tiny_tokens: at most this many tokens, the forward's ``_f1`` + ``_f2`` run as one launch
+    (``_tiny._tf_kernel``: the tile's K splits of P meet on a counter in device memory, one
+    program per SM), and so do the backward's ``_b1`` + ``_b2`` (``_tiny._tb_kernel``) where
+    ``_b1`` would leave Q unsplit over N (``plan.nsplit`` 1); only with cuBLAS for both base
+    GEMMs and at most one row tile per SM. -1 (the default): 512 on CUDA devices where every
+    adapter with tokens has rank <= 64 (the range measured), off elsewhere (the interpreter,
+    where nothing is latency-bound and the four-launch path keeps its tests); 0: never. H100,
+    small4 (512 tokens), step / base 4096x4096 1.56 -> 1.50, 4096x14336 1.45 -> 1.23,
+    8192x8192 1.33 -> 1.25, 14336x4096 1.29 -> 1.27 (profiler/KERNELS.md, session 19)."""
     bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
@@ -145,6 +154,7 @@ class KernelConfig:
     gemm_bwd: "GemmConfig | None" = None
     bwd_cublas: str = "tail"
     gfin_fold_bytes: int = 1_600_000
+    tiny_tokens: int = -1
 
     def __post_init__(self):
         if self.base_gemm not in BASE_GEMMS:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import _triton as K_
+from ._tiny import bind_backward, bind_forward
 from .config import cdiv
 from .fastlaunch import BoundLaunch
 from .lora_gemm import bound_gemm, choose_gemm, gemm_lora_backward, gemm_lora_forward, tma_desc
@@ -73,8 +74,13 @@ class ForwardProgram:
         self.has_bias = bias is not None
         self.prec = prec = prec_of(x.dtype)
         self.empty = plan.n_tiles == 0
-        self.gemm = self._wd = self._wt = None
+        self.gemm = self._wd = self._wt = self.tiny = None
         if self.empty:
+            return
+        # few tokens: one launch for f1 + f2 (``_tiny``; it zeroes gbuf as f2 does)
+        self.tiny = bind_forward(plan, x, lora_A, lora_B, self.has_bias, seed_is_tensor,
+                                 dropout, prec, self.g_numel)
+        if self.tiny is not None:
             return
         # the K splits' fp32 sums of P and one int32 counter per row tile (the splits that
         # finished): zero between steps (the last split of each tile zeroes its rows again)
@@ -113,8 +119,12 @@ class ForwardProgram:
             if self.g_numel:
                 gbuf.zero_()
             return y, psave, gbuf
-        self.f1(x, lora_A, psave, seed)
-        if self.f2 is not None:
+        if self.tiny is not None:
+            for bl in self.tiny:
+                bl(x, lora_A, lora_B, y, bias if self.has_bias else y, psave, seed, gbuf)
+        else:
+            self.f1(x, lora_A, psave, seed)
+        if self.tiny is None and self.f2 is not None:
             self.f2(psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
         if self.gc is None:  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
             wt = self._wt
@@ -165,9 +175,12 @@ class BackwardProgram:
         self.zero_grads = self.empty or any(L == 0 for L in plan.seg_lens)
         self.q_atomic = plan.nsplit > 1
         self.p_numel = max(plan.p_size, 1)
-        self.gemm = self._wd = None
+        self.gemm = self._wd = self.tiny = None
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
-        if not self.empty:
+        if not self.empty:   # few tokens: one launch for b1 + b2 (``_tiny``)
+            self.tiny = bind_backward(plan, x, dy, lora_A, lora_B, seed_is_tensor, dropout,
+                                      self.write_dx, prec)
+        if not self.empty and self.tiny is None:
             n_nb = cdiv(Nf, cfg.bn)
             n_kb = cdiv(Kf, cfg.bk)
             n_q = plan.n_tiles * plan.nsplit
@@ -215,6 +228,12 @@ class BackwardProgram:
             dxl = (torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
                    if self.write_dx else x)
             # Q: fp32 sums of N-split partials in the zeroed workspace, else one bf16/fp16 store
+            if self.tiny is not None:   # (cuBLAS then runs dX: self.gc is None)
+                for bl in self.tiny:
+                    bl(dy, x, lora_A, lora_B, psave, dxl, dA, dB, seed)
+                if self.write_dx:
+                    dx = dxl.addmm_(dy, weight)
+                return dx, (dA if need_A else None), (dB if need_B else None)
             q = (gbuf if self.q_atomic
                  else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
             self.b1(dy, lora_B, psave, q, dB)
