@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import pandas as pd
@@ -81,7 +81,11 @@ def jobs_table(res: SimResult) -> pd.DataFrame:
 def timeline_table(res: SimResult, cluster: ClusterSpec) -> pd.DataFrame:
     """The piecewise-constant time series (``TIMELINE_COLUMNS``), one row per state change."""
     cols = ["time_s", "running_jobs", "queued_jobs", "groups", "gpus_allocated", "tokens_per_s", "model_flops_per_s"]
-    df = pd.DataFrame(res.timeline, columns=cols)
+    tl = res.timeline
+    if tl and set(map(len, tl)) == {len(cols)}:  # column by column (typed as from the rows, in half the time)
+        df = pd.DataFrame({c: _column(list(map(itemgetter(i), tl))) for i, c in enumerate(cols)})
+    else:
+        df = pd.DataFrame(tl, columns=cols)
     df["gpus_total"] = cluster.total_gpus
     df["gpu_alloc_util"] = df["gpus_allocated"] / cluster.total_gpus
     held_peak = df["gpus_allocated"] * cluster.gpu.peak_flops
