@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Sequence
 
 from tlora_sim.sim.costmodel.interface import Member
@@ -67,6 +68,13 @@ class Job:
     parallelism: str = ""
     member: Member = field(init=False, repr=False, compare=False)
 
+    def __eq__(self, other: object) -> bool:
+        # the dataclass's comparison (a tuple of every field but ``member``), after a look at the
+        # index, which tells two different jobs apart at once (policies test ``job in group``)
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.index == other.index and _compared(self) == _compared(other)
+
     def __post_init__(self) -> None:
         # This job as a member of a super-model group (for the cost model); built once.
         object.__setattr__(self, "member", Member(self.rank, self.batch_size, self.seq_len))
@@ -80,6 +88,9 @@ class Job:
     def isolated_runtime_s(self) -> float:
         """Run time alone on its requested GPUs: total_steps x isolated step time (s)."""
         return self.total_steps * self.isolated_step_time_s
+
+
+_compared = attrgetter(*(f.name for f in fields(Job) if f.compare))
 
 
 def jobs_from_columns(columns: dict[str, Sequence]) -> list[Job]:
