@@ -141,7 +141,13 @@ def test_auto_is_the_plain_path_off_cuda():
 def test_auto_steps_equal_the_plain_path_on_the_gpu(tokens):
     """Dropout 0: every step through "auto" (plain at first, then replayed graphs for the small
     step, always plain for the large one) gives the plain layer's y, dX, dA and dB; a second
-    forward before the first's backward still gives each backward its own gradients."""
+    forward before the first's backward still gives each backward its own gradients. Compared
+    by relative norm: the fp32 atomics' order differs between runs, so single bf16 elements can
+    round apart (an H100 run saw 4 of 81,920 elements of a gradient differ, by up to 0.086, 7% of
+    one near-zero element)."""
+
+    def close(a, b):
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 2e-3
     torch.manual_seed(0)
     ranks, segs = [4, 16], [tokens // 4, tokens - tokens // 4]
     kw = dict(dtype=torch.bfloat16, device="cuda")
@@ -160,7 +166,7 @@ def test_auto_steps_equal_the_plain_path_on_the_gpu(tokens):
         x = torch.randn(tokens, 4096, **kw, requires_grad=True)
         dy = torch.randn(tokens, 4096, **kw)
         for a, b in zip(step(auto, x, dy), step(plain, x, dy)):
-            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+            close(a, b)
     assert bool(auto.graph_cache) == (4.0 * tokens * 4096 * 4096 < AUTO_MAX_FLOPS)
     x1, x2 = (torch.randn(tokens, 4096, **kw, requires_grad=True) for _ in range(2))
     dy = torch.randn(tokens, 4096, **kw)
@@ -170,4 +176,4 @@ def test_auto_steps_equal_the_plain_path_on_the_gpu(tokens):
     for got, x in ((g1, x1), (g2, x2)):
         want = torch.autograd.grad(plain(x, segs), [x, plain.lora_A], dy)
         for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+            close(a, b)
