@@ -175,10 +175,10 @@ class Engine:
         self.member_flops = [flops[k] if k in flops else flops.setdefault(k, cost_model.step_flops(*k))
                               for k in ((j.model, (j.member,)) for j in self.jobs)]
         self._schedule = self.env.schedule
-        self._next_job = 0  # the first job not yet arrived
-        self._last_state = None  # the timeline's last row without its time
-        self._apply = {StartGroup: self._start_group, AddMembers: self._add_members, RemoveMembers: self._remove_members,
-                       StopMembers: self._stop_members, SetExecution: self._set_execution}
+        self._next_job, self._last_state = 0, None  # first job not yet arrived; last timeline row without its time
+        c = type(self)  # functions, not bound methods: no reference cycle keeping a finished engine alive
+        self._apply = {StartGroup: c._start_group, AddMembers: c._add_members, RemoveMembers: c._remove_members,
+                       StopMembers: c._stop_members, SetExecution: c._set_execution}
         self._timer_s = policy.timer_s
         self._timer_pending = False
         watchers = list(listeners) + ([InvariantChecker(self.jobs, cluster, cost_model)] if check_invariants else [])
@@ -286,7 +286,7 @@ class Engine:
                     self._fail(f"unknown action {a!r}")
             if f is start or f is add:
                 placed += len(a.job_indices)
-            f(a)
+            f(self, a)
         for k in ((0, 5) if not placed else (0,)):  # idle decisions also go to their own five
             b[k], b[k + 1], b[k + 2] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
             if w:
