@@ -10,8 +10,8 @@ import pytest
 from conftest import run_engine
 from tlora_sim.policies.mlora import MLoRA, MLoRAConfig
 from tlora_sim.policies.planner import Planner
-from tlora_sim.sim.core import engine
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+from tlora_sim.sim.core.snapshot import GroupViews
 
 
 @pytest.mark.parametrize("concurrency", [2, 4])
@@ -20,7 +20,7 @@ def test_skipping_full_groups_matches_the_plain_candidates(concurrency, monkeypa
                                                     policy="mlora", cluster="4x8xH100", seed=0,
                                                     cost_model="roofline"))
     cfg = MLoRAConfig(concurrency_num=concurrency)
-    sizes = engine._LazyViews.size
+    sizes = GroupViews.size
     skipped = []
 
     def size(views, gid):
@@ -30,7 +30,7 @@ def test_skipping_full_groups_matches_the_plain_candidates(concurrency, monkeypa
         return n
 
     with monkeypatch.context() as m:
-        m.setattr(engine._LazyViews, "size", size)
+        m.setattr(GroupViews, "size", size)
         a = run_engine(jobs, MLoRA(cfg), "4x8xH100", cost_model=model, check=False)
     with monkeypatch.context() as m:  # the plain filter: every candidate copied
         m.setattr(Planner, "open_candidates",

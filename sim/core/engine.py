@@ -37,7 +37,7 @@ from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
-from tlora_sim.sim.core.snapshot import GroupViews as _LazyViews, engine_snapshot  # _LazyViews: Snapshot.groups
+from tlora_sim.sim.core.snapshot import GroupViews, engine_snapshot
 
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
@@ -240,7 +240,7 @@ class Engine:
     def snapshot(self, changed: frozenset[int] | None = None) -> Snapshot:
         """The read-only view handed to the policy (group views built on first access)."""
         return engine_snapshot(self.env.now, QueueView(self.queue, self._queue_keys),
-                               _LazyViews(self.groups, self._view, self.env.now), self.free.copy(), self.cluster,
+                               GroupViews(self.groups, self._view, self.env.now), self.free.copy(), self.cluster,
                         self.cost_model, self._kinds, changed)
 
     def _view(self, g: "_Group", now: float) -> GroupView:
@@ -333,9 +333,9 @@ class Engine:
             self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
         kept = self.remaining_queued
         g = _Group(self._next_gid, model, n, tuple(a.placement), a.plan, idx,
-                   {i: kept.pop(i, float(jobs[i].total_steps)) for i in idx} if kept
-                   else {i: float(jobs[i].total_steps) for i in idx},
-                   now, 0.0, now + self.start_pause_s, now, now, 0, 0.0, 0.0, a.nano_batches, a.micro_batches)
+                   {i: kept.pop(i, float(jobs[i].total_steps)) if kept else float(jobs[i].total_steps) for i in idx},
+                   started_s=now, last_update_s=now, paused_until_s=now + self.start_pause_s, pause_set_s=now,
+                   nano_batches=a.nano_batches, micro_batches=a.micro_batches)
         self._next_gid += 1
         self._groups_started += 1
         self.groups[g.gid] = g
@@ -536,7 +536,7 @@ class Engine:
             if size == 1:
                 i = members[0]
                 j = self.jobs[i]
-                g.membership = ((j,), (j.member,), j.batch_size * j.seq_len, 0 + self.member_flops[i], i)
+                g.membership = ((j,), (j.member,), j.tokens_per_step, 0 + self.member_flops[i], i)
             else:
                 jobs = tuple(map(self.jobs.__getitem__, members))
                 g.membership = (jobs, tuple(map(_MEMBER, jobs)), sum(map(_TOKENS, jobs)),

@@ -183,25 +183,25 @@ class GroupViews(Mapping):
         self._now = now
         self._views: dict = {}
 
+    def _live(self) -> Mapping:
+        """The engine's groups; RuntimeError once the decision has returned (``freeze``)."""
+        if self._groups is None:
+            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
+        return self._groups
+
     def __getitem__(self, gid: int) -> GroupView:
         v = self._views.get(gid)
         if v is None:
-            if self._groups is None:
-                raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-            v = self._views[gid] = self._build(self._groups[gid], self._now)
+            v = self._views[gid] = self._build(self._live()[gid], self._now)
         return v
 
     def __iter__(self):
-        if self._groups is None:
-            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-        return iter(self._groups)
+        return iter(self._live())
 
     def size(self, gid: int) -> int:
         """Number of members of running group ``gid`` (``len(self[gid].members)``) without building
         its view. KeyError if it is not running."""
-        if self._groups is None:
-            raise RuntimeError("Snapshot.groups read after the decision returned; copy what you keep")
-        return len(self._groups[gid].members)
+        return len(self._live()[gid].members)
 
     def __len__(self) -> int:
         return len(self._groups) if self._groups is not None else len(self._views)
