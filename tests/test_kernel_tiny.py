@@ -29,6 +29,7 @@ F32_TOL = 1e-4 if DEV == "cpu" else 1e-3
 BF16_TOL = 2e-2
 SAME_TOL = 1e-5 if DEV == "cpu" else 1e-3   # against the four-launch path (fp32 atomics' order)
 TINY = KernelConfig(tiny_tokens=4096, bk=32, bn=32)      # several K / N blocks at these sizes
+TINY1 = KernelConfig(tiny_tokens=4096, bk=32, bn=32, tiny_ctas=1)   # session 19's backward rule
 # (plans are built for 8 SMs, as off CUDA, so that a GPU run takes the same splits and backwards)
 FOUR = KernelConfig(tiny_tokens=0, bk=32, bn=32)
 
@@ -80,19 +81,30 @@ def test_rule():
                      "cpu", n_sm=32) is None
     plan = mk([300, 212], KernelConfig(tiny_tokens=512))   # 5 + 4 row tiles of 64
     assert tiny_plan(plan, "cpu", n_sm=8) is None
-    tp = tiny_plan(plan, "cpu", n_sm=27)   # 3 programs a tile: 4 K blocks in 2 splits, 3 N blocks
+    tp = tiny_plan(plan, "cpu", n_sm=27)   # 6 programs a tile: 4 K blocks in 4 splits, 3 N blocks
+    assert (tp.fsplit, tp.kb_per, tp.grid_f, tp.nbf_per) == (4, 1, 36, 1)
+    assert KernelConfig().tiny_ctas == 2 and tp.ctas == 2 and tp.backward   # two per SM
+    assert (tp.bsplit, tp.nbb_per, tp.n_q, tp.n_db, tp.n_xa, tp.grid_b) == (3, 1, 27, 6, 8, 33)
+    tp = tiny_plan(plan, "cpu", n_sm=27, ctas=1)   # one per SM: 3 a tile, the grid caps the items
     assert (tp.fsplit, tp.kb_per, tp.grid_f, tp.nbf_per) == (2, 2, 18, 2)
     assert (tp.bsplit, tp.nbb_per, tp.n_q, tp.n_db, tp.n_xa, tp.grid_b) == (3, 1, 27, 6, 8, 27)
     assert tp.backward == (plan.nsplit == 1)
+    assert not tiny_plan(plan, "cpu", n_sm=27, ctas=0).backward
+    tp = tiny_plan(plan, "cpu", n_sm=4, ctas=3)   # more tiles than SMs: one launch per pass only
+    assert tp is None                             # where the tiles fit one program per SM
+    tp = tiny_plan(plan, "cpu", n_sm=9, ctas=3)   # 27 programs: 3 N splits of Q per tile
+    assert (tp.bsplit, tp.n_q, tp.grid_b, tp.n_ad) == (3, 27, 27, 2)
+    assert tp.tmeta.shape == (9, 10) and tp.tmeta[:, 0].tolist() == [0] * 5 + [1] * 4
+    assert tp.tmeta[:, 3:].tolist() == plan.meta_i[plan.tiles[:, 0].long(), :7].tolist()
     if DEV == "cuda":
         def mkr(r, L):
             return build_plan([L, 0], [r, 128], [1.0, 1.0], 0.1, 256, 384, DEV)
 
         assert tiny_plan(mkr(64, 512), DEV) is not None and tiny_plan(mkr(64, 513), DEV) is None
         assert tiny_plan(mkr(65, 512), DEV) is None   # the empty rank-128 adapter does not count
-    bw = [tiny_plan(build_plan(s, r, [1.0] * len(r), 0.1, K, N, DEV, TINY, n_sm=8), DEV).backward
-          for s, r, K, N in MIXES]
-    assert True in bw and False in bw   # the cases below run both backwards
+    bw = [tiny_plan(build_plan(s, r, [1.0] * len(r), 0.1, K, N, DEV, TINY, n_sm=8), DEV,
+                    ctas=1).backward for s, r, K, N in MIXES]
+    assert True in bw and False in bw   # with one program per SM the cases run both backwards
 
 
 MIXES = [([37, 0, 64, 5], [3, 8, 20, 130], 96, 80),       # odd tokens, an empty adapter
@@ -100,14 +112,15 @@ MIXES = [([37, 0, 64, 5], [3, 8, 20, 130], 96, 80),       # odd tokens, an empty
          ([9, 31, 70, 2, 11], [16, 17, 64, 65, 128], 40, 100)]
 
 
-@pytest.mark.parametrize("p", [0.0, 0.25])
+@pytest.mark.parametrize("p,cfg", [(0.0, TINY), (0.25, TINY), (0.25, TINY1)])
 @pytest.mark.parametrize("mix", range(len(MIXES)))
-def test_steps_match_reference_and_four_launch_path(mix, p):
+def test_steps_match_reference_and_four_launch_path(mix, p, cfg):
     """Three steps of one plan (new seeds): y, dX, dA, dB match the float64 reference and the
-    four-launch path; every program's step count and each counter's arrivals add up."""
+    four-launch path; every program's step count and each counter's arrivals add up. ``_tb``
+    at two programs per SM (TINY) and at one (TINY1, only where the plan leaves Q unsplit)."""
     segs, ranks, K, N = MIXES[mix]
     (x, W, A, B, dy), sc = _inputs(1900 + mix, segs, ranks, K, N)
-    plan = build_plan(segs, ranks, sc, p, K, N, DEV, TINY, n_sm=8)   # the same splits on a GPU
+    plan = build_plan(segs, ranks, sc, p, K, N, DEV, cfg, n_sm=8)   # the same splits on a GPU
     four = build_plan(segs, ranks, sc, p, K, N, DEV, FOUR, n_sm=8)
     tp = tiny_plan(plan, DEV)
     assert tp is not None and tiny_plan(four, DEV) is None
@@ -122,15 +135,19 @@ def test_steps_match_reference_and_four_launch_path(mix, p):
             ro, r = plan.roffs[i], plan.ranks[i]
             assert not got["dA"][ro:ro + r].any() and not got["dB"][ro:ro + r].any()
         (f,), (b,) = _progs(plan)
-        assert f.tiny is not None and (b.tiny is not None) == tp.backward
-        assert f.g_numel == (0 if tp.backward else plan.p_size)   # zeroed by _tf
+        assert f.g_numel == (0 if plan.nsplit == 1 else plan.p_size)   # zeroed by _tf
         st = f.tiny[-1].static
         assert (st["Ep"] == step + 1).all() and (st["Cnt"] == (step + 1) * tp.fsplit).all()
+        two = b.tiny is not None and "maxnreg" in b.tiny[-1].options
+        if DEV == "cuda" and tp.ctas == 2 and not two:
+            tp = tiny_plan(plan, DEV, ctas=1)   # two per SM did not fit (fp32 at rank 256)
+        assert f.tiny is not None and (b.tiny is not None) == tp.backward
         if tp.backward:
             st = b.tiny[-1].static
             want = [(step + 1) * tp.bsplit * -(-L // plan.cfg.bms[bk]) for L, bk in
-                    zip(segs, plan.meta_i[:, 5].tolist())]
+                    zip(segs, plan.meta_i[:, 5].tolist()) if L > 0]
             assert (st["Ep"] == step + 1).all() and st["Cnt"].tolist() == want
+            assert b.tiny[-1].grid[0] == tp.grid_b
 
 
 def test_bf16_bias_no_dropout_and_seed_tensor():

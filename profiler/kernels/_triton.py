@@ -295,9 +295,11 @@ def _grad_out(acc, G, D, offs, gm, nch):
 
 
 @triton.jit
-def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
-              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
-              PREC: tl.constexpr):
+def _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
+            R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """(acc, offs, rmask): acc = s dY B^T over rows m0..m1-1 (BM, fp32 (BM, R)) and N blocks
+    nb0..nb1-1 (BN columns), offs its elements in the compact, R-padded Q (as P's), rmask the
+    rows < m1. Shared by ``_b1q_body`` and ``_tiny._tbq_body``."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -313,6 +315,15 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
         acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
     offs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]   # padded rows, as P's
+    return acc, offs, rmask
+
+
+@triton.jit
+def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
+              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
+              PREC: tl.constexpr):
+    acc, offs, rmask = _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+                               scale, R, BM, BN, PREC)
     if Q_ATOMIC:   # N split: partial sums into the zeroed fp32 Q
         tl.atomic_add(Q + offs, acc, mask=rmask[:, None], sem="relaxed")
     else:

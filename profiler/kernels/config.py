@@ -130,7 +130,12 @@ class KernelConfig:
     adapter with tokens has rank <= 64 (the range measured), off elsewhere (the interpreter,
     where nothing is latency-bound and the four-launch path keeps its tests); 0: never. H100,
     small4 (512 tokens), step / base 4096x4096 1.56 -> 1.50, 4096x14336 1.45 -> 1.23,
-    8192x8192 1.33 -> 1.25, 14336x4096 1.29 -> 1.27 (profiler/KERNELS.md, session 19)."""
+    8192x8192 1.33 -> 1.25, 14336x4096 1.29 -> 1.27 (profiler/KERNELS.md, session 19).
+    tiny_ctas: programs per SM of that path's backward launch (``_tb_kernel``): n >= 2, n per SM
+    (registers capped by ``maxnreg`` at the SM's file / (n x threads)) wherever the compiled
+    kernel fits n (``_tiny.resident_ctas``: every program must be resident, as consumers spin),
+    for every plan of the path, else fewer; 1: one per SM and only where ``plan.nsplit`` is 1
+    (session 19's rule); 0: the four-launch backward always (profiler/KERNELS.md, session 20)."""
     bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
@@ -155,6 +160,7 @@ class KernelConfig:
     bwd_cublas: str = "tail"
     gfin_fold_bytes: int = 1_600_000
     tiny_tokens: int = -1
+    tiny_ctas: int = 2
 
     def __post_init__(self):
         if self.base_gemm not in BASE_GEMMS:
