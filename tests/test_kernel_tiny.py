@@ -81,12 +81,11 @@ def test_rule():
                      "cpu", n_sm=32) is None
     plan = mk([300, 212], KernelConfig(tiny_tokens=512))   # 5 + 4 row tiles of 64
     assert tiny_plan(plan, "cpu", n_sm=8) is None
-    tp = tiny_plan(plan, "cpu", n_sm=27)   # 6 programs a tile: 4 K blocks in 4 splits, 3 N blocks
-    assert (tp.fsplit, tp.kb_per, tp.grid_f, tp.nbf_per) == (4, 1, 36, 1)
+    tp = tiny_plan(plan, "cpu", n_sm=27)   # 3 programs a tile: 4 K blocks in 2 splits, 3 N blocks
+    assert (tp.fsplit, tp.kb_per, tp.grid_f, tp.nbf_per) == (2, 2, 18, 2)
     assert KernelConfig().tiny_ctas == 2 and tp.ctas == 2 and tp.backward   # two per SM
     assert (tp.bsplit, tp.nbb_per, tp.n_q, tp.n_db, tp.n_xa, tp.grid_b) == (3, 1, 27, 6, 8, 33)
-    tp = tiny_plan(plan, "cpu", n_sm=27, ctas=1)   # one per SM: 3 a tile, the grid caps the items
-    assert (tp.fsplit, tp.kb_per, tp.grid_f, tp.nbf_per) == (2, 2, 18, 2)
+    tp = tiny_plan(plan, "cpu", n_sm=27, ctas=1)   # one per SM: the grid caps the items
     assert (tp.bsplit, tp.nbb_per, tp.n_q, tp.n_db, tp.n_xa, tp.grid_b) == (3, 1, 27, 6, 8, 27)
     assert tp.backward == (plan.nsplit == 1)
     assert not tiny_plan(plan, "cpu", n_sm=27, ctas=0).backward
@@ -96,6 +95,11 @@ def test_rule():
     assert (tp.bsplit, tp.n_q, tp.grid_b, tp.n_ad) == (3, 27, 27, 2)
     assert tp.tmeta.shape == (9, 10) and tp.tmeta[:, 0].tolist() == [0] * 5 + [1] * 4
     assert tp.tmeta[:, 3:].tolist() == plan.meta_i[plan.tiles[:, 0].long(), :7].tolist()
+    for N, unsplit in ((384, False), (2048, True)):   # 64 dX / dA items, 16 programs
+        pl = build_plan([64], [4], [1.0], 0.1, 4096, N, "cpu", KernelConfig(tiny_tokens=512))
+        tp = tiny_plan(pl, "cpu")
+        assert (tp.n_xa, tp.grid_b, pl.nsplit == 1) == (64, 16, unsplit)
+        assert tp.backward == unsplit   # two items a program: only where _b1 leaves Q unsplit
     if DEV == "cuda":
         def mkr(r, L):
             return build_plan([L, 0], [r, 128], [1.0, 1.0], 0.1, 256, 384, DEV)

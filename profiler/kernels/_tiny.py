@@ -360,12 +360,14 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
 class TinyPlan:
     """Launch data of the two-launch path for one plan on one device (``tiny_plan``).
 
-    ``ctas``: programs per SM of both kernels (``KernelConfig.tiny_ctas``, 0 counted as 1;
-    ``bind_forward`` / ``bind_backward`` take a TinyPlan of fewer where the compiled kernel does
-    not fit that many). Forward: fsplit programs per row tile (K splits of P = N groups of Y),
-    kb_per / nbf_per K / N blocks (BK / BN columns) per program; grid_f = n_tiles x fsplit
-    (<= ctas x n_sm). ``backward``: whether ``_tb_kernel`` runs
-    the backward (ctas >= 2, or ctas 1 and the plan's ``nsplit`` 1, session 19's rule); then
+    Forward: fsplit programs per row tile (K splits of P = N groups of Y), kb_per / nbf_per K / N
+    blocks (BK / BN columns) per program; grid_f = n_tiles x fsplit (<= n_sm). ``ctas``:
+    ``_tb_kernel``'s programs per SM (``KernelConfig.tiny_ctas``; ``bind_backward`` takes a
+    TinyPlan of fewer where the compiled kernel does not fit that many without spilling).
+    ``backward``: whether ``_tb_kernel`` runs
+    the backward: where the plan's ``nsplit`` is 1 (the four-launch ``_b1`` would leave Q unsplit,
+    session 19's rule) and, at ctas >= 2, also where every program takes at most one dX / dA
+    item (n_xa <= grid_b; H100: more items per program lost to ``_b1`` + ``_b2``, session 20); then
     bsplit N splits of Q per row tile, nbb_per N blocks each; n_q = n_tiles x bsplit Q items,
     n_db = n_ad x n_nb dB blocks, n_xa = n_ad x n_kb dX / dA blocks (n_ad adapters with tokens);
     grid_b = min(ctas x n_sm, max(n_q + n_db, n_xa)): every program is resident while any spins.
@@ -377,15 +379,13 @@ class TinyPlan:
     def __init__(self, plan, n_sm: int, device, ctas: int = 1):
         cfg = plan.cfg
         nkb, nnb = cdiv(plan.in_features, cfg.bk), cdiv(plan.out_features, cfg.bn)
-        per = max(1, ctas) * n_sm // plan.n_tiles
         self.n_sm, self.ctas = n_sm, ctas
-        fs = max(1, min(cfg.max_split, nkb, per))
+        fs = max(1, min(cfg.max_split, nkb, n_sm // plan.n_tiles))
         self.kb_per = cdiv(nkb, fs)
         self.fsplit = cdiv(nkb, self.kb_per)
         self.nbf_per = cdiv(nnb, self.fsplit)
         self.grid_f = plan.n_tiles * self.fsplit
-        self.backward = ctas >= 2 or (ctas == 1 and plan.nsplit == 1)
-        bs = max(1, min(cfg.max_split, nnb, per))
+        bs = max(1, min(cfg.max_split, nnb, max(1, ctas) * n_sm // plan.n_tiles))
         self.nbb_per = cdiv(nnb, bs)
         self.bsplit = cdiv(nnb, self.nbb_per)
         ads = [i for i, L in enumerate(plan.seg_lens) if L > 0]
@@ -393,6 +393,8 @@ class TinyPlan:
         self.n_q = plan.n_tiles * self.bsplit
         self.n_db, self.n_xa = len(ads) * nnb, len(ads) * nkb
         self.grid_b = min(max(1, ctas) * n_sm, max(self.n_q + self.n_db, self.n_xa))
+        self.backward = (ctas >= 1 and plan.nsplit == 1) \
+            or (ctas >= 2 and self.n_xa <= self.grid_b)
         self.n_ad = len(ads)
         idx = torch.tensor(ads, dtype=torch.long).to(plan.meta_i.device)
         tad = plan.tiles[:, 0].long()
@@ -458,34 +460,20 @@ def bind_forward(plan, x, lora_A, lora_B, has_bias: bool, seed_is_tensor: bool, 
         return None
     cfg = plan.cfg
     p_numel = max(plan.p_size, 1)
-    opt = dict(num_warps=cfg.warps_f1)
-
-    def static(tp, ph, ws):
-        return dict(
-            ws, tmeta=tp.tmeta, tmf=tp.tmf(dropout), K=plan.in_features,
-            N=plan.out_features, sxm=x.stride(0), sam=lora_A.stride(0), sbm=lora_B.stride(0),
-            syn=plan.out_features, p_numel=p_numel, g_numel=g_numel, nsplit=tp.fsplit,
-            kb_per=tp.kb_per, nb_per=tp.nbf_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
-            BK=cfg.bk, BN=cfg.bn, DROPOUT=dropout, HAS_BIAS=has_bias, ZERO_G=g_numel > 0,
-            PREC=prec, PHASE=ph, SEED_PTR=seed_is_tensor)
-
-    if phases() == (3,) and tp.ctas >= 2 and tp.grid_f > tp.n_sm:
-        seed = torch.zeros(1, dtype=torch.int64, device=x.device) if seed_is_tensor else 1
-        z = torch.zeros(1, dtype=torch.int32, device=x.device)   # (compiled only, never run)
-        kw = dict(static(tp, 3, dict(Pacc=z.float(), Cnt=z, Ep=z)), X=x, A=lora_A, B=lora_B,
-                  Y=x, bias=x, Psave=x, seed=seed, G=z.float())
-        ctas, opt = _fit(_tf_kernel, kw, cfg.warps_f1, cfg.stages_f1, tp.ctas, x.device)
-        if ctas != tp.ctas:
-            tp = tiny_plan(plan, x.device, ctas=ctas)
-            if tp is None:
-                return None
     ws = dict(Pacc=torch.zeros(2 * p_numel, dtype=torch.float32, device=x.device),
               Cnt=torch.zeros(plan.n_tiles, dtype=torch.int32, device=x.device),
               Ep=torch.zeros(tp.grid_f, dtype=torch.int32, device=x.device))
     return [BoundLaunch(
         _tf_kernel, (tp.grid_f,), "tf", plan.buckets, cfg,
-        ("X", "A", "B", "Y", "bias", "Psave", "seed", "G"), static(tp, ph, ws), opt,
-        start_stages=cfg.stages_f1, checked=(0, 1, 2, 4)) for ph in phases()]
+        ("X", "A", "B", "Y", "bias", "Psave", "seed", "G"),
+        dict(ws, tmeta=tp.tmeta, tmf=tp.tmf(dropout), K=plan.in_features,
+             N=plan.out_features, sxm=x.stride(0), sam=lora_A.stride(0), sbm=lora_B.stride(0),
+             syn=plan.out_features, p_numel=p_numel, g_numel=g_numel, nsplit=tp.fsplit,
+             kb_per=tp.kb_per, nb_per=tp.nbf_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
+             BK=cfg.bk, BN=cfg.bn, DROPOUT=dropout, HAS_BIAS=has_bias, ZERO_G=g_numel > 0,
+             PREC=prec, PHASE=ph, SEED_PTR=seed_is_tensor),
+        dict(num_warps=cfg.warps_f1), start_stages=cfg.stages_f1, checked=(0, 1, 2, 4))
+        for ph in phases()]
 
 
 def resident_ctas(compiled, warps: int, device) -> int:
@@ -507,7 +495,9 @@ def _fit(kernel, kw: dict, warps: int, stages: int, ctas: int,
          device) -> "tuple[int, dict]":
     """(ctas, launch options) for ``kernel`` with arguments ``kw``: from ``ctas`` down, the
     first count that the compiled kernel (registers capped at the SM's file / (ctas x threads)
-    by ``maxnreg``) fits on one SM (``resident_ctas``); 1 (no cap) where none does."""
+    by ``maxnreg``) fits on one SM (``resident_ctas``) without spilling registers (H100, the
+    4096x4096 ``tiny`` mix, ranks 2 and 64: 128 registers, ``_tb`` 11.4 us against ``_b1`` +
+    ``_b2`` 4.3 + 6.3, session 20); 1 (no cap) where none does."""
     pr = torch.cuda.get_device_properties(device)
     regs = getattr(pr, "regs_per_multiprocessor", 65536)
     for c in range(ctas, 1, -1):
@@ -516,7 +506,7 @@ def _fit(kernel, kw: dict, warps: int, stages: int, ctas: int,
             k = kernel.warmup(grid=(1,), num_stages=stages, **kw, **opt)
         except Exception:  # noqa: BLE001 - no such cap or no fit: fewer programs per SM
             continue
-        if resident_ctas(k, warps, device) >= c:
+        if resident_ctas(k, warps, device) >= c and not getattr(k, "n_spills", 0):
             return c, opt
     return 1, dict(num_warps=warps)
 
