@@ -121,24 +121,19 @@ def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, s
             tl.store(Pnxt + poffs, tl.zeros((BM, R), dtype=tl.float32), mask=pm)
         _arrive(Cnt, t)
     if PHASE & 2:   # the tile's P complete: N blocks nb0..nb1 of s P B (as _f2_body)
-        yrow = Y + rows.to(tl.int64)[:, None] * syn
-        brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
-        ncl = tl.minimum(nb1 * BN, N)        # the program's columns end here
-        cols = nb0 * BN + tl.arange(0, BN)   # B's first block does not depend on P: loaded
-        b = tl.load(brow + cols[None, :], mask=rkm[:, None] & (cols < ncl)[None, :],
-                    other=0.0)               # before the wait, so P's load is the only one after
         _wait(Cnt, t, target)
         p = tl.load(Pcur + poffs, mask=pm, other=0.0, cache_modifier=".cg")
         pb = (p * inv_keep).to(Psave.dtype.element_ty)   # P / (1-p) as the backward reads it
         if s == 0:
             tl.store(Psave + poffs, pb, mask=pm)
         ps = (pb.to(tl.float32) * scale).to(Y.dtype.element_ty)
+        yrow = Y + rows.to(tl.int64)[:, None] * syn
+        brow = B + (roff + rr).to(tl.int64)[:, None] * sbm
         for nb in range(nb0, nb1):
             cols = nb * BN + tl.arange(0, BN)
             cm = cols < N
+            b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
             y = _dot(ps, b.to(ps.dtype), None, PREC)
-            nc = cols + BN   # the next block's B
-            b = tl.load(brow + nc[None, :], mask=rkm[:, None] & (nc < ncl)[None, :], other=0.0)
             if HAS_BIAS:
                 y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
             tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
@@ -146,7 +141,7 @@ def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, s
 
 
 @triton.jit(do_not_specialize=["nsplit", "kb_per", "nb_per", "seed", "p_numel", "g_numel"])
-def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tmeta, tmf, K, N,
+def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tiles, meta_i, meta_f, K, N,
                sxm, sam, sbm, syn, p_numel, g_numel, nsplit, kb_per, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr, BK: tl.constexpr,
@@ -156,16 +151,9 @@ def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tmeta, tmf, K, N
     """Forward LoRA term of row tile t = pid // nsplit: K split s = pid % nsplit of P (kb_per
     blocks of BK columns), then N blocks [s nb_per, (s + 1) nb_per) of BN columns of Y = s P B
     (+ bias); cuBLAS then adds X W (beta 1). Pacc: 2 x p_numel fp32 (the two halves), Cnt: int32
-    per row tile, Ep: int32 per program; tmeta / tmf: the tile's row of ``TinyPlan.tmeta`` /
-    ``tmf`` (its adapter's metadata with the tile's rows: one load round trip, not two). ZERO_G:
-    G (g_numel fp32, the four-launch backward's Q sums) is zeroed, as ``_f2`` does."""
+    per row tile, Ep: int32 per program. ZERO_G: G (g_numel fp32, the four-launch backward's Q
+    sums) is zeroed, as ``_f2`` does."""
     pid = tl.program_id(0)
-    e = tl.load(Ep + pid)
-    t = pid // nsplit
-    s = pid % nsplit
-    m0, m1, start, rank, roff, poff, bucket, thresh = _trow(tmeta, t)
-    scale = tl.load(tmf + t * 2)
-    inv_keep = tl.load(tmf + t * 2 + 1)
     if ZERO_G:
         if PHASE & 1:
             nprog = tl.num_programs(0)
@@ -174,10 +162,24 @@ def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tmeta, tmf, K, N
                 zo = z + tl.arange(0, 1024)
                 tl.store(G + zo, tl.zeros((1024,), dtype=tl.float32), mask=zo < g_numel)
     seed = _seed_value(seed, SEED_PTR)
+    e = tl.load(Ep + pid)
     par = (e & 1).to(tl.int64)
     Pcur = Pacc + par * p_numel
     Pnxt = Pacc + (1 - par) * p_numel
+    t = pid // nsplit
+    s = pid % nsplit
     target = (e + 1) * nsplit
+    ad = tl.load(tiles + t * 3)
+    m0 = tl.load(tiles + t * 3 + 1)
+    m1 = tl.load(tiles + t * 3 + 2)
+    start = tl.load(meta_i + ad * 8)
+    rank = tl.load(meta_i + ad * 8 + 2)
+    roff = tl.load(meta_i + ad * 8 + 3)
+    poff = tl.load(meta_i + ad * 8 + 4)
+    bucket = tl.load(meta_i + ad * 8 + 5)
+    thresh = tl.load(meta_i + ad * 8 + 6)
+    scale = tl.load(meta_f + ad * 2)
+    inv_keep = tl.load(meta_f + ad * 2 + 1)
     kb0 = s * kb_per
     kb1 = tl.minimum(kb0 + kb_per, tl.cdiv(K, BK))
     nb0 = s * nb_per
@@ -463,10 +465,11 @@ def bind_forward(plan, x, lora_A, lora_B, has_bias: bool, seed_is_tensor: bool, 
     ws = dict(Pacc=torch.zeros(2 * p_numel, dtype=torch.float32, device=x.device),
               Cnt=torch.zeros(plan.n_tiles, dtype=torch.int32, device=x.device),
               Ep=torch.zeros(tp.grid_f, dtype=torch.int32, device=x.device))
+    meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
     return [BoundLaunch(
         _tf_kernel, (tp.grid_f,), "tf", plan.buckets, cfg,
         ("X", "A", "B", "Y", "bias", "Psave", "seed", "G"),
-        dict(ws, tmeta=tp.tmeta, tmf=tp.tmf(dropout), K=plan.in_features,
+        dict(ws, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=meta_f, K=plan.in_features,
              N=plan.out_features, sxm=x.stride(0), sam=lora_A.stride(0), sbm=lora_B.stride(0),
              syn=plan.out_features, p_numel=p_numel, g_numel=g_numel, nsplit=tp.fsplit,
              kb_per=tp.kb_per, nb_per=tp.nbf_per, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
