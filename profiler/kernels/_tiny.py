@@ -8,8 +8,10 @@ launches resolve with a kernel boundary. Here it is a counter in device memory: 
 of a row tile (its K splits of P) or of an adapter (its row tiles' N splits of Q) add their fp32
 partial sums with relaxed atomics and then arrive on the counter with a release; the consumers
 spin on it with acquire loads and then read the sums. Every program produces first and consumes
-afterwards, and the grid is at most one program per SM, so all programs are resident at once and
-no spin can wait on a program that has not started.
+afterwards, and the grid is at most as many programs as the SMs hold at once (``_tf_kernel``: one
+per SM; ``_tb_kernel``: ``TinyPlan.ctas`` per SM, checked against the compiled kernel's registers
+and shared memory before the grid is chosen, ``resident_ctas``), so all programs are resident at
+once and no spin can wait on a program that has not started.
 
 Nothing is reset between steps. Each program keeps its own step count ``Ep[pid]`` (it alone reads
 and writes it; all programs of a launch have run the same number of steps, e); the arrival
@@ -22,15 +24,18 @@ steps of one plan run in order on one stream) and step e + 1 will add into.
 Where each runs (``tiny_plan``, ``KernelConfig.tiny_tokens``): by default ``_tf_kernel`` at most
 512 tokens on CUDA with ranks up to 64, the range measured (H100, small4: 8.4 us where ``_f1`` +
 ``_f2`` took 10.8, one launch gap less).
-``_tb_kernel`` only where the four-launch ``_b1`` leaves Q unsplit over N (``plan.nsplit`` == 1:
-its dB programs alone fill the GPU), i.e. where n_tiles programs each reduce all of dY's columns
-(small4: 4096x14336 ``_tb`` 24.7 us against ``_b1`` + ``_b2`` 48.4 + 6.7, 8192x8192 29.4 against
-28.0 + 11.6; Q in 16 N splits here). Elsewhere (4096x4096 small4: ``_b1`` + ``_b2`` 12.3 us,
-``_tb`` 16.2, as one program per SM does a Q split, a dB block and two dX / dA blocks in turn
-where the two launches run two programs per SM) the four-launch backward runs, and
-``_tf_kernel`` zeroes its fp32 Q workspace as ``_f2`` did. A variant with one item per program
-and any grid (items taken in ticket order from an atomic counter, so that a consumer waits only
-on programs already running) measured slower in both kernels (profiler/KERNELS.md, session 19).
+``_tb_kernel`` (``KernelConfig.tiny_ctas`` 2: two programs per SM, registers capped at 128 by
+``maxnreg`` at 8 warps, where the compiled kernel fits two without spilling; session 20) where the
+four-launch ``_b1`` leaves Q unsplit over N (``plan.nsplit`` == 1: n_tiles programs each reduce
+all of dY's columns) or where every program takes at most one dX / dA block (H100, small4, us:
+4096x4096 ``_tb`` 11.7 against ``_b1`` + ``_b2`` 5.5 + 6.9; 4096x14336 18.4-18.7 against ``_tb``
+at one program per SM 24.3-24.9 (session 19: 153 registers); 8192x8192 20.7-20.8 against 27.9-28.8).
+Elsewhere the four-launch backward runs (14336x4096 small4, 896 dX / dA blocks: ``_tb`` at two per
+SM 28.3 against 5.5 + 21.1; the ``tiny`` mix's rank-64 ``_tb`` spills at 128 registers: 11.4
+against 4.3 + 6.3), and ``_tf_kernel`` zeroes its fp32 Q workspace as ``_f2`` did. A variant
+with one item per program and any grid (items taken in ticket order from an atomic counter, so
+that a consumer waits only on programs already running) measured slower in both kernels
+(profiler/KERNELS.md, session 19).
 
 Under the Triton interpreter (CPU: programs run one after another, so a spin would never end) each
 kernel is launched twice, PHASE 1 (the producers' work) then PHASE 2 (the consumers'), which

@@ -132,10 +132,13 @@ class KernelConfig:
     small4 (512 tokens), step / base 4096x4096 1.56 -> 1.50, 4096x14336 1.45 -> 1.23,
     8192x8192 1.33 -> 1.25, 14336x4096 1.29 -> 1.27 (profiler/KERNELS.md, session 19).
     tiny_ctas: programs per SM of that path's backward launch (``_tb_kernel``): n >= 2, n per SM
-    (registers capped by ``maxnreg`` at the SM's file / (n x threads)) wherever the compiled
-    kernel fits n (``_tiny.resident_ctas``: every program must be resident, as consumers spin),
-    for every plan of the path, else fewer; 1: one per SM and only where ``plan.nsplit`` is 1
-    (session 19's rule); 0: the four-launch backward always (profiler/KERNELS.md, session 20)."""
+    (registers capped by ``maxnreg`` at the SM's file / (n x threads)) where the compiled kernel
+    fits n without spilling (``_tiny.resident_ctas``: every program must be resident, as
+    consumers spin; else fewer), run where ``plan.nsplit`` is 1 or every program takes at most
+    one dX / dA block; 1: one per SM, only where ``plan.nsplit`` is 1 (session 19's rule); 0: the
+    four-launch backward always. H100, small4, step / base, default against 1, same call:
+    4096x4096 1.494-1.505 against 1.511-1.527, 4096x14336 1.21 against 1.244-1.252, 8192x8192
+    1.199 against 1.245-1.255 (profiler/KERNELS.md, session 20)."""
     bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
