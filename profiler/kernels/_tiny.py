@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import _b1b_body, _b2_body, _dot, _keep, _prow, _q_part, _seed_value
+from ._triton import _b1b_body, _b2_body, _dot, _p_part, _prow, _q_part, _seed_value
 from .config import cdiv
 
 __all__ = ["TinyPlan", "tiny_plan", "bind_forward", "bind_backward", "TINY_TOKENS_CUDA",
@@ -108,19 +108,8 @@ def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, s
     rkm = rr < rank
     pm = rmask[:, None]
     poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
-    if PHASE & 1:   # K split s of P (as _f1_body), added into this step's half; arrive
-        xrow = X + rows.to(tl.int64)[:, None] * sxm
-        arow = A + (roff + rr).to(tl.int64)[:, None] * sam
-        acc = tl.zeros((BM, R), dtype=tl.float32)
-        for kb in range(kb0, kb1):
-            cols = kb * BK + tl.arange(0, BK)
-            cm = cols < K
-            x = tl.load(xrow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
-            if DROPOUT:
-                keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
-                x = tl.where(keep, x, tl.zeros_like(x))
-            a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-            acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
+    if PHASE & 1:   # K split s of P (``_p_part``, as _f1_body), added into this step's half; arrive
+        acc = _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
         tl.atomic_add(Pcur + poffs, acc, mask=pm, sem="relaxed")
         if s == 0:   # the other half, for the next step
             tl.store(Pnxt + poffs, tl.zeros((BM, R), dtype=tl.float32), mask=pm)

@@ -124,10 +124,12 @@ def _prow(poff):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
-             poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep,
-             R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-             DROPOUT: tl.constexpr, PREC: tl.constexpr):
+def _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh,
+            R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
+            PREC: tl.constexpr):
+    """fp32 (BM, R): X A^T over rows m0..m1-1 (BM) and K blocks kb0..kb1-1 (BK columns), X's
+    elements dropped as the dropout mask says (unscaled: 1 / keep is applied where P is stored).
+    Shared by ``_f1_body`` and ``_tiny._tf_body``, as ``_q_part`` is for Q."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -144,6 +146,18 @@ def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
         acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
+    return acc
+
+
+@triton.jit
+def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
+             poff, kb0, kb1, seed, thresh, t, ksplit, inv_keep,
+             R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+             DROPOUT: tl.constexpr, PREC: tl.constexpr):
+    rows = m0 + tl.arange(0, BM)
+    rmask = rows < m1
+    rr = tl.arange(0, R)
+    acc = _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
     # P's rows are padded to R: columns rank..R-1 are stored too (zeros: A's rows past rank load
     # as 0), so P and Q need only the row mask and their accesses stay 16-byte vectors
     pm = rmask[:, None]
