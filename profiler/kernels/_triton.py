@@ -223,7 +223,7 @@ def _f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, kspli
 @triton.jit
 def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
              R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             HAS_BIAS: tl.constexpr, PREC: tl.constexpr, WRITE_Y: tl.constexpr):
+             HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -240,10 +240,8 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
         y = _dot(ps, b.to(ps.dtype), None, PREC)
         if HAS_BIAS:
             y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
-        ym = rmask[:, None] & cm[None, :]
-        if WRITE_Y == 2:   # onto the base GEMM's Y (KernelConfig.overlap)
-            y += tl.load(yrow + cols[None, :], mask=ym, other=0.0).to(tl.float32)
-        tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty), mask=ym)
+        tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
+                 mask=rmask[:, None] & cm[None, :])
 
 
 @triton.jit(do_not_specialize=["g_numel", "ngroups", "nb_per"])
@@ -276,23 +274,23 @@ def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm
         if BUCKETS & 1:
             if bucket == 0:
                 _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
-                         nb1, scale, 16, BM0, BN, HAS_BIAS, PREC, WRITE_Y)
+                         nb1, scale, 16, BM0, BN, HAS_BIAS, PREC)
         if BUCKETS & 2:
             if bucket == 1:
                 _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
-                         nb1, scale, 32, BM1, BN, HAS_BIAS, PREC, WRITE_Y)
+                         nb1, scale, 32, BM1, BN, HAS_BIAS, PREC)
         if BUCKETS & 4:
             if bucket == 2:
                 _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
-                         nb1, scale, 64, BM2, BN, HAS_BIAS, PREC, WRITE_Y)
+                         nb1, scale, 64, BM2, BN, HAS_BIAS, PREC)
         if BUCKETS & 8:
             if bucket == 3:
                 _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
-                         nb1, scale, 128, BM3, BN, HAS_BIAS, PREC, WRITE_Y)
+                         nb1, scale, 128, BM3, BN, HAS_BIAS, PREC)
         if BUCKETS & 16:
             if bucket == 4:
                 _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb0,
-                         nb1, scale, 256, BM4, BN, HAS_BIAS, PREC, WRITE_Y)
+                         nb1, scale, 256, BM4, BN, HAS_BIAS, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b1
@@ -468,26 +466,20 @@ def _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
         qoffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
         qb = tl.load(Q + qoffs, mask=qm, other=0.0).to(X.dtype.element_ty)
         xm = rmask[:, None] & cm[None, :]
-        if WRITE_DX != 2:   # 2: onto the base GEMM's dX (KernelConfig.overlap), no dA
-            x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
+        x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
         if DROPOUT:
             keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
-            if WRITE_DX != 2:
-                x = tl.where(keep, x, tl.zeros_like(x))
+            x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
             d = _dot(qb, a, None, PREC)
             if DROPOUT:
                 d = tl.where(keep, d * inv_keep, 0.0)
-            dxp = DXL + rows.to(tl.int64)[:, None] * sdxm + cols[None, :]
-            if WRITE_DX == 2:
-                d += tl.load(dxp, mask=xm, other=0.0).to(tl.float32)
-            tl.store(dxp, d.to(DXL.dtype.element_ty), mask=xm)
-        if WRITE_DX != 2:
-            acc = _dot(tl.trans(qb), x, acc, PREC)
-    if WRITE_DX != 2:
-        acc = acc * inv_keep
-        _grad_out(acc, GA, DA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
-                  rkm[:, None] & cm[None, :], nch)
+            tl.store(DXL + rows.to(tl.int64)[:, None] * sdxm + cols[None, :],
+                     d.to(DXL.dtype.element_ty), mask=xm)
+        acc = _dot(tl.trans(qb), x, acc, PREC)
+    acc = acc * inv_keep
+    _grad_out(acc, GA, DA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
+              rkm[:, None] & cm[None, :], nch)
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])

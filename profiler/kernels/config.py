@@ -138,13 +138,7 @@ class KernelConfig:
     one dX / dA block; 1: one per SM, only where ``plan.nsplit`` is 1 (session 19's rule); 0: the
     four-launch backward always. H100, small4, step / base, default against 1, same call:
     4096x4096 1.494-1.505 against 1.511-1.527, 4096x14336 1.21 against 1.244-1.252, 8192x8192
-    1.199 against 1.245-1.255 (profiler/KERNELS.md, session 20).
-    overlap: -1 (default) off; n >= 0: cuBLAS runs both base GEMMs without the LoRA term
-    (beta = 0) while, on a second CUDA stream of high priority, ``_f1`` (forward) and ``_b1`` +
-    ``_b2``'s dA (backward) run beside it; then ``_f2`` adds s P B onto Y and ``_b2`` the masked
-    Q A onto dX (``WRITE_Y`` / ``WRITE_DX`` 2). n SMs are held back from cuBLAS for them
-    (``torch._C._set_sm_carveout_experimental``); the ``_tiny`` path is not used
-    (profiler/KERNELS.md, session 21)."""
+    1.199 against 1.245-1.255 (profiler/KERNELS.md, session 20)."""
     bms: tuple = (64, 64, 64, 64, 64)
     cms: tuple = (1, 1, 1, 1, 1)
     bk: int = 64
@@ -170,7 +164,6 @@ class KernelConfig:
     gfin_fold_bytes: int = 1_600_000
     tiny_tokens: int = -1
     tiny_ctas: int = 2
-    overlap: int = -1
 
     def __post_init__(self):
         if self.base_gemm not in BASE_GEMMS:

@@ -46,41 +46,6 @@ def gbuf_numel(plan) -> int:
     return plan.p_size if plan.nsplit > 1 else 0
 
 
-def _carved_mm(a, b, out, carve: int):
-    """``out = a @ b`` by cuBLAS (beta = 0) with ``carve`` SMs held back for the side stream's
-    kernels (``KernelConfig.overlap``; torch's experimental carve-out, restored after)."""
-    get = getattr(torch._C, "_get_sm_carveout_experimental", None)
-    if not carve or get is None:   # (a torch without it: no carve-out)
-        torch.mm(a, b, out=out)
-        return
-    prev = get()
-    torch._C._set_sm_carveout_experimental(carve)
-    try:
-        torch.mm(a, b, out=out)
-    finally:
-        torch._C._set_sm_carveout_experimental(prev)
-
-
-class _Side:
-    """The high-priority side stream of ``KernelConfig.overlap`` (none on the CPU: there the
-    launches run in order): ``fork`` makes it wait for the current stream and returns a context
-    that runs launches on it; ``join`` makes the current stream wait for it."""
-
-    def __init__(self, device):
-        self.s = torch.cuda.Stream(device=device, priority=-1) if device.type == "cuda" else None
-
-    def fork(self):
-        import contextlib
-        if self.s is None:
-            return contextlib.nullcontext()
-        self.s.wait_stream(torch.cuda.current_stream(self.s.device))
-        return torch.cuda.stream(self.s)
-
-    def join(self):
-        if self.s is not None:
-            torch.cuda.current_stream(self.s.device).wait_stream(self.s)
-
-
 def _wdesc_of(prog, weight, bwd: bool):
     """The weight's TMA descriptor, cached by the program while the weight stays where it is."""
     wd = prog._wd
@@ -103,8 +68,7 @@ class ForwardProgram:
         self.bwd: dict = {}   # the matching BackwardPrograms, by (need_x, dy's row stride)
         self.p_numel = max(plan.p_size, 1)
         self.g_numel = gbuf_numel(plan) if need_grads else 0
-        self.side = _Side(x.device) if cfg.overlap >= 0 else None
-        self.gc = None if self.side else choose_gemm(plan, "fwd", x.device)
+        self.gc = choose_gemm(plan, "fwd", x.device)
         self.write_y = self.gc is None
         self.dropout, self.seed_is_tensor = dropout, seed_is_tensor
         self.has_bias = bias is not None
@@ -114,8 +78,8 @@ class ForwardProgram:
         if self.empty:
             return
         # few tokens: one launch for f1 + f2 (``_tiny``; it zeroes gbuf as f2 does)
-        self.tiny = None if self.side else bind_forward(
-            plan, x, lora_A, lora_B, self.has_bias, seed_is_tensor, dropout, prec, self.g_numel)
+        self.tiny = bind_forward(plan, x, lora_A, lora_B, self.has_bias, seed_is_tensor,
+                                 dropout, prec, self.g_numel)
         if self.tiny is not None:
             return
         # the K splits' fp32 sums of P and one int32 counter per row tile (the splits that
@@ -142,7 +106,7 @@ class ForwardProgram:
                      N=Nf, syn=Nf, sbm=lora_B.stride(0), ngroups=ngroups, nb_per=plan.ng_per,
                      BUCKETS=plan.buckets, **cfg.bm_kwargs(), BN=cfg.bn,
                      HAS_BIAS=self.has_bias and self.write_y, ZERO_G=self.g_numel > 0,
-                     PREC=prec, WRITE_Y=2 if self.side else self.write_y),
+                     PREC=prec, WRITE_Y=self.write_y),
                 dict(num_warps=cfg.warps_f2), checked=())
 
     def run(self, plan, x, weight, bias, lora_A, lora_B, seed):
@@ -155,13 +119,6 @@ class ForwardProgram:
             if self.g_numel:
                 gbuf.zero_()
             return y, psave, gbuf
-        if self.side:   # f1 beside cuBLAS's X W^T, then f2 adds s P B (+ bias) onto Y
-            with self.side.fork():
-                self.f1(x, lora_A, psave, seed)
-            _carved_mm(x, self._wt_of(weight), y, plan.cfg.overlap)
-            self.side.join()
-            self.f2(psave, lora_B, y, bias if self.has_bias else y, gbuf)
-            return y, psave, gbuf
         if self.tiny is not None:
             for bl in self.tiny:
                 bl(x, lora_A, lora_B, y, bias if self.has_bias else y, psave, seed, gbuf)
@@ -170,17 +127,13 @@ class ForwardProgram:
         if self.tiny is None and self.f2 is not None:
             self.f2(psave, lora_B, y, bias if self.has_bias and self.write_y else y, gbuf)
         if self.gc is None:  # cuBLAS, beta = 1: the base GEMM adds onto the LoRA term
-            y.addmm_(x, self._wt_of(weight))
+            wt = self._wt
+            if wt is None or wt[0] is not weight or wt[1] != weight.data_ptr():
+                wt = self._wt = (weight, weight.data_ptr(), weight.t())  # W^T view, kept
+            y.addmm_(x, wt[2])
         else:
             self._gemm(plan, x, weight, psave, lora_B, bias, y)
         return y, psave, gbuf
-
-    def _wt_of(self, weight):
-        """W^T as a view, kept while the weight stays where it is."""
-        wt = self._wt
-        if wt is None or wt[0] is not weight or wt[1] != weight.data_ptr():
-            wt = self._wt = (weight, weight.data_ptr(), weight.t())
-        return wt[2]
 
     def _wdesc(self, weight):
         return _wdesc_of(self, weight, False)
@@ -210,8 +163,7 @@ class BackwardProgram:
         Nf = plan.out_features
         self.dtype, self.device = x.dtype, x.device   # no reference to the plan: it caches us
         self.need_x = need_x
-        self.side = _Side(x.device) if cfg.overlap >= 0 and need_x else None
-        self.gc = choose_gemm(plan, "bwd", x.device) if need_x and not self.side else None
+        self.gc = choose_gemm(plan, "bwd", x.device) if need_x else None
         self.write_dx = need_x and self.gc is None
         self.dropout = dropout
         self.prec = prec = prec_of(x.dtype)
@@ -223,9 +175,9 @@ class BackwardProgram:
         self.zero_grads = self.empty or any(L == 0 for L in plan.seg_lens)
         self.q_atomic = plan.nsplit > 1
         self.p_numel = max(plan.p_size, 1)
-        self.gemm = self._wd = self.tiny = self.b2x = None
+        self.gemm = self._wd = self.tiny = None
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
-        if not self.empty and not self.side:   # few tokens: one launch for b1 + b2 (``_tiny``)
+        if not self.empty:   # few tokens: one launch for b1 + b2 (``_tiny``)
             self.tiny = bind_backward(plan, x, dy, lora_A, lora_B, seed_is_tensor, dropout,
                                       self.write_dx, prec)
         if not self.empty and self.tiny is None:
@@ -246,18 +198,15 @@ class BackwardProgram:
                      **cfg.bm_kwargs(), **cfg.cm_kwargs(), BN=cfg.bn, Q_ATOMIC=self.q_atomic,
                      PREC=prec),
                 dict(num_warps=cfg.warps_b1), checked=(0,))
-            def b2(mode):   # WRITE_DX 0: dA only, 1: dA and the dX term, 2: onto dX only
-                return BoundLaunch(
-                    K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
-                    ("X", "A", "Q", "DXL", "DA", "seed"),
-                    dict(GA=self.gacc, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
-                         K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if mode else 0,
-                         n_kb=n_kb, BUCKETS=plan.buckets, **cfg.bm_kwargs(),
-                         **cfg.cm_kwargs(), BK=cfg.bk, DROPOUT=dropout, WRITE_DX=mode,
-                         PREC=prec, SEED_PTR=seed_is_tensor),
-                    dict(num_warps=cfg.warps_b2), checked=(0,))
-            self.b2 = b2(0 if self.side else self.write_dx)
-            self.b2x = b2(2) if self.side else None
+            self.b2 = BoundLaunch(
+                K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
+                ("X", "A", "Q", "DXL", "DA", "seed"),
+                dict(GA=self.gacc, chunks=plan.chunks, meta_i=plan.meta_i,
+                     meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
+                     n_kb=n_kb, BUCKETS=plan.buckets, **cfg.bm_kwargs(), **cfg.cm_kwargs(),
+                     BK=cfg.bk, DROPOUT=dropout, WRITE_DX=self.write_dx, PREC=prec,
+                     SEED_PTR=seed_is_tensor),
+                dict(num_warps=cfg.warps_b2), checked=(0,))
             self.gfin = None
             if multi:
                 rows = [int(c > 1) for c, r in zip(plan.nch, plan.ranks) for _ in range(r)]
@@ -287,16 +236,6 @@ class BackwardProgram:
                 return dx, (dA if need_A else None), (dB if need_B else None)
             q = (gbuf if self.q_atomic
                  else torch.empty(self.p_numel, dtype=self.dtype, device=self.device))
-            if self.side:   # b1 and dA beside cuBLAS's dY W, then the masked Q A onto dX
-                with self.side.fork():
-                    self.b1(dy, lora_B, psave, q, dB)
-                    self.b2(x, lora_A, q, x, dA, seed)
-                    if self.gfin is not None:
-                        self.gfin(dA, dB)
-                _carved_mm(dy, weight, dxl, plan.cfg.overlap)
-                self.side.join()
-                self.b2x(x, lora_A, q, dxl, dA, seed)
-                return dxl, (dA if need_A else None), (dB if need_B else None)
             self.b1(dy, lora_B, psave, q, dB)
             self.b2(x, lora_A, q, dxl, dA, seed)
             # _gfin's pass: its own launch, or inside our persistent GEMM's programs that have

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 21's device call for KernelConfig.overlap (run from a snapshot's root, .snap/ov):
+# Session 21's device call for KernelConfig.overlap, which exists only at commit c675a2f (measured,
+# not kept): run from a snapshot of that commit (git archive c675a2f | tar -x -C .snap/ov):
 # GPU tests of the overlapped path, then per-launch profiles and graph-timed steps of the
-# default path against overlap with 0 / CARVES SMs held back from cuBLAS.
+# default path against overlap with 0 / 16 / 32 SMs held back from cuBLAS (CONFIGS).
 # Env: CASES (layer:mix list), CONFIGS (JSON list, default below), TMOT, TMO (seconds).
 set -uo pipefail
 W=${OUT:?}/ov; mkdir -p $W
