@@ -95,6 +95,15 @@ def _trow(tmeta, t):
             tl.load(r + 7), tl.load(r + 8), tl.load(r + 9))
 
 
+@triton.jit
+def _arow(ameta, j):
+    """Row j of ``TinyPlan.ameta`` (the ``meta_i`` row of the j-th adapter with tokens): start,
+    tokens, rank, roff, poff, bucket, keep threshold."""
+    a = ameta + j * 8
+    return (tl.load(a), tl.load(a + 1), tl.load(a + 2), tl.load(a + 3), tl.load(a + 4),
+            tl.load(a + 5), tl.load(a + 6))
+
+
 # ----------------------------------------------------------------------------------- forward
 @triton.jit
 def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, sbm, syn, K,
@@ -277,14 +286,9 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
                 _tbq_body(DY, B, Qcur, Qnxt, Cnt, j, s, sdm, sbm, N, m0, m1, start, rank,
                           roff, poff, nb0, nb1, scale, 256, BM4, BN, PREC)
     for i in range((pid + G - n_q) % G, n_db if PHASE & 1 else 0, G):   # dB = s P^T dY
-        a = ameta + (i // n_nb) * 8
         nb = i % n_nb
-        start = tl.load(a)
-        m1 = start + tl.load(a + 1)
-        rank = tl.load(a + 2)
-        roff = tl.load(a + 3)
-        poff = tl.load(a + 4)
-        bucket = tl.load(a + 5)
+        start, L, rank, roff, poff, bucket, thresh = _arow(ameta, i // n_nb)
+        m1 = start + L
         scale = tl.load(amf + (i // n_nb) * 2)
         if BUCKETS & 1:
             if (bucket == 0) & (nb * BN * CM0 < N):
@@ -308,15 +312,8 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
                           scale, 1, 256, BM4, BN * CM4, PREC)
     for i in range(pid, n_xa if PHASE & 2 else 0, G):   # dX's LoRA term and dA, one block
         j = i // n_kb
-        a = ameta + j * 8
         kb = i % n_kb
-        start = tl.load(a)
-        L = tl.load(a + 1)
-        rank = tl.load(a + 2)
-        roff = tl.load(a + 3)
-        poff = tl.load(a + 4)
-        bucket = tl.load(a + 5)
-        thresh = tl.load(a + 6)
+        start, L, rank, roff, poff, bucket, thresh = _arow(ameta, j)
         inv_keep = tl.load(amf + j * 2 + 1)
         if BUCKETS & 1:
             if (bucket == 0) & (kb * BK * CM0 < K):
