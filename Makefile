@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test test-fast lint bench clean venv
 
 venv: $(STAMP)
 
@@ -28,6 +28,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 tests
+
+# The iteration lane: no torch, no Triton interpreter, no Ray, no notebooks (tests/conftest.py hides them).
+test-fast: $(STAMP)
+	TLORA_TEST_FAST=1 $(BIN)/python -m pytest -n 2 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python bench/replay.py
