@@ -245,12 +245,14 @@ def _run(args) -> int:
         cols = parse_column_mapping(args.columns) if args.columns else None
         print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
     elif args.command == "policies":
-        from tlora_sim.policies.registry import available, load_policy_module
+        from tlora_sim.policies.registry import available, broken_entry_points, load_policy_module
 
         for module in _module_specs(args.policy_module):
             load_policy_module(module)
         for e in available():
             print(f"{e.name}\t{e.description}")
+        for line in broken_entry_points():  # listed, not fatal: the other policies work
+            print(f"tlora-sim: warning: {line}", file=sys.stderr)
     elif args.command == "sweep":
         from tlora_sim.sim.experiments.sweep import run_sweep_command
 
