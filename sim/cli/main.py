@@ -158,8 +158,8 @@ def _base_config(args, policy: str):
 
     if not (math.isfinite(args.regroup_pause) and args.regroup_pause >= 0):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
-    if args.seed < 0:
-        raise InputError(f"must be >= 0, got {args.seed}", field="--seed")
+    if not 0 <= args.seed <= 2**63 - 1:
+        raise InputError(f"must be an integer in 0..2^63-1, got {args.seed}", field="--seed")
 
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
@@ -216,12 +216,15 @@ def _run(args) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise InputError("no policies given", field="--policies")
+        if args.workers < 1:
+            raise InputError(f"must be >= 1, got {args.workers}", field="--workers")
         kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),
                   check_invariants=not args.no_invariants, force=args.force)
-        if args.seeds:
+        if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 
-            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, parse_seeds(args.seeds), **kw)
+            seeds = parse_seeds(args.seeds)  # range and emptiness, before any run
+            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds, **kw)
             cols = ["policy", "seeds", "jobs", "avg_jct_s", "avg_jct_s_ci95", "p90_jct_s", "p90_jct_s_ci95",
                     "avg_queue_s", "throughput_tokens_per_s"]
             print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -317,10 +320,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tlora-sim: interrupted (signal {signum}); finished files are complete, unfinished ones were "
                   f"not written", file=sys.stderr)
             return 128 + signum
+        from tlora_sim.sim.core.engine import PolicyError
+        from tlora_sim.sim.report.runtime import is_write_error, write_error
+
+        if isinstance(e, PolicyError):  # a crashing policy: one line, the traceback in a file or behind -v
+            where = (f" (traceback in {e.traceback_file})" if e.traceback_file else
+                     " (run with -v for the traceback)" if e.traceback_text and not args.verbose else "")
+            print(f"tlora-sim: policy error: {e.violation}{where}", file=sys.stderr)
+            if args.verbose and e.traceback_text:
+                print(e.traceback_text.rstrip(), file=sys.stderr)
+            return 3
         if isinstance(e, InvariantError):
             print(f"tlora-sim: invariant violated: {e}", file=sys.stderr)
             return 3
+        if is_write_error(e):  # a write outside a staged directory (disk full, read-only, permissions)
+            print(f"tlora-sim: error: {write_error(e)}", file=sys.stderr)
+            return 2
         raise
+    finally:
+        from tlora_sim.sim.report.runtime import release_all_out_locks
+
+        release_all_out_locks()  # a run that failed between its --out check and its swap
 
 
 if __name__ == "__main__":
