@@ -8,13 +8,28 @@ every output file complete or absent (no half-written file, no temp file).
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-from pathlib import Path
 
-from tlora_sim.sim.costmodel.factory import COST_MODELS
-from tlora_sim.traces.errors import InputError
+
+def _exit_on_signal(signum: int, _frame=None) -> None:
+    """Until ``main`` installs ``rundir.signals_raise_interrupt``: nothing is written yet, so a
+    SIGINT/SIGTERM/SIGHUP during start-up ends the process at once with 128 + the signal number
+    (not killed by the signal: status -15 from the default handler)."""
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "tlora-sim":  # the command, not an import
+    for _sig in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")):
+        if _sig is not None:
+            signal.signal(_sig, _exit_on_signal)
+
+import argparse  # noqa: E402 - after the start-up signal handlers
+from pathlib import Path  # noqa: E402
+
+from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402
+from tlora_sim.traces.errors import InputError  # noqa: E402
 
 def _version() -> str:
     import importlib.metadata as md
