@@ -109,7 +109,8 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
     """Build a policy by name with optional config overrides.
 
     Raises:
-        InputError: unknown policy, unknown option or an option of the wrong type.
+        InputError: unknown policy, unknown option, an option of the wrong type, or a policy
+            whose constructor raises (any exception, ``SystemExit`` included).
     """
     _load_builtin()
     options = dict(options or {})
@@ -140,7 +141,13 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
                 raise InputError(f"option {key!r} of policy {name!r} must be a number, got {val!r}", field=key) from None
             if not math.isfinite(options[key]):
                 raise InputError(f"option {key!r} of policy {name!r} must be finite, got {val!r}", field=key)
-    policy = entry.factory(entry.config_cls(**options))
+    try:
+        policy = entry.factory(entry.config_cls(**options))
+    except (InputError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a policy (often a plug-in) that cannot be built: one line
+        raise InputError(f"policy {name!r} could not be built from its options: {_describe_failure(e)}",
+                         field="--policy") from None
     policy.name = name
     return policy
 

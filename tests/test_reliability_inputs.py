@@ -32,6 +32,7 @@ BAD = [
     (["compare", "--policies", "independent", "--seeds", str(2**63)], "--seeds"),
     (["compare", "--policies", "independent", "--seeds", f"0-{2**64}"], "--seeds"),
     (["compare", "--policies", "independent", "--workers", "0"], "--workers"),
+    (["compare", "--policies", "independent,mlora,independent"], "--policies"),
     (["replay", "--policy", "independent", "--seed", str(2**63)], "--seed"),
     (["replay", "--policy", "independent", "--seed", "-1"], "--seed"),
     (["replay", "--policy", "independent", "--regroup-pause", "inf"], "--regroup-pause"),

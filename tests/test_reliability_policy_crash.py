@@ -30,6 +30,7 @@ from tlora_sim.policies.api import register
 class CrashyConfig:
     mode: str = "raise"
     after: int = 0
+    init_fails: bool = False
 
 
 @register("crashy", CrashyConfig, "raises or returns junk in decide()")
@@ -38,6 +39,8 @@ class Crashy:
     timer_s = None
 
     def __init__(self, config):
+        if config.init_fails:
+            raise SystemExit(0)
         self.config = config
         self.calls = 0
 
@@ -47,6 +50,8 @@ class Crashy:
             return []
         if self.config.mode == "raise":
             return helper(snap)
+        if self.config.mode == "exit":
+            raise SystemExit(0)
         if self.config.mode == "none":
             return None
         if self.config.mode == "int":
@@ -73,7 +78,8 @@ def _one_line(err: str) -> str:
 
 
 @pytest.mark.parametrize("mode,what", [("raise", "ZeroDivisionError: boom in decide"), ("none", "returned None"),
-                                       ("int", "returned 7"), ("str", "returned 'start everything'")])
+                                       ("int", "returned 7"),
+                                       ("exit", "SystemExit: 0"), ("str", "returned 'start everything'")])
 def test_a_crashing_policy_is_exit_3_and_one_line(tmp_path, crashy, capsys, mode, what, reliability):
     out = tmp_path / "run"
     rc = main(["replay", "--policy-module", str(crashy), "--policy", "crashy", "--option", f"crashy.mode={mode}",
@@ -85,6 +91,15 @@ def test_a_crashing_policy_is_exit_3_and_one_line(tmp_path, crashy, capsys, mode
         kept = Path(re.search(r"traceback in (\S+)\)", line).group(1))
         assert kept.name == "error.txt" and "helper" in kept.read_text() and "ZeroDivisionError" in kept.read_text()
     reliability("violations_caught")
+
+
+def test_a_policy_whose_constructor_exits_is_one_line_exit_2(tmp_path, crashy, capsys, reliability):
+    out = tmp_path / "run"
+    rc = main(["replay", "--policy-module", str(crashy), "--policy", "crashy", "--option", "crashy.init_fails=true",
+               *TINY, "--out", str(out), "--no-plots"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and "'crashy'" in line and "SystemExit" in line and not out.exists()
+    reliability("bad_inputs")
 
 
 def test_verbose_prints_the_policy_traceback(tmp_path, crashy, capsys):

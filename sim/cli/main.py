@@ -231,6 +231,9 @@ def _run(args) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise InputError("no policies given", field="--policies")
+        dup = sorted({p for p in policies if policies.count(p) > 1})
+        if dup:  # two runs would share one run directory OUT/<policy>
+            raise InputError(f"policy {dup[0]!r} given twice", field="--policies")
         if args.workers < 1:
             raise InputError(f"must be >= 1, got {args.workers}", field="--workers")
         kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),

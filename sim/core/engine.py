@@ -214,7 +214,7 @@ class Engine:
             self._obs.fail("action", message)
         raise InvariantError(f"t={self.env.now:.6f}s: {message}")
 
-    def _policy_error(self, e: Exception) -> PolicyError:
+    def _policy_error(self, e: BaseException) -> PolicyError:
         """The :class:`PolicyError` for an exception raised by ``policy.decide`` (traceback kept)."""
         import traceback
 
@@ -303,7 +303,7 @@ class Engine:
             actions = self.policy.decide(snap)
         except InvariantError:
             raise
-        except Exception as e:  # noqa: BLE001 - the policy's bug, reported as such (exit 3)
+        except (Exception, SystemExit, GeneratorExit) as e:  # noqa: BLE001 - the policy's bug (exit 3)
             raise self._policy_error(e) from None
         if actions is None or isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__"):
             raise PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now,

@@ -527,14 +527,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     add_sweep_parser(sub)
     args = ap.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
+    from tlora_sim.sim.report.rundir import signals_raise_interrupt
+    from tlora_sim.sim.report.runtime import release_all_out_locks
+
     try:
-        return run_sweep_command(args)
+        with signals_raise_interrupt():  # SIGTERM/SIGHUP unwind like Ctrl-C: exit 128 + the signal
+            return run_sweep_command(args)
     except InputError as e:
         print(f"tlora-sim: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("tlora-sim: interrupted; finished cells are kept, re-run to resume", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", 2)
+    finally:
+        release_all_out_locks()
 
 
 if __name__ == "__main__":
