@@ -305,7 +305,8 @@ class Engine:
             raise
         except (Exception, SystemExit, GeneratorExit) as e:  # noqa: BLE001 - the policy's bug (exit 3)
             raise self._policy_error(e) from None
-        if actions is None or isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__"):
+        if actions.__class__ is not list and actions.__class__ is not tuple and (  # the common cases: one check
+                actions is None or isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__")):
             raise PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now,
                               f"returned {actions!r} instead of a sequence of actions")
         snap.groups.freeze()  # the engine changes from here on
