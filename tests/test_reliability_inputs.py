@@ -149,3 +149,20 @@ def test_sweep_report_checks_sweep_csv(finished_sweep, capsys, content, where, r
     assert rc == 2 and str(path) in line and (where in line or (content is None and "no finished cells" in line)), line
     assert not (out / "report.csv").exists()
     reliability("bad_inputs")
+
+
+@pytest.mark.parametrize("tz", ["America", "Nowhere/City", "../etc", ""])
+def test_a_time_zone_that_is_not_a_zone_is_one_line(tmp_path, capsys, tz, reliability):
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit,gpus,duration\n2020-01-01T00:00:00,1,100\n2020-01-01T00:10:00,2,50\n")
+    out = tmp_path / "out"
+    rc = main(["replay", "--policy", "independent", "--trace", f"csv:{trace}", "--columns",
+               "submit=submit,gpus=gpus,duration=duration", "--cluster", "1x8xH100", "--no-progress",
+               "--no-plots", "--out", str(out), "--time-zone", tz])
+    err = capsys.readouterr().err
+    if tz == "":  # empty: the default zone (UTC)
+        assert rc == 0, err
+        return
+    line = _one_line(err)
+    assert rc == 2 and "time zone" in line and not out.exists()
+    reliability("bad_inputs")

@@ -238,3 +238,22 @@ def test_a_read_only_parent_is_one_line(tmp_path, capsys):
         assert rc == 2 and str(parent) in line
     finally:
         parent.chmod(0o755)
+
+
+def test_plot_on_a_full_disk_is_one_line_and_keeps_the_figures(tmp_path, monkeypatch, capsys, reliability):
+    from matplotlib.figure import Figure
+
+    out = tmp_path / "run"
+    assert main(["replay", "--policy", "independent", *TINY, "--out", str(out)]) == 0
+    before = _files(out)
+
+    def full(self, fname, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    capsys.readouterr()
+    rc = main(["plot", str(out)])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and os.strerror(errno.ENOSPC) in line
+    assert _files(out) == before and not [p for p in out.rglob(".*.tmp")]
+    reliability("bad_inputs")

@@ -330,15 +330,11 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
             release_out_lock(out)
 
 
-_DISK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EROFS", "EDQUOT", "EFBIG", "EACCES", "EPERM")
-                         if hasattr(errno, n))
-
-
 def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
     """Raise ``e`` as a one-line write error naming the path under ``out`` when it is an
     ``OSError`` of writing into ``stage`` (or of the disk), or an ``InputError`` of
     :func:`atomic_write` naming a file in ``stage``; return otherwise."""
-    from tlora_sim.sim.report.runtime import write_error
+    from tlora_sim.sim.report.runtime import WRITE_ERRNOS, write_error
     from tlora_sim.traces.errors import InputError
 
     def under_out(name) -> str | None:
@@ -352,14 +348,18 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
     if isinstance(e, InputError):
         mapped = under_out(e.file)
         if mapped is not None:
-            err = type(e)(e.message, file=mapped, row=e.row, field=e.field)
-            if isinstance(e, OSError):
+            from tlora_sim.sim.report.runtime import WriteError
+
+            err = (WriteError if isinstance(e, WriteError) else InputError)(e.message, file=mapped, row=e.row,
+                                                                            field=e.field)
+            if isinstance(e, WriteError):
                 err.errno, err.strerror = e.errno, e.strerror
             raise err from None
         return
     if isinstance(e, OSError):
-        mapped = under_out(getattr(e, "filename", None))
-        if mapped is not None or getattr(e, "errno", None) in _DISK_ERRNOS:
+        name = getattr(e, "filename", None)
+        mapped = under_out(name)
+        if mapped is not None or (name is None and getattr(e, "errno", None) in WRITE_ERRNOS):  # not a read
             raise write_error(e, mapped if mapped is not None else out) from None
 
 

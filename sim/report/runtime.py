@@ -29,13 +29,11 @@ from tlora_sim.traces.errors import InputError
 
 _HELD: dict[str, object] = {}  # resolved out path -> its held filelock.FileLock (this process)
 
-WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EROFS", "EACCES", "EPERM", "EDQUOT", "EFBIG",
-                                                     "EIO", "ENOENT", "ENOTDIR", "EISDIR", "ENAMETOOLONG",
-                                                     "EMFILE", "ENFILE", "EEXIST", "ENOTEMPTY", "EXDEV",
-                                                     "ELOOP", "EBUSY", "EINVAL")
+WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EROFS", "EACCES", "EPERM", "EDQUOT", "EFBIG")
                          if hasattr(errno, n))
-"""``errno`` values an output write can meet through no fault of the simulator (the disk, the file
-system, the permissions or the path the user gave)."""
+"""``errno`` values of a failed write that are the disk's or the file system's, not the simulator's
+(no space, read-only, permissions, quota, file too large): the CLI reports an ``OSError`` with one
+of them, raised outside a staged directory, as one line."""
 
 
 class WriteError(InputError, OSError):
