@@ -67,20 +67,36 @@ def register(name: str, config_cls: type, description: str) -> Callable:
     ``--option NAME.field=value``; ``description`` is the one line ``tlora-sim policies`` prints.
 
     Raises:
-        InputError: ``name`` already registered by another class, or ``config_cls`` not a dataclass.
+        InputError: ``name`` already registered by another class (a built-in name by anything but
+            its own class, even one of the same ``__qualname__``), or ``config_cls`` not a dataclass.
     """
 
     def deco(cls):
         old = _REGISTRY.get(name)
-        if old is not None and old.factory.__qualname__ != cls.__qualname__:
-            raise InputError(f"policy name {name!r} is already registered by {old.factory.__module__}."
-                             f"{old.factory.__qualname__}", field="policy")
+        if old is not None and old.factory is not cls:
+            same = (old.factory.__module__, old.factory.__qualname__) == (cls.__module__, cls.__qualname__)
+            if _is_builtin(old) and not same:
+                raise InputError(f"policy name {name!r} is already registered by the built-in "
+                                 f"{old.factory.__module__}.{old.factory.__qualname__} and cannot be replaced; "
+                                 f"register your policy under another name", field="policy")
+            if not same:
+                raise InputError(f"policy name {name!r} is already registered by {old.factory.__module__}."
+                                 f"{old.factory.__qualname__}", field="policy")
         if not dataclasses.is_dataclass(config_cls):
             raise InputError(f"policy {name!r}: the config class must be a dataclass", field="policy")
         _REGISTRY[name] = Entry(name, cls, config_cls, description)
         return cls
 
     return deco
+
+
+BUILTIN_PACKAGE = "tlora_sim.policies."
+
+
+def _is_builtin(entry: Entry) -> bool:
+    """True for a policy registered by one of this package's modules (its name is reserved: a
+    module of the same (module, qualname) may re-register it, as a reload does, nothing else)."""
+    return entry.factory.__module__.startswith(BUILTIN_PACKAGE)
 
 
 def available() -> list[Entry]:
@@ -93,7 +109,8 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
     """Build a policy by name with optional config overrides.
 
     Raises:
-        InputError: unknown policy, unknown option or an option of the wrong type.
+        InputError: unknown policy, unknown option, an option of the wrong type, or a policy
+            whose constructor raises (any exception, ``SystemExit`` included).
     """
     _load_builtin()
     options = dict(options or {})
@@ -102,7 +119,7 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
     if base not in _REGISTRY:
         known = ", ".join(list(_REGISTRY) + [e.name + ABLATION_SUFFIX for e in _REGISTRY.values()
                                              if _has_grouping(e)])
-        raise InputError(f"unknown policy {name!r}; known: {known}", field="--policy")
+        raise InputError(f"unknown policy {name!r}; known: {known}{broken_entry_points_note()}", field="--policy")
     entry = _REGISTRY[base]
     if ablation:
         if not _has_grouping(entry):
@@ -124,7 +141,13 @@ def make_policy(name: str, options: dict[str, Any] | None = None) -> Policy:
                 raise InputError(f"option {key!r} of policy {name!r} must be a number, got {val!r}", field=key) from None
             if not math.isfinite(options[key]):
                 raise InputError(f"option {key!r} of policy {name!r} must be finite, got {val!r}", field=key)
-    policy = entry.factory(entry.config_cls(**options))
+    try:
+        policy = entry.factory(entry.config_cls(**options))
+    except (InputError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a policy (often a plug-in) that cannot be built: one line
+        raise InputError(f"policy {name!r} could not be built from its options: {_describe_failure(e)}",
+                         field="--policy") from None
     policy.name = name
     return policy
 
@@ -148,11 +171,24 @@ ENTRY_POINT_GROUP = "tlora_sim.policies"
 _loaded = False
 
 
+_BROKEN: dict[str, str] = {}
+"""Entry points that failed to load: entry-point name -> one line naming it, its distribution
+and the error. Their policies are missing; every other command works (``make_policy`` of an
+unknown name and ``tlora-sim policies`` mention them)."""
+
+
+def _describe_failure(e: BaseException) -> str:
+    """``Type: message`` of an exception raised while importing user code, on one line."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _load_builtin() -> None:
     """Import the built-in policy modules, then every ``tlora_sim.policies`` entry point, once.
 
-    Raises:
-        InputError: an entry point that fails to load (named, with the error's message).
+    An entry point that fails to load (any exception, ``SystemExit`` included; only
+    ``KeyboardInterrupt`` propagates) is recorded in ``_BROKEN`` with its distribution, not raised:
+    it cannot end the process nor break commands that do not need its policies.
     """
     global _loaded
     if _loaded:
@@ -163,10 +199,24 @@ def _load_builtin() -> None:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken plug-in is the user's input, not our bug
-            _loaded = False
-            raise InputError(f"policy entry point {ep.name!r} ({ep.value}) failed to load: "
-                             f"{type(e).__name__}: {e}", field=ENTRY_POINT_GROUP) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken plug-in is the user's input, not our bug
+            dist = getattr(ep, "dist", None)
+            where = f"distribution {dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+            _BROKEN[ep.name] = (f"policy entry point {ep.name!r} ({ep.value}) of {where} failed to load: "
+                                f"{_describe_failure(e)}")
+
+
+def broken_entry_points() -> list[str]:
+    """One line per ``tlora_sim.policies`` entry point that failed to load (see ``_BROKEN``)."""
+    _load_builtin()
+    return list(_BROKEN.values())
+
+
+def broken_entry_points_note() -> str:
+    """``"; " + `` the failed entry points' lines, or "" when every entry point loaded."""
+    return "".join(f"; {line}" for line in _BROKEN.values())
 
 
 def load_policy_module(spec: str) -> list[str]:
@@ -178,8 +228,10 @@ def load_policy_module(spec: str) -> list[str]:
     returns the names it registered the first time.
 
     Raises:
-        InputError: a missing file, an import that fails (one line with the error's message) or a
-            module that registers no policy.
+        InputError: a missing file, an import that fails (any exception, ``SystemExit`` and
+            ``GeneratorExit`` included: one line with the error's message; only
+            ``KeyboardInterrupt`` propagates), a module that registers no policy, or one that
+            registers a built-in name.
     """
     _load_builtin()
     as_file = _is_file_spec(spec)
@@ -203,10 +255,17 @@ def load_policy_module(spec: str) -> list[str]:
                 raise
         else:
             importlib.import_module(spec)
-    except InputError:
+    except KeyboardInterrupt:
+        _forget(set(_REGISTRY) - before)
         raise
-    except Exception as e:  # noqa: BLE001 - the user's module: report, do not crash
-        raise InputError(f"cannot import policy module: {type(e).__name__}: {e}", file=spec,
+    except InputError as e:
+        _forget(set(_REGISTRY) - before)
+        if e.file is None:  # raised by the module's own code (a clashing register): name the module
+            raise InputError(e.message, file=spec, row=e.row, field=e.field) from None
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's module (SystemExit too): report, do not end
+        _forget(set(_REGISTRY) - before)
+        raise InputError(f"cannot import policy module: {_describe_failure(e)}", file=spec,
                          field="--policy-module") from None
     new = [n for n in _REGISTRY if n not in before]
     if not new:
@@ -217,6 +276,12 @@ def load_policy_module(spec: str) -> list[str]:
 
 
 _MODULE_NAMES: dict[str, list[str]] = {}
+
+
+def _forget(names: set[str]) -> None:
+    """Drop the policies a module registered before its import failed (nothing half-loaded)."""
+    for n in names:
+        _REGISTRY.pop(n, None)
 
 
 def _is_file_spec(spec: str) -> bool:

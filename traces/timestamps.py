@@ -47,7 +47,7 @@ def check_time_zone(time_zone: str | None, *, field: str = "time_zone") -> str:
     name = str(time_zone).strip()
     try:
         zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a tz directory (America)
         raise InputError(f"unknown time zone {name!r}; use an IANA name such as UTC, Europe/Berlin, "
                          "America/Chicago, Asia/Shanghai", field=field) from None
     return name

@@ -8,13 +8,28 @@ every output file complete or absent (no half-written file, no temp file).
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-from pathlib import Path
 
-from tlora_sim.sim.costmodel.factory import COST_MODELS
-from tlora_sim.traces.errors import InputError
+
+def _exit_on_signal(signum: int, _frame=None) -> None:
+    """Until ``main`` installs ``rundir.signals_raise_interrupt``: nothing is written yet, so a
+    SIGINT/SIGTERM/SIGHUP during start-up ends the process at once with 128 + the signal number
+    (not killed by the signal: status -15 from the default handler)."""
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "tlora-sim":  # the command, not an import
+    for _sig in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")):
+        if _sig is not None:
+            signal.signal(_sig, _exit_on_signal)
+
+import argparse  # noqa: E402 - after the start-up signal handlers
+from pathlib import Path  # noqa: E402
+
+from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402
+from tlora_sim.traces.errors import InputError  # noqa: E402
 
 def _version() -> str:
     import importlib.metadata as md
@@ -158,8 +173,8 @@ def _base_config(args, policy: str):
 
     if not (math.isfinite(args.regroup_pause) and args.regroup_pause >= 0):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
-    if args.seed < 0:
-        raise InputError(f"must be >= 0, got {args.seed}", field="--seed")
+    if not 0 <= args.seed <= 2**63 - 1:
+        raise InputError(f"must be an integer in 0..2^63-1, got {args.seed}", field="--seed")
 
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
@@ -216,12 +231,18 @@ def _run(args) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise InputError("no policies given", field="--policies")
+        dup = sorted({p for p in policies if policies.count(p) > 1})
+        if dup:  # two runs would share one run directory OUT/<policy>
+            raise InputError(f"policy {dup[0]!r} given twice", field="--policies")
+        if args.workers < 1:
+            raise InputError(f"must be >= 1, got {args.workers}", field="--workers")
         kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),
                   check_invariants=not args.no_invariants, force=args.force)
-        if args.seeds:
+        if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 
-            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, parse_seeds(args.seeds), **kw)
+            seeds = parse_seeds(args.seeds)  # range and emptiness, before any run
+            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds, **kw)
             cols = ["policy", "seeds", "jobs", "avg_jct_s", "avg_jct_s_ci95", "p90_jct_s", "p90_jct_s_ci95",
                     "avg_queue_s", "throughput_tokens_per_s"]
             print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -245,12 +266,14 @@ def _run(args) -> int:
         cols = parse_column_mapping(args.columns) if args.columns else None
         print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
     elif args.command == "policies":
-        from tlora_sim.policies.registry import available, load_policy_module
+        from tlora_sim.policies.registry import available, broken_entry_points, load_policy_module
 
         for module in _module_specs(args.policy_module):
             load_policy_module(module)
         for e in available():
             print(f"{e.name}\t{e.description}")
+        for line in broken_entry_points():  # listed, not fatal: the other policies work
+            print(f"tlora-sim: warning: {line}", file=sys.stderr)
     elif args.command == "sweep":
         from tlora_sim.sim.experiments.sweep import run_sweep_command
 
@@ -315,10 +338,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tlora-sim: interrupted (signal {signum}); finished files are complete, unfinished ones were "
                   f"not written", file=sys.stderr)
             return 128 + signum
+        from tlora_sim.sim.core.engine import PolicyError
+        from tlora_sim.sim.report.runtime import is_write_error, write_error
+
+        if isinstance(e, PolicyError):  # a crashing policy: one line, the traceback in a file or behind -v
+            where = (f" (traceback in {e.traceback_file})" if e.traceback_file else
+                     " (run with -v for the traceback)" if e.traceback_text and not args.verbose else "")
+            print(f"tlora-sim: policy error: {e.violation}{where}", file=sys.stderr)
+            if args.verbose and e.traceback_text:
+                print(e.traceback_text.rstrip(), file=sys.stderr)
+            return 3
         if isinstance(e, InvariantError):
             print(f"tlora-sim: invariant violated: {e}", file=sys.stderr)
             return 3
+        if is_write_error(e):  # a write outside a staged directory (disk full, read-only, permissions)
+            print(f"tlora-sim: error: {write_error(e)}", file=sys.stderr)
+            return 2
         raise
+    finally:
+        from tlora_sim.sim.report.runtime import release_all_out_locks
+
+        release_all_out_locks()  # a run that failed between its --out check and its swap
 
 
 if __name__ == "__main__":

@@ -47,7 +47,31 @@ CPU_ALL, CPU_SAMPLE = 64, 8
 CPU_SAMPLE-th, counted CPU_SAMPLE times: a read is a system call (1-4 us on the EPYC VM; around every
 decision ~11% of ``independent``'s CPU on merged ITP, bench/README.md session 15). Wall: every one."""
 
-__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "SimResult"]
+__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PolicyError", "SimResult"]
+
+
+class PolicyError(InvariantError):
+    """A policy's ``decide()`` raised, or returned something that is not a sequence of actions
+    (None, a number, a string): reported like an invalid action (the CLI exits with status 3), on
+    one line naming the policy, the simulated time and the exception.
+
+    Attributes:
+        policy: the policy's name.
+        time_s: simulated time of the decision (s).
+        what: ``Type: message`` of the exception, or what was returned.
+        traceback_text: the policy's traceback as formatted where it was caught ("" for a bad
+            return value); travels with the error across processes (``compare --workers``).
+        traceback_file: where the traceback was written (``rundir.staged_dir`` keeps the staging
+            directory with ``error.txt``), or None.
+    """
+
+    def __init__(self, policy: str, time_s: float, what: str, traceback_text: str = "") -> None:
+        self.policy = policy
+        self.time_s = float(time_s)
+        self.what = what
+        self.traceback_text = traceback_text
+        self.traceback_file: str | None = None
+        super().__init__(f"policy {policy!r} failed in decide() at t={self.time_s:.6f}s: {what}")
 
 
 class _Wake:
@@ -190,6 +214,15 @@ class Engine:
             self._obs.fail("action", message)
         raise InvariantError(f"t={self.env.now:.6f}s: {message}")
 
+    def _policy_error(self, e: BaseException) -> PolicyError:
+        """The :class:`PolicyError` for an exception raised by ``policy.decide`` (traceback kept)."""
+        import traceback
+
+        text = " ".join(str(e).split())
+        what = f"{type(e).__name__}: {text}" if text else type(e).__name__
+        return PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now, what,
+                           traceback.format_exc())
+
     # ---- run -------------------------------------------------------------------------------
     def run(self) -> SimResult:
         """Simulate until every job finished; return the raw result."""
@@ -266,7 +299,16 @@ class Engine:
         t0 = time.perf_counter()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
-        actions = self.policy.decide(snap)
+        try:
+            actions = self.policy.decide(snap)
+        except InvariantError:
+            raise
+        except (Exception, SystemExit, GeneratorExit) as e:  # noqa: BLE001 - the policy's bug (exit 3)
+            raise self._policy_error(e) from None
+        if actions.__class__ is not list and actions.__class__ is not tuple and (  # the common cases: one check
+                actions is None or isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__")):
+            raise PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now,
+                              f"returned {actions!r} instead of a sequence of actions")
         snap.groups.freeze()  # the engine changes from here on
         snap.queue.freeze()
         dt = time.perf_counter() - t0

@@ -24,21 +24,28 @@ from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 MAX_SEEDS = 1000
+MAX_SEED = 2**63 - 1
+"""The largest seed: seeds are written as int64 columns (``summary_by_seed.csv``, ``jobs.csv``)."""
 
 
 def parse_seeds(spec: str) -> list[int]:
-    """``0-4`` / ``0,3,7`` / ``1-3,9`` -> sorted distinct seeds (each >= 0).
+    """``0-4`` / ``0,3,7`` / ``1-3,9`` -> sorted distinct seeds (each in 0..``MAX_SEED``).
 
     Raises:
-        InputError: malformed, negative, empty, or more than ``MAX_SEEDS`` seeds.
+        InputError: malformed, negative, empty (``--seeds=''``), above ``MAX_SEED`` (2^63 - 1), or
+            more than ``MAX_SEEDS`` seeds; checked before any run.
     """
     out: set[int] = set()
-    for part in (spec or "").split(","):
+    if spec is None or not str(spec).strip():
+        raise InputError("expected seeds like 0-4 or 0,3,7, got an empty list", field="--seeds")
+    for part in spec.split(","):
         part = part.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
             raise InputError(f"expected seeds like 0-4 or 0,3,7, got {spec!r}", field="--seeds")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi > MAX_SEED or lo > MAX_SEED:
+            raise InputError(f"seed {max(lo, hi)} is above the largest seed 2^63-1 = {MAX_SEED}", field="--seeds")
         if hi < lo or hi - lo + 1 > MAX_SEEDS:
             raise InputError(f"bad seed range {part!r} (low-high, at most {MAX_SEEDS} seeds)", field="--seeds")
         out.update(range(lo, hi + 1))

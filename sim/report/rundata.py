@@ -191,6 +191,13 @@ def load_run(run_dir: str | Path, *, policy: str | None = None) -> RunData:
                          f"{SUMMARY_JSON}, {CONFIG_JSON})", file=str(run_dir))
     config = _read_json_object(run_dir / CONFIG_JSON) if (run_dir / CONFIG_JSON).is_file() else {}
     summary = _read_json_object(run_dir / SUMMARY_JSON) if (run_dir / SUMMARY_JSON).is_file() else None
+    if config and summary:  # both files of one run: they name the same policy, trace and seed
+        inputs = config.get("inputs") if isinstance(config.get("inputs"), dict) else config
+        for key in ("policy", "trace", "seed"):
+            a, b = inputs.get(key), summary.get(key)
+            if a is not None and b is not None and isinstance(a, (str, int)) and a != b:
+                raise InputError(f"{b!r} here, but {CONFIG_JSON} says {a!r}: the directory mixes files of "
+                                 f"different runs", file=str(run_dir / SUMMARY_JSON), field=key)
     jobs = _read_jobs(jobs_path)
     timeline = run_dir / TIMELINE_CSV
     return RunData(run_dir=run_dir, policy=policy or _policy_name(config, summary, run_dir),
@@ -240,7 +247,69 @@ def load_compare(compare_dir: str | Path) -> tuple[pd.DataFrame, dict[str, RunDa
                   f"time-series figures")
             continue
         runs[pol] = load_run(run_dir, policy=pol)
+    check_one_comparison(compare_dir, summary, runs)
     return summary, runs
+
+
+IDENTITY_SKIP = ("policy", "policy_options")
+"""``config.json`` ``inputs`` that differ between the runs of one comparison (all else is shared)."""
+
+ROW_CHECKED = ("jobs", "avg_jct_s", "p90_jct_s", "makespan_s")
+"""``summary.csv`` fields that must equal the policy's own ``summary.json`` (same run, same bytes)."""
+
+
+def run_identity(config: dict) -> dict:
+    """The inputs a run shares with every other run of its comparison: ``config.json``'s
+    ``inputs`` without ``IDENTITY_SKIP`` ({} for a config without ``inputs``)."""
+    inputs = config.get("inputs") if isinstance(config, dict) else None
+    if not isinstance(inputs, dict):
+        return {}
+    return {k: v for k, v in inputs.items() if k not in IDENTITY_SKIP}
+
+
+def check_one_comparison(compare_dir: Path, summary: pd.DataFrame, runs: dict[str, RunData]) -> None:
+    """Refuse a comparison directory whose parts come from different runs: the policies' run
+    directories must share their inputs (:func:`run_identity`: trace, cluster, seed, LoRA
+    distribution, regroup pause, cost model, ...), and each ``summary.csv`` row must agree with
+    that policy's ``summary.json`` on ``ROW_CHECKED``.
+
+    Raises:
+        InputError: naming the ``config.json`` and the first input that differs, or the
+            ``summary.csv`` row and field that disagree.
+    """
+    import json
+    import math
+
+    first_pol, first_id = None, None
+    for pol, run in runs.items():
+        ident = run_identity(run.config)
+        if not ident:
+            continue
+        if first_id is None:
+            first_pol, first_id = pol, ident
+            continue
+        for key in sorted(set(first_id) | set(ident)):
+            a, b = first_id.get(key), ident.get(key)
+            if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+                raise InputError(f"this policy's run comes from a different run than {first_pol!r}'s "
+                                 f"({key} {b!r} vs {a!r}); the directory mixes runs: redo the comparison",
+                                 file=str(run.run_dir / CONFIG_JSON), field=f"inputs.{key}")
+    path = Path(compare_dir) / SUMMARY_CSV
+    for i, row in enumerate(summary.to_dict("records")):
+        run = runs.get(row["policy"])
+        if run is None or not isinstance(run.summary, dict):
+            continue
+        for key in ROW_CHECKED:
+            if key not in row or key not in run.summary:
+                continue
+            try:
+                a, b = float(row[key]), float(run.summary[key])
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(a) and math.isfinite(b) and not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9):
+                raise InputError(f"{a!r} here, but {run.run_dir / SUMMARY_JSON} says {b!r}: the policy's "
+                                 f"directory comes from another run; redo the comparison", file=str(path),
+                                 row=i + 1, field=key)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ catch, can leave a stray ``.tmp`` file; complete files stay complete even then.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -155,11 +156,15 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then rename the temp file onto ``path``; returns ``path``.
 
     On any exception or interrupt the temp file is removed and ``path`` is left as it was.
+
+    Raises:
+        InputError: the file cannot be written (an ``OSError``: no space left, read-only file
+            system, permission denied, ...): one line naming ``path`` (``runtime.write_error``).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with _signals_held():  # the temp file's name is recorded before any signal can interrupt
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
@@ -168,6 +173,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         with _signals_held():  # renamed and forgotten together
             os.replace(tmp, path)
             tmp = None
+    except OSError as e:
+        from tlora_sim.sim.report.runtime import write_error
+
+        raise write_error(e, path) from None
     finally:
         if tmp is not None:
             with _signals_held():
@@ -209,7 +218,9 @@ def _jsonable(x: Any) -> Any:
 
 
 def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") -> Path:
-    """Check that ``out`` may receive a new run (or comparison) directory, before any work.
+    """Check that ``out`` may receive a new run (or comparison) directory, before any work, and
+    take its lock (``runtime.acquire_out_lock``): held until :func:`staged_dir` has swapped the
+    finished directory in, so no other run can pass this check for ``out`` in between.
 
     Args:
         out: the target directory (need not exist).
@@ -221,17 +232,15 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
 
     Raises:
         InputError: ``out`` is an existing file, holds files and ``force`` is False (a previous run
-            is never replaced silently), or its parent cannot be created or written.
+            is never replaced silently), its parent cannot be created or written (a read-only file
+            system, ``/proc``), or another run holds its lock (it is being written now).
     """
+    from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock
     from tlora_sim.traces.errors import InputError
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out is an existing file, not a directory", file=str(out), field="--out")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        kind = "a run" if (out / "summary.json").is_file() or (out / "config.json").is_file() else "files"
-        raise InputError(f"--out already holds {kind}; pass --force to replace it, or choose another directory",
-                         file=str(out), field="--out")
     parent = out.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +249,21 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
                          field="--out") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError("the parent directory is not writable", file=str(parent), field="--out")
+    acquire_out_lock(out)  # from here to the swap in staged_dir, this process owns out
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out is an existing file, not a directory", file=str(out), field="--out")
+        try:
+            holds = out.is_dir() and any(out.iterdir())
+        except OSError as e:
+            raise InputError(f"cannot list the directory ({e.strerror})", file=str(out), field="--out") from None
+        if holds and not force:
+            kind = "a run" if (out / "summary.json").is_file() or (out / "config.json").is_file() else "files"
+            raise InputError(f"--out already holds {kind}; pass --force to replace it, or choose another directory",
+                             file=str(out), field="--out")
+    except BaseException:
+        release_out_lock(out)
+        raise
     return out
 
 
@@ -247,34 +271,111 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
 def staged_dir(out: str | Path) -> Iterator[Path]:
     """Build a directory as a unit: yield a temporary sibling (``.NAME.stage-XXXX``) to write into;
     when the block ends normally it replaces ``out`` (the previous contents are removed only after
-    the new directory is in place); on any exception or interrupt the sibling is removed and ``out``
-    is left exactly as it was. Only SIGKILL can leave a stray hidden sibling behind; ``out`` is
-    never half-written.
+    the new directory is in place, so nothing of a replaced run survives); on any exception or
+    interrupt the sibling is removed and ``out`` is left exactly as it was. Only SIGKILL can leave
+    a stray hidden sibling behind; ``out`` is never half-written.
+
+    The lock of ``out`` (taken by :func:`check_out_dir`, or here when the caller did not) is held
+    until the swap is done. A write that fails in the sibling (an ``OSError``: no space left, a
+    read-only file system, permissions) is raised as one ``InputError`` naming the file as it
+    would have been under ``out``. A :class:`~tlora_sim.sim.core.engine.PolicyError` (a policy
+    that crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect;
+    the error's ``traceback_file`` names it.
 
     Raises:
-        OSError: the sibling cannot be created (the caller checked with :func:`check_out_dir`).
+        InputError: the sibling cannot be created or written, or another run holds the lock.
     """
     import shutil
 
+    from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock, write_error
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     stage: str | None = None
     old: str | None = None
+    acquire_out_lock(out)
     try:
-        with _signals_held():
-            stage = tempfile.mkdtemp(prefix=f".{out.name}.stage-", dir=out.parent)
-            os.chmod(stage, 0o777 & ~_UMASK)
-        yield Path(stage)
-        with _signals_held():  # swap: out -> old, stage -> out, then drop old
-            if out.exists():
-                old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
-                os.rmdir(old)
-                os.replace(out, old)
-            os.replace(stage, out)
-            stage = None
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with _signals_held():
+                stage = tempfile.mkdtemp(prefix=f".{out.name}.stage-", dir=out.parent)
+                os.chmod(stage, 0o777 & ~_UMASK)
+        except OSError as e:
+            raise write_error(e, out.parent) from None
+        try:
+            yield Path(stage)
+        except Exception as e:
+            if _keeps_stage(e):
+                kept, stage = stage, None
+                if getattr(e, "traceback_file", None) is None:  # else a nested stage kept it already
+                    _write_traceback(Path(kept), e)
+            else:
+                _raise_as_write_error(e, Path(stage), out)
+            raise
+        try:
+            with _signals_held():  # swap: out -> old, stage -> out, then drop old
+                if out.exists():
+                    old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
+                    os.rmdir(old)
+                    os.replace(out, old)
+                os.replace(stage, out)
+                stage = None
+        except OSError as e:
+            raise write_error(e, out) from None
     finally:
         with _signals_held():
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+            release_out_lock(out)
+
+
+def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
+    """Raise ``e`` as a one-line write error naming the path under ``out`` when it is an
+    ``OSError`` of writing into ``stage`` (or of the disk), or an ``InputError`` of
+    :func:`atomic_write` naming a file in ``stage``; return otherwise."""
+    from tlora_sim.sim.report.runtime import WRITE_ERRNOS, write_error
+    from tlora_sim.traces.errors import InputError
+
+    def under_out(name) -> str | None:
+        if name is None:
+            return None
+        text, root = str(name), str(stage)
+        if text == root or text.startswith(root + os.sep):
+            return str(out) + text[len(root):]
+        return None
+
+    if isinstance(e, InputError):
+        mapped = under_out(e.file)
+        if mapped is not None:
+            from tlora_sim.sim.report.runtime import WriteError
+
+            err = (WriteError if isinstance(e, WriteError) else InputError)(e.message, file=mapped, row=e.row,
+                                                                            field=e.field)
+            if isinstance(e, WriteError):
+                err.errno, err.strerror = e.errno, e.strerror
+            raise err from None
+        return
+    if isinstance(e, OSError):
+        name = getattr(e, "filename", None)
+        mapped = under_out(name)
+        if mapped is not None or (name is None and getattr(e, "errno", None) in WRITE_ERRNOS):  # not a read
+            raise write_error(e, mapped if mapped is not None else out) from None
+
+
+def _keeps_stage(e: BaseException) -> bool:
+    """True for an error whose staging directory is kept for inspection (a crashed policy)."""
+    from tlora_sim.sim.core.engine import PolicyError
+
+    return isinstance(e, PolicyError) and bool(e.traceback_text)
+
+
+def _write_traceback(stage: Path, e: BaseException) -> None:
+    """Write ``e``'s traceback (the policy's, as the engine caught it) to ``stage/error.txt`` and
+    record the path on ``e.traceback_file``; a failure to write leaves ``traceback_file`` None."""
+    text = getattr(e, "traceback_text", "") or ""
+    try:
+        (stage / "error.txt").write_text(text)
+        e.traceback_file = str(stage / "error.txt")
+    except OSError:
+        pass

@@ -25,11 +25,47 @@ GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cos
 _S_PER_H = 3600.0
 
 
+def read_sweep_table(f: Path) -> pd.DataFrame:
+    """``sweep.csv`` read back and checked: a header with ``seed``, ``avg_jct_s`` and ``policy``,
+    at least one row, an integer ``seed`` >= 0, a number in ``avg_jct_s`` and a policy name in
+    every row.
+
+    Raises:
+        InputError: an empty, unreadable or cut file, a missing column, no rows, or a bad value,
+            naming the file, row (1 = the first data row) and field.
+    """
+    try:
+        cells = pd.read_csv(f, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise InputError("empty file; expected the sweep's table (a header row, one row per finished cell)",
+                         file=str(f)) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"not a readable CSV table ({' '.join(str(e).split())})", file=str(f)) from None
+    except OSError as e:
+        raise InputError(f"cannot read ({e.strerror or e})", file=str(f)) from None
+    for col in ("seed", "avg_jct_s", "policy"):
+        if col not in cells.columns:
+            raise InputError("missing column", file=str(f), field=col)
+    if cells.empty:
+        raise InputError("no finished cells (header only); run the sweep first", file=str(f))
+    seeds = pd.to_numeric(cells["seed"], errors="coerce")
+    jct = pd.to_numeric(cells["avg_jct_s"], errors="coerce")
+    for col, bad in (("seed", seeds.isna() | (seeds < 0) | (seeds != seeds.round())),
+                     ("avg_jct_s", jct.isna() & cells["avg_jct_s"].notna()),
+                     ("policy", cells["policy"].isna() | (cells["policy"].astype(str).str.strip() == ""))):
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise InputError(f"bad value {cells[col].iloc[i]!r}", file=str(f), row=i + 1, field=col)
+    cells["avg_jct_s"] = jct
+    return cells
+
+
 def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
     """The aggregated table (see the module docstring); also written to ``DIR/report.csv``.
 
     Raises:
-        InputError: no ``sweep.csv`` in ``sweep_dir``, or it lacks ``seed`` or ``avg_jct_s``.
+        InputError: no ``sweep.csv`` in ``sweep_dir``, or it does not read back
+            (:func:`read_sweep_table`).
     """
     from tlora_sim.sim.experiments.seeds import ci95
 
@@ -37,10 +73,7 @@ def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
     f = d / RunDir.SWEEP_TABLE
     if not f.is_file():
         raise InputError("not a sweep directory (no sweep.csv)", file=str(d))
-    cells = pd.read_csv(f, keep_default_na=False, na_values=[""])
-    for col in ("seed", "avg_jct_s", "policy"):
-        if col not in cells.columns:
-            raise InputError("missing column", file=str(f), field=col)
+    cells = read_sweep_table(f)
     keys = [k for k in GROUP_KEYS if k in cells.columns]
     numeric = [c for c in cells.columns if c not in (*keys, "seed", "cell_id")
                and pd.api.types.is_numeric_dtype(cells[c])]
