@@ -21,7 +21,10 @@ columns are in ``attrs["attr_columns"]`` (attribute -> column of the file).
 
 ``df.attrs`` carries ``"source"`` (the spec string, e.g. ``"itp:../shared/traces/.../cluster02.csv.gz"``),
 ``"format"`` (reader name), ``"path"`` (file or directory read; the option string for synthetic traces)
-and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``).
+and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``);
+``"shift_s"`` is what was subtracted from the submit times. Readers of calendar times also record
+``"epoch_s"`` (seconds since 1970-01-01 UTC of the table's 0 s) and ``"time_zone"`` (the zone naive times
+were read in), which trace windows given as dates use (:mod:`tlora_sim.traces.window`).
 Readers that change a value by a documented rule also record ``"adjusted"`` (dict: rule -> number of kept
 rows changed, e.g. ``{"gpus_rounded_up": 2}``); these rows are kept, so they are not in ``skipped``.
 Readers of files also record where each row came from, for error messages about a job
@@ -116,7 +119,8 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         if attrs and name in attrs:
             col = np.asarray(attrs[name], dtype=object if name == "model" else np.float64)[keep][order]
             df[name] = pd.Series(col, dtype=str) if name == "model" else col
-    df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped})
+    df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped,
+                     "shift_s": float(submit.min())})
     if attrs:
         df.attrs["attr_columns"] = {k: str(v) for k, v in (attr_columns or {}).items() if k in attrs}
     if adjusted is not None:

@@ -220,8 +220,11 @@ def read_csv_trace(path: str, csv_columns: Mapping[str, str] | None, time_unit: 
         duration = times["end"] - times[origin]
     rows = rows_all[kept]
     job_id = string_column(sub, id_col) if id_col else rows.astype(str)
-    return finish_frame(job_id=job_id, submit_s=times["submit"], duration_s=duration,
-                        num_gpus=gpus[kept], tenant=string_column(sub, mapping.get("tenant")),
-                        rows=rows, file=file, fmt="csv", skipped=skipped,
-                        adjusted={"gpus_rounded_up": rounded[kept]}, attrs=attrs,
-                        attr_columns={k: mapping[k] for k in attrs})
+    out = finish_frame(job_id=job_id, submit_s=times["submit"], duration_s=duration,
+                       num_gpus=gpus[kept], tenant=string_column(sub, mapping.get("tenant")),
+                       rows=rows, file=file, fmt="csv", skipped=skipped,
+                       adjusted={"gpus_rounded_up": rounded[kept]}, attrs=attrs,
+                       attr_columns={k: mapping[k] for k in attrs})
+    if kinds["submit"] == "iso":  # calendar times: seconds since 1970-01-01 UTC
+        out.attrs.update(epoch_s=out.attrs["shift_s"], time_zone=tz)
+    return out

@@ -56,7 +56,7 @@ def attr_values(df: pd.DataFrame, key: str, col: str) -> tuple[np.ndarray, list[
         return raw.fillna("").astype(str).str.strip().to_numpy(dtype=object), []
     text = raw.astype(object).where(raw.notna(), None)
     blank = text.map(lambda v: v is None or str(v).strip() == "").to_numpy(dtype=bool)
-    values = pd.to_numeric(text.where(~blank, None), errors="coerce").to_numpy(dtype=np.float64)
+    values = pd.to_numeric(text.where(~blank, None), errors="coerce").to_numpy(dtype=np.float64, copy=True)
     values[blank] = np.nan
     bad = np.isnan(values) & ~blank
     with np.errstate(invalid="ignore"):

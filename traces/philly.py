@@ -63,6 +63,10 @@ def read_philly(path: str) -> pd.DataFrame:
     else:
         job_id = rows.astype(str)
     tenant = string_column(df, "cluster" if "cluster" in df.columns else None)
-    return finish_frame(job_id=job_id, submit_s=submit, duration_s=duration, num_gpus=gpus.astype(np.int64),
-                        tenant=tenant, rows=rows, file=file, fmt="philly",
-                        skipped={"duplicate": int(dup.sum())}, check_ids=has_id)
+    out = finish_frame(job_id=job_id, submit_s=submit, duration_s=duration, num_gpus=gpus.astype(np.int64),
+                       tenant=tenant, rows=rows, file=file, fmt="philly",
+                       skipped={"duplicate": int(dup.sum())}, check_ids=has_id)
+    first_utc = absolute.min().tz_convert("UTC").tz_localize(None)
+    out.attrs.update(epoch_s=float((first_utc - pd.Timestamp(0)).total_seconds()) + out.attrs["shift_s"],
+                     time_zone=TIMEZONE)
+    return out

@@ -101,7 +101,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_unit: str = "s",
                time_zone: str | None = None, slurm_states: str | Sequence[str] | None = None,
-               keep_states: str | Sequence[str] | None = None) -> pd.DataFrame:
+               keep_states: str | Sequence[str] | None = None, window: str | None = None,
+               first_jobs: int | None = None, arrival_scale: float | None = None) -> pd.DataFrame:
     """Read a trace given as ``FORMAT:PATH`` (or ``synthetic:OPTIONS``) into the common table.
 
     Args:
@@ -112,6 +113,9 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
         slurm_states: job states kept, for the ``slurm`` format (``"COMPLETED,FAILED"`` or a list;
             default :data:`tlora_sim.traces.slurm.DEFAULT_STATES`).
         keep_states: states kept by the ``csv`` format's ``state`` column (default: all).
+        window, first_jobs, arrival_scale: cut and scale the trace, every format
+            (:mod:`tlora_sim.traces.window`: ``"START,END"`` in seconds or dates, the first N jobs,
+            submit times divided by X).
 
     Returns:
         DataFrame with columns ``job_id, submit_time_s, duration_s, num_gpus, tenant`` and attrs
@@ -139,6 +143,10 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
         df = reader.load()(arg, **{k: given[k] for k in reader.options})
     df.attrs["source"] = spec
     df.attrs["format"] = fmt
+    if window is not None or first_jobs is not None or arrival_scale is not None:
+        from tlora_sim.traces.window import apply_window
+
+        df = apply_window(df, window=window, first_jobs=first_jobs, arrival_scale=arrival_scale)
     validate_frame(df, df.attrs.get("path", arg))
     return df
 

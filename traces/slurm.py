@@ -207,7 +207,9 @@ def read_slurm(path: str, time_zone: str | None = None,
     if attr_col is not None:
         attrs, problems = comment_attrs(sub[attr_col], attr_col)
         raise_first(shift_problems(problems, kept), file=file, rows=rows_all)
-    return finish_frame(job_id=job_id.to_numpy(dtype=object)[kept], submit_s=submit, duration_s=duration,
-                        num_gpus=gpus[kept].astype(np.int64), tenant=string_column(sub, tenant_col),
-                        rows=rows_all[kept], file=file, fmt="slurm", skipped=skipped, attrs=attrs,
-                        attr_columns={k: f"{attr_col}.{k}" for k in attrs})
+    out = finish_frame(job_id=job_id.to_numpy(dtype=object)[kept], submit_s=submit, duration_s=duration,
+                       num_gpus=gpus[kept].astype(np.int64), tenant=string_column(sub, tenant_col),
+                       rows=rows_all[kept], file=file, fmt="slurm", skipped=skipped, attrs=attrs,
+                       attr_columns={k: f"{attr_col}.{k}" for k in attrs})
+    out.attrs.update(epoch_s=out.attrs["shift_s"], time_zone=tz)
+    return out

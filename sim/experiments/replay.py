@@ -57,6 +57,9 @@ class ReplayConfig:
         policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
             is built (``tlora_sim.policies.registry.load_policy_module``), in every process that
             runs this configuration.
+        keep_states: states kept by a ``csv`` trace's mapped ``state`` column (None: all).
+        window, first_jobs, arrival_scale: the trace cut to ``"START,END"`` (seconds or dates), its
+            first N jobs, and its submit times divided by X (``tlora_sim.traces.window``; every format).
     """
 
     trace: str
@@ -75,6 +78,10 @@ class ReplayConfig:
     early_exit: bool = False
     time_zone: str | None = None
     slurm_states: str | None = None
+    keep_states: str | None = None
+    window: str | None = None
+    first_jobs: int | None = None
+    arrival_scale: float | None = None
 
 
 def versions() -> dict[str, str]:
@@ -102,7 +109,8 @@ def load_workload(cfg: ReplayConfig):
 
     cluster = parse_cluster(cfg.cluster)
     frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit, time_zone=cfg.time_zone,
-                       slurm_states=cfg.slurm_states)
+                       slurm_states=cfg.slurm_states, keep_states=cfg.keep_states, window=cfg.window,
+                       first_jobs=cfg.first_jobs, arrival_scale=cfg.arrival_scale)
     if cfg.strict:
         dropped = {k: int(v) for k, v in frame.attrs.get("skipped", {}).items() if v}
         if dropped:
@@ -121,6 +129,10 @@ def load_workload(cfg: ReplayConfig):
         except InputError as e:
             raise InputError(e.message, file=cfg.lora_dist if Path(cfg.lora_dist).is_file() else None,
                              field=f"models.{model}") from None
+    from tlora_sim.sim.costmodel.models import MODELS
+    from tlora_sim.traces.lora import check_models
+
+    check_models(frame, list(MODELS))  # base models the trace names (an operator's export)
     rng = np.random.default_rng(cfg.seed)
     frame = assign_lora(frame, dist, rng)
     sweeps = parse_sweeps(cfg.sweeps)
@@ -194,6 +206,8 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
         if bar is not None:
             bar.close()
     jobs_df = metrics.jobs_table(res)
+    if "attrs_from_trace" in frame.columns:  # which LoRA attributes each job took from the trace
+        jobs_df["attrs_from_trace"] = jobs_df["job_id"].map(dict(zip(frame["job_id"], frame["attrs_from_trace"])))
     flops = sum(map(mul, map(attrgetter("steps_trained"), res.records), engine.member_flops))  # in job order
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
