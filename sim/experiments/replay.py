@@ -213,8 +213,15 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
                **coverage(len(jobs), skipped, cost_model.describe())}
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
+    timeline_df = metrics.timeline_table(res, cluster)
+    from tlora_sim.sim.core import fairness
+
+    tenants = fairness.tenant_table(jobs_df, timeline_df, cluster.total_gpus)
+    summary.update(fairness.fairness_summary(jobs_df, timeline_df, cluster.total_gpus, tenants))
     write_csv(files.jobs, jobs_df)
-    write_csv(files.timeline, metrics.timeline_table(res, cluster))
+    write_csv(files.timeline, timeline_df)
+    if (tenants["tenant"] != "").any():  # per-tenant table where the trace has tenants
+        write_csv(files.root / "tenants.csv", tenants)
     write_json(files.summary, summary)
     write_json(files.perf, {**perf, "jobs": len(jobs), "machine": platform.machine(),
                                    "python": platform.python_version(), "invariants_checked": check_invariants})
