@@ -13,6 +13,7 @@ whether decisions are good, only whether the engine can apply them.
 from __future__ import annotations
 
 import math
+import traceback as tb
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -27,11 +28,16 @@ from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken rule: which snapshot (``case``), what (``rule``) and the details (``detail``)."""
+    """One broken rule: which snapshot (``case``), what (``rule``) and the details (``detail``).
+
+    ``traceback``: for ``rule == "raises"``, the exception's formatted traceback (``""`` otherwise);
+    ``detail`` then ends with where it was raised, ``(at FILE:LINE in FUNCTION)``, the innermost frame.
+    """
 
     case: str
     rule: str
     detail: str
+    traceback: str = ""
 
     def __str__(self) -> str:
         return f"[{self.case}] {self.rule}: {self.detail}"
@@ -58,7 +64,9 @@ def check_policy(policy: Any, snapshots: Iterable[tuple[str, Snapshot]] | None =
         try:
             actions = policy.decide(snap)
         except Exception as e:  # noqa: BLE001 - reporting it is the point
-            out.append(Violation(case, "raises", f"{type(e).__name__}: {e}"))
+            frames = tb.extract_tb(e.__traceback__)
+            at = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+            out.append(Violation(case, "raises", f"{type(e).__name__}: {e}{at}", "".join(tb.format_exception(e))))
             continue
         if not isinstance(actions, (list, tuple)):
             out.append(Violation(case, "return type", f"decide returned {type(actions).__name__}, not a list"))

@@ -9,7 +9,8 @@ kernel spec when it starts this interpreter (the one ipykernel installs into the
 the cell's traceback. Skipped, with the reason, when nbclient, nbformat or ipykernel is missing
 (``pip install -e '.[dev]'``).
 
-Inputs: ``reproduce_tlora`` replays a 40-job synthetic trace under 3 policies (and a 2-point load
+Inputs: ``api`` (only ``import tlora_sim as ts``) compares 2 policies on a 40-job synthetic trace and saves
+it; ``reproduce_tlora`` replays a 40-job synthetic trace under 3 policies (and a 2-point load
 sweep of 20-job traces); ``kernels`` and ``costmodel`` read the committed profiler data when it is
 there (``profiler/data/kernel_bench_*.csv``, ``profile_*.csv``), else small synthetic tables built
 here (tests/test_profiler_plots.py's builders).
@@ -33,7 +34,7 @@ pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel (th
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 DATA = ROOT / "profiler" / "data"
-NAMES = ("reproduce_tlora.ipynb", "kernels.ipynb", "costmodel.ipynb")
+NAMES = ("reproduce_tlora.ipynb", "kernels.ipynb", "costmodel.ipynb", "api.ipynb")
 CELL_TIMEOUT_S = 300
 
 
@@ -162,4 +163,17 @@ def test_costmodel(tmp_path, kernel_name):
     assert sorted(out.glob("costmodel_*.png"))
     text = _text(nb)
     assert "held-out median APE" in text and "in-sample median APE" in text
+    assert _images(nb) >= 1
+
+
+def test_api(tmp_path, kernel_name):
+    out = tmp_path / "api"
+    nb, secs = _execute("api.ipynb", {"TRACE": "synthetic:jobs=40,seed=3", "CLUSTER": "1x8xH100",
+                                      "POLICIES": ["independent", "tlora"], "SEED": 0, "OUT": str(out)}, kernel_name)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    imports = {line.split()[1] for line in code.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"pandas", "IPython.display", "tlora_sim"}, imports  # only the Python API
+    assert (out / "summary.csv").is_file() and (out / "tlora" / "jobs.csv").is_file()
+    text = _text(nb)
+    assert "ranks from the trace: 20 of" in text and "adapter(s): step" in text
     assert _images(nb) >= 1

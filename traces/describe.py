@@ -10,6 +10,8 @@ import pandas as pd
 from tlora_sim.traces.lora import LORA_COLUMNS
 
 _QUANTILES = (50, 90, 99)
+LOADS = (0.7, 0.9, 1.1)
+"""Offered loads for which ``describe_trace`` gives the cluster size."""
 
 
 def _stats(x: np.ndarray) -> dict[str, float]:
@@ -28,7 +30,12 @@ def describe_trace(df: pd.DataFrame) -> dict[str, Any]:
         jobs per hour over the span; ``gpus``: p50/p90/p99/max/mean of GPUs per job and ``counts``
         {GPUs: jobs}; ``duration_s``: p50/p90/p99/max/mean in seconds; ``gpu_hours``: sum of
         num_gpus x duration / 3600; ``tenants``: {tenant: jobs} (only non-empty names); ``skipped``: attrs'
-        skipped counts; and, when present, ``lora`` ({column: {value: jobs}}) and ``lora_distribution`` (name).
+        skipped counts; ``gpu_demand_mean``: mean GPUs busy if every job ran its traced duration on arrival,
+        ``sum(num_gpus x duration) / (end_s - first submit)`` (GPUs; NaN for a zero-length trace), and
+        ``cluster_gpus_for_load``: {load: GPUs} the cluster size at which that demand is the offered load
+        ``demand / GPUs`` = 0.7, 0.9, 1.1 (``ceil(demand / load)``; :data:`LOADS`); ``starts``: the calendar
+        time of the first job where the trace has one (ISO 8601, in the trace's time zone), else ``""``;
+        and, when present, ``lora`` ({column: {value: jobs}}) and ``lora_distribution`` (name).
 
     Percentiles are numpy's linear interpolation (pandas' default).
     """
@@ -53,6 +60,14 @@ def describe_trace(df: pd.DataFrame) -> dict[str, Any]:
         "tenants": {str(k): int(v) for k, v in tenants.items()},
         "skipped": dict(df.attrs.get("skipped", {})),
     }
+    horizon = d["end_s"] - (float(submit.min()) if n else 0.0)
+    demand = float((gpus * duration).sum()) / horizon if horizon > 0 else float("nan")
+    d["gpu_demand_mean"] = demand
+    d["cluster_gpus_for_load"] = {load: (int(np.ceil(demand / load)) if demand == demand else 0) for load in LOADS}
+    d["starts"] = ""
+    if df.attrs.get("epoch_s") is not None:
+        t = pd.Timestamp(float(df.attrs["epoch_s"]), unit="s", tz="UTC").tz_convert(df.attrs.get("time_zone") or "UTC")
+        d["starts"] = t.isoformat()
     if all(c in df.columns for c in LORA_COLUMNS):
         d["lora"] = {c: {(v.item() if hasattr(v, "item") else v): int(count)
                          for v, count in df[c].value_counts().sort_index().items()} for c in LORA_COLUMNS}
@@ -74,6 +89,11 @@ def format_description(d: dict[str, Any]) -> str:
              f"last job ends at {d['end_s'] / 86400:.2f} days without queueing",
              f"arrivals   {_fmt(d['arrival_rate_per_h'])} jobs/h",
              f"GPU-hours  {_fmt(d['gpu_hours'])}",
+             *([f"starts     {d['starts']}"] if d.get("starts") else []),
+             *([f"GPU demand {_fmt(d['gpu_demand_mean'])} GPUs busy on average (traced durations, no queueing); "
+                "load " + ", ".join(f"{load:g} on {g:,} GPUs ({-(-g // 8):,}x8)"
+                                    for load, g in d["cluster_gpus_for_load"].items())]
+               if "gpu_demand_mean" in d else []),
              "",
              f"{'':12}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}{'mean':>12}"]
     for label, key in (("GPUs/job", "gpus"), ("duration s", "duration_s")):

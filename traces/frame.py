@@ -15,9 +15,16 @@ column             dtype      meaning
 
 Rows are sorted by (``submit_time_s``, original file order) and the index is a fresh RangeIndex.
 
+Optional LoRA attribute columns read from the trace (``model``, ``rank``, ``seq_len``, ``batch_size``,
+``max_slowdown``, ``steps``) may follow, in that order (:mod:`tlora_sim.traces.job_attrs`); their source
+columns are in ``attrs["attr_columns"]`` (attribute -> column of the file).
+
 ``df.attrs`` carries ``"source"`` (the spec string, e.g. ``"itp:../shared/traces/.../cluster02.csv.gz"``),
 ``"format"`` (reader name), ``"path"`` (file or directory read; the option string for synthetic traces)
-and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``).
+and ``"skipped"`` (dict: reason -> number of rows dropped by a documented rule, see ``traces/README.md``);
+``"shift_s"`` is what was subtracted from the submit times. Readers of calendar times also record
+``"epoch_s"`` (seconds since 1970-01-01 UTC of the table's 0 s) and ``"time_zone"`` (the zone naive times
+were read in), which trace windows given as dates use (:mod:`tlora_sim.traces.window`).
 Readers that change a value by a documented rule also record ``"adjusted"`` (dict: rule -> number of kept
 rows changed, e.g. ``{"gpus_rounded_up": 2}``); these rows are kept, so they are not in ``skipped``.
 Readers of files also record where each row came from, for error messages about a job
@@ -33,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.job_attrs import TRACE_ATTRS, check_attr_frame
 
 COLUMNS: tuple[str, ...] = ("job_id", "submit_time_s", "duration_s", "num_gpus", "tenant")
 ATTR_KEYS: tuple[str, ...] = ("source", "format", "path", "skipped")
@@ -61,7 +69,8 @@ def check_unique_ids(job_id: np.ndarray, rows: np.ndarray, file: str | None) -> 
 def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, tenant: Any,
                  rows: Any, file: str, fmt: str, skipped: Mapping[str, int] | None = None,
                  check_ids: bool = True, files: Any = None,
-                 adjusted: Mapping[str, Any] | None = None) -> pd.DataFrame:
+                 adjusted: Mapping[str, Any] | None = None, attrs: Mapping[str, Any] | None = None,
+                 attr_columns: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Build the common trace table from already-parsed, already-checked columns.
 
     Applies the shared rules: duplicate ids raise (when ``check_ids``), rows with zero duration are
@@ -78,6 +87,8 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         files: the file of each entry, for a merge of several files (else every entry is ``file``'s).
         adjusted: rule -> boolean mask (one entry per row) of the rows whose values that rule changed;
             ``attrs["adjusted"]`` gets the count among the kept rows.
+        attrs: optional LoRA attribute columns read from the trace (:mod:`tlora_sim.traces.job_attrs`:
+            name -> array, same length, ``""``/NaN = not given); ``attr_columns`` their file columns.
 
     Raises:
         InputError: duplicate job id, or no job left after skipping.
@@ -104,7 +115,14 @@ def finish_frame(*, job_id: Any, submit_s: Any, duration_s: Any, num_gpus: Any, 
         "num_gpus": gpus[keep][order],
         "tenant": pd.Series(tenant[keep][order], dtype=str),
     })
-    df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped})
+    for name in TRACE_ATTRS:
+        if attrs and name in attrs:
+            col = np.asarray(attrs[name], dtype=object if name == "model" else np.float64)[keep][order]
+            df[name] = pd.Series(col, dtype=str) if name == "model" else col
+    df.attrs.update({"source": f"{fmt}:{file}", "format": fmt, "path": str(file), "skipped": skipped,
+                     "shift_s": float(submit.min())})
+    if attrs:
+        df.attrs["attr_columns"] = {k: str(v) for k, v in (attr_columns or {}).items() if k in attrs}
     if adjusted is not None:
         df.attrs["adjusted"] = {k: int(np.asarray(m, dtype=bool)[keep].sum()) for k, m in adjusted.items()}
     if rows is not None:
@@ -160,15 +178,16 @@ def validate_frame(df: pd.DataFrame, path: str | None = None) -> None:
         path: file named in the error (defaults to ``df.attrs["path"]``).
 
     Raises:
-        InputError: wrong columns or dtypes, no rows, NaN/inf values, submit times not sorted or not
+        InputError: wrong columns (the five common ones first, then optional attribute columns) or dtypes, no rows, NaN/inf values, submit times not sorted or not
             starting at 0, duration <= 0, num_gpus < 1, repeated job ids, or missing attrs. ``row`` is
             the 1-based row of the table where a row-level rule fails.
     """
     file = path if path is not None else df.attrs.get("path")
-    if tuple(df.columns) != COLUMNS:
+    if tuple(df.columns[:len(COLUMNS)]) != COLUMNS:
         raise InputError(f"trace table columns must be {list(COLUMNS)}, got {list(df.columns)}", file=file)
     if len(df) == 0:
         raise InputError("trace has no jobs", file=file)
+    check_attr_frame(df, file)
     for col in ("job_id", "tenant"):
         if not pd.api.types.is_string_dtype(df[col]):
             raise InputError(f"column must hold strings, got {df[col].dtype}", file=file, field=col)

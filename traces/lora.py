@@ -26,12 +26,13 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from tlora_sim.traces.errors import InputError
+from tlora_sim.traces.job_attrs import TRACE_ATTRS
 
 LORA_COLUMNS: tuple[str, ...] = ("model", "rank", "micro_batch_per_gpu", "grad_accum", "seq_len", "max_slowdown")
 #: the fields of a distribution that are value -> probability tables
@@ -206,7 +207,8 @@ def _draw(rng: np.random.Generator, table: Mapping, n: int, dtype: Any) -> np.nd
 
 
 def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Generator) -> pd.DataFrame:
-    """Return a copy of ``trace`` with LoRA attributes drawn independently per job.
+    """Return a copy of ``trace`` with LoRA attributes drawn independently per job, except those the
+    trace gives (:mod:`tlora_sim.traces.job_attrs` columns).
 
     Draws (vectorised ``rng.choice``, one call per attribute over all rows, in this fixed order, table
     entries in their dict order): ``model`` (str), ``rank`` (int64), ``micro_batch_per_gpu`` (int64,
@@ -216,14 +218,26 @@ def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Gene
     ascending order). Arrival, GPU count and duration are unchanged; ``attrs["lora_distribution"]``
     records ``dist.to_dict()``. Same rng state -> identical output.
 
+    Attributes in the trace replace the drawn value row by row (every draw is still made, so the rows
+    the trace leaves open get the same values as without the trace's columns): ``model``, ``rank``,
+    ``seq_len``, ``max_slowdown`` as given; ``batch_size`` B (sequences per optimizer step of the job)
+    becomes ``micro_batch_per_gpu = max(1, ceil(B / num_gpus))`` and ``grad_accum = 1`` (a sequence is
+    never split across GPUs, so the batch run is the nearest multiple of the data-parallel degree:
+    ``jobs.csv``'s ``batch_size`` shows it); ``steps`` is kept as a column (``build_jobs`` runs that
+    many steps instead of deriving them from the duration). A trace with any attribute column gets
+    ``attrs_from_trace`` (str): the attributes that row took from the trace, ``;``-separated in
+    :data:`~tlora_sim.traces.job_attrs.TRACE_ATTRS` order (``""``: all drawn).
+
     Raises:
-        InputError: ``trace`` already has one of the LoRA columns.
+        InputError: ``trace`` already has a drawn-only LoRA column (``micro_batch_per_gpu``, ``grad_accum``).
     """
-    clash = [c for c in LORA_COLUMNS if c in trace.columns]
+    given = {c: trace[c].to_numpy() for c in TRACE_ATTRS if c in trace.columns}
+    clash = [c for c in LORA_COLUMNS if c in trace.columns and c not in given]
     if clash:
         raise InputError(f"trace already has LoRA columns {clash}", field=clash[0])
     n = len(trace)
-    out = trace.copy()
+    out = trace.drop(columns=list(given)).copy() if given else trace.copy()
+    has_model = given["model"] != "" if "model" in given else np.zeros(n, dtype=bool)
     models = _draw(rng, dist.models, n, object)
     out["rank"] = _draw(rng, dist.ranks, n, np.int64)
     out["micro_batch_per_gpu"] = _draw(rng, dist.micro_batch_per_gpu, n, np.int64)
@@ -233,11 +247,62 @@ def assign_lora(trace: pd.DataFrame, dist: LoraDistribution, rng: np.random.Gene
     if dist.min_gpus and n:
         gpus = out["num_gpus"].to_numpy(np.int64)
         need = np.array([dist.min_gpus.get(m, 1) for m in models])
-        for g in np.unique(gpus[need > gpus]):
-            rows = np.flatnonzero((gpus == g) & (need > gpus))
+        redraw = (need > gpus) & ~has_model
+        for g in np.unique(gpus[redraw]):
+            rows = np.flatnonzero((gpus == g) & redraw)
             allowed = {m: p for m, p in dist.models.items() if dist.min_gpus.get(m, 1) <= g}
             models[rows] = _draw(rng, allowed, len(rows), object)
+    from_trace = {}
+    if "model" in given:
+        models[has_model] = given["model"][has_model]
+        from_trace["model"] = has_model
+    for col in ("rank", "seq_len", "max_slowdown", "batch_size"):
+        if col in given:
+            mask = ~np.isnan(given[col].astype(np.float64))
+            from_trace[col] = mask
+            if col == "batch_size":
+                gpus = out["num_gpus"].to_numpy(np.int64)
+                mb = np.maximum(1, np.ceil(given[col][mask] / gpus[mask])).astype(np.int64)
+                out.loc[mask, "micro_batch_per_gpu"] = mb
+                out.loc[mask, "grad_accum"] = 1
+            else:
+                kind = np.float64 if col == "max_slowdown" else np.int64
+                values = out[col].to_numpy().copy()
+                values[mask] = given[col][mask].astype(kind)
+                out[col] = values
     out["model"] = pd.Series(models, index=out.index, dtype=str)
+    if "steps" in given:
+        out["steps"] = given["steps"].astype(np.float64)
+        from_trace["steps"] = ~np.isnan(out["steps"].to_numpy())
+    if given:
+        names = [c for c in TRACE_ATTRS if c in from_trace]
+        marks = np.column_stack([from_trace[c] for c in names])
+        out["attrs_from_trace"] = pd.Series([";".join(c for c, m in zip(names, row) if m) for row in marks],
+                                            index=out.index, dtype=str)
     out.attrs = copy.deepcopy(trace.attrs)
     out.attrs["lora_distribution"] = dist.to_dict()
     return out
+
+
+def check_models(trace: pd.DataFrame, known: Sequence[str]) -> None:
+    """Check the base models a trace gives (its ``model`` column, if any) against the catalog.
+
+    Args:
+        trace: a trace table (``traces.frame``), possibly with a ``model`` column (``""`` = not given).
+        known: the model names the cost model knows (``tlora_sim.sim.costmodel.models.MODELS``).
+
+    Raises:
+        InputError: the first unknown name, naming the file and data row it came from and the file's
+            column (``attrs["attr_columns"]["model"]``); the message lists the known names.
+    """
+    if "model" not in trace.columns:
+        return
+    names = trace["model"].to_numpy(dtype=object)
+    bad = (names != "") & ~np.isin(names, np.asarray(list(known), dtype=object))
+    if bad.any():
+        from tlora_sim.traces.frame import source_of
+
+        i = int(np.argmax(bad))
+        file, row = source_of(trace, i)
+        raise InputError(f"unknown base model {names[i]!r}; known: {', '.join(sorted(known))}", file=file, row=row,
+                         field=trace.attrs.get("attr_columns", {}).get("model", "model"))

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.traces.frame import finish_frame
+from tlora_sim.traces.timestamps import out_of_range, range_problem
 from tlora_sim.traces.tableio import first, numeric, raise_first, read_csv_strings, require_columns, row_numbers, string_column
 
 REQUIRED = ("timestamp", "duration", "num_gpus")
@@ -44,12 +45,13 @@ def read_philly(path: str) -> pd.DataFrame:
     df = df.loc[~dup]
     rows = row_numbers(df)
     raw_ts = df["timestamp"].str.strip()
-    local = pd.to_datetime(raw_ts, format=TIME_FORMAT, errors="coerce")
-    bad_ts = local.isna().to_numpy()
+    far = out_of_range(raw_ts)
+    local = pd.to_datetime(raw_ts.where(~far), format=TIME_FORMAT, errors="coerce")
+    bad_ts = local.isna().to_numpy() & ~far
     duration, p1 = numeric(df, "duration")
     gpus, p2 = numeric(df, "num_gpus", integer=True, positive=True)
     ts_problem = first(bad_ts, "timestamp", f"not a time in format {TIME_FORMAT!r}", df["timestamp"])
-    raise_first([ts_problem, *p1, *p2], file=file, rows=rows)
+    raise_first([ts_problem, range_problem(far, "timestamp", df["timestamp"]), *p1, *p2], file=file, rows=rows)
     absolute = local.dt.tz_localize(TIMEZONE, ambiguous=np.ones(len(local), dtype=bool),
                                     nonexistent="shift_forward")
     submit = (absolute - absolute.min()).dt.total_seconds().to_numpy(dtype=np.float64)
@@ -61,6 +63,10 @@ def read_philly(path: str) -> pd.DataFrame:
     else:
         job_id = rows.astype(str)
     tenant = string_column(df, "cluster" if "cluster" in df.columns else None)
-    return finish_frame(job_id=job_id, submit_s=submit, duration_s=duration, num_gpus=gpus.astype(np.int64),
-                        tenant=tenant, rows=rows, file=file, fmt="philly",
-                        skipped={"duplicate": int(dup.sum())}, check_ids=has_id)
+    out = finish_frame(job_id=job_id, submit_s=submit, duration_s=duration, num_gpus=gpus.astype(np.int64),
+                       tenant=tenant, rows=rows, file=file, fmt="philly",
+                       skipped={"duplicate": int(dup.sum())}, check_ids=has_id)
+    first_utc = absolute.min().tz_convert("UTC").tz_localize(None)
+    out.attrs.update(epoch_s=float((first_utc - pd.Timestamp(0)).total_seconds()) + out.attrs["shift_s"],
+                     time_zone=TIMEZONE)
+    return out

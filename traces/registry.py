@@ -29,7 +29,8 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.traces.frame import validate_frame
 
 
-OPTION_DEFAULTS: dict[str, Any] = {"csv_columns": None, "time_unit": "s", "time_zone": None, "slurm_states": None}
+OPTION_DEFAULTS: dict[str, Any] = {"csv_columns": None, "time_unit": "s", "time_zone": None, "slurm_states": None,
+                                   "keep_states": None}
 """Reader options of :func:`read_trace` and the value that means "not given"."""
 
 
@@ -55,7 +56,7 @@ class Reader:
 _READERS: dict[str, Reader] = {
     "acme": Reader("tlora_sim.traces.acme:read_acme", "Acme/Kalos 319-job extract (directory or CSV)"),
     "csv": Reader("tlora_sim.traces.generic_csv:read_csv_trace", "any CSV with a column mapping",
-                  options=("csv_columns", "time_unit", "time_zone")),
+                  options=("csv_columns", "time_unit", "time_zone", "keep_states")),
     "itp": Reader("tlora_sim.traces.itp:read_itp", "Microsoft ITP clusterNN.csv[.gz] (file or directory)"),
     "philly": Reader("tlora_sim.traces.philly:read_philly", "Microsoft Philly CSV (US/Pacific timestamps)"),
     "slurm": Reader("tlora_sim.traces.slurm:read_slurm", "Slurm sacct --parsable2 export ('|' separated)",
@@ -99,7 +100,9 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_unit: str = "s",
-               time_zone: str | None = None, slurm_states: str | Sequence[str] | None = None) -> pd.DataFrame:
+               time_zone: str | None = None, slurm_states: str | Sequence[str] | None = None,
+               keep_states: str | Sequence[str] | None = None, window: str | None = None,
+               first_jobs: int | None = None, arrival_scale: float | None = None) -> pd.DataFrame:
     """Read a trace given as ``FORMAT:PATH`` (or ``synthetic:OPTIONS``) into the common table.
 
     Args:
@@ -109,6 +112,10 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
         time_zone: IANA zone of naive timestamps (default UTC), for the ``csv`` and ``slurm`` formats.
         slurm_states: job states kept, for the ``slurm`` format (``"COMPLETED,FAILED"`` or a list;
             default :data:`tlora_sim.traces.slurm.DEFAULT_STATES`).
+        keep_states: states kept by the ``csv`` format's ``state`` column (default: all).
+        window, first_jobs, arrival_scale: cut and scale the trace, every format
+            (:mod:`tlora_sim.traces.window`: ``"START,END"`` in seconds or dates, the first N jobs,
+            submit times divided by X).
 
     Returns:
         DataFrame with columns ``job_id, submit_time_s, duration_s, num_gpus, tenant`` and attrs
@@ -121,7 +128,7 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
     fmt, arg = split_spec(spec)
     reader = _READERS[fmt]
     given = {"csv_columns": csv_columns, "time_unit": time_unit, "time_zone": time_zone,
-             "slurm_states": slurm_states}
+             "slurm_states": slurm_states, "keep_states": keep_states}
     takes = set(reader.options) | ({"csv_columns", "time_unit"} if reader.csv_options else set())
     for name, value in given.items():
         if name not in takes and not _is_default(name, value):
@@ -136,6 +143,10 @@ def read_trace(spec: str, *, csv_columns: Mapping[str, str] | None = None, time_
         df = reader.load()(arg, **{k: given[k] for k in reader.options})
     df.attrs["source"] = spec
     df.attrs["format"] = fmt
+    if window is not None or first_jobs is not None or arrival_scale is not None:
+        from tlora_sim.traces.window import apply_window
+
+        df = apply_window(df, window=window, first_jobs=first_jobs, arrival_scale=arrival_scale)
     validate_frame(df, df.attrs.get("path", arg))
     return df
 

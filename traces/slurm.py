@@ -25,7 +25,13 @@ GPUs            the first of ``AllocTRES``, ``AllocGRES``, ``ReqTRES``, ``ReqGRE
                 ``+`` is dropped). ``PENDING`` = never started. Kept states: ``slurm_states`` (default
                 :data:`DEFAULT_STATES`); other states are skipped as ``state_<name>`` (``state_running``)
 ``Account``     optional tenant (else ``Partition``, else ``""``)
+``Comment``     optional LoRA attributes of the job (else ``JobName``): ``key=value`` items separated by ``;``
+                with keys ``model``, ``rank``, ``seq_len``, ``batch_size``, ``max_slowdown``, ``steps``
+                (``sbatch --comment "model=llama3-8b;rank=16"``; export with ``--format ...,Comment``); other
+                items are ignored, attributes not given are drawn (:mod:`tlora_sim.traces.job_attrs`)
 =============== =========================================================================================
+
+Only these columns are parsed; other columns of the export cost nothing.
 
 Skips are applied in the order steps, never started, state, zero GPUs, no end; each row is counted once,
 under its first reason. A job id repeated after these skips (``sacct --duplicates``) raises.
@@ -41,6 +47,7 @@ import pandas as pd
 
 from tlora_sim.traces.errors import InputError
 from tlora_sim.traces.frame import finish_frame
+from tlora_sim.traces.job_attrs import comment_attrs
 from tlora_sim.traces.tableio import (Problem, first, raise_first, read_csv_strings, require_columns, row_numbers,
                                      shift_problems, string_column)
 from tlora_sim.traces.timestamps import check_time_zone, elapsed_seconds, slurm_time_column
@@ -53,6 +60,11 @@ KNOWN_STATES: tuple[str, ...] = DEFAULT_STATES + (
 """Job states sacct reports for jobs that started (``man sacct``, JOB STATE CODES; PENDING jobs never ran
 and are always skipped); ``slurm_states`` must name some of these."""
 GPU_COLUMNS: tuple[str, ...] = ("AllocTRES", "AllocGRES", "ReqTRES", "ReqGRES")
+ATTR_FIELDS: tuple[str, ...] = ("Comment", "JobName")
+"""Where a job's LoRA attributes are looked for, first present column wins."""
+USED_COLUMNS: tuple[str, ...] = ("JobID", "Submit", "Start", "End", "Elapsed", *GPU_COLUMNS, "State", "Account",
+                                 "Partition", *ATTR_FIELDS)
+"""The columns the reader parses (the rest of an export is skipped unparsed)."""
 NOT_STARTED = frozenset({"", "UNKNOWN", "NONE"})
 _TRES_UNTYPED = r"(?:^|,)\s*gres/gpu=([^,]*)"
 _TRES_TYPED = r"(?:^|,)\s*gres/gpu:[^=,]+=([^,]*)"
@@ -143,8 +155,7 @@ def read_slurm(path: str, time_zone: str | None = None,
     tz = check_time_zone(time_zone)
     keep_states = parse_states(slurm_states)
     file = str(path)
-    df = read_csv_strings(path, sep="|", quoting=False)
-    df = df.loc[:, [c for c in df.columns if c and not (c.startswith("Unnamed:") and df[c].isna().all())]]
+    df = read_csv_strings(path, sep="|", quoting=False, usecols=USED_COLUMNS)
     require_columns(df, ("JobID", "Submit", "Start", "State"), file=file, what="slurm")
     if "End" not in df.columns and "Elapsed" not in df.columns:
         require_columns(df, ("End",), file=file, what="slurm (End or Elapsed)")
@@ -191,6 +202,14 @@ def read_slurm(path: str, time_zone: str | None = None,
         duration, p3 = elapsed_seconds(sub, "Elapsed")
         raise_first(shift_problems([*p1, *p2, *p3], kept), file=file, rows=rows_all)
     tenant_col = next((c for c in ("Account", "Partition") if c in df.columns), None)
-    return finish_frame(job_id=job_id.to_numpy(dtype=object)[kept], submit_s=submit, duration_s=duration,
-                        num_gpus=gpus[kept].astype(np.int64), tenant=string_column(sub, tenant_col),
-                        rows=rows_all[kept], file=file, fmt="slurm", skipped=skipped)
+    attrs: dict = {}
+    attr_col = next((c for c in ATTR_FIELDS if c in df.columns), None)
+    if attr_col is not None:
+        attrs, problems = comment_attrs(sub[attr_col], attr_col)
+        raise_first(shift_problems(problems, kept), file=file, rows=rows_all)
+    out = finish_frame(job_id=job_id.to_numpy(dtype=object)[kept], submit_s=submit, duration_s=duration,
+                       num_gpus=gpus[kept].astype(np.int64), tenant=string_column(sub, tenant_col),
+                       rows=rows_all[kept], file=file, fmt="slurm", skipped=skipped, attrs=attrs,
+                       attr_columns={k: f"{attr_col}.{k}" for k in attrs})
+    out.attrs.update(epoch_s=out.attrs["shift_s"], time_zone=tz)
+    return out

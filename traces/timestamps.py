@@ -53,6 +53,25 @@ def check_time_zone(time_zone: str | None, *, field: str = "time_zone") -> str:
     return name
 
 
+#: years a time may lie in: pandas' nanosecond timestamps span 1677-09-21 to 2262-04-11.
+MIN_YEAR, MAX_YEAR = 1678, 2261
+_YEAR = r"^\s*([+-]?\d+)-"
+
+
+def out_of_range(raw: pd.Series) -> np.ndarray:
+    """Mask of the time strings whose year lies outside ``MIN_YEAR``..``MAX_YEAR`` (a Slurm ``End`` of
+    ``9999-12-31T23:59:59``, a submit in 2300): such times are errors, not pandas' ``OutOfBoundsDatetime``."""
+    year = pd.to_numeric(raw.astype(object).where(raw.notna(), None).astype("string").str.extract(_YEAR, expand=False),
+                         errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        return (year < MIN_YEAR) | (year > MAX_YEAR)
+
+
+def range_problem(mask: np.ndarray, col: str, raw: pd.Series) -> Problem | None:
+    """The first out-of-range time (:func:`out_of_range`) as a Problem."""
+    return first(mask, col, f"time outside the years {MIN_YEAR}-{MAX_YEAR} that can be represented", raw)
+
+
 def is_numeric_column(raw: pd.Series) -> bool:
     """True when at least half of the column's non-missing values parse as numbers (an empty column
     counts as numeric, so its problems read as ``missing value``)."""
@@ -104,10 +123,11 @@ def time_column(df: pd.DataFrame, col: str, *, scale_s: float, time_zone: str) -
     if is_numeric_column(raw):
         values, problems = numeric(df, col)
         return values * scale_s, problems, "number"
-    values = iso_seconds(raw, time_zone)
+    far = out_of_range(raw)
+    values = iso_seconds(raw.where(~far), time_zone)
     missing = raw.isna().to_numpy()
-    problems = [first(missing, col, "missing value (NaN or empty)"),
-                first(np.isnan(values) & ~missing, col,
+    problems = [first(missing, col, "missing value (NaN or empty)"), range_problem(far, col, raw),
+                first(np.isnan(values) & ~missing & ~far, col,
                       f"not a number or an ISO 8601 time (e.g. {ISO_EXAMPLE})", raw)]
     return values, [p for p in problems if p is not None], "iso"
 
@@ -119,11 +139,12 @@ def slurm_time_column(df: pd.DataFrame, col: str, time_zone: str, *,
     """
     raw = df[col]
     skip = np.zeros(len(df), dtype=bool) if unknown is None else unknown
-    t = pd.to_datetime(raw.where(~skip).str.strip(), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
+    far = out_of_range(raw) & ~skip
+    t = pd.to_datetime(raw.where(~skip & ~far).str.strip(), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
     values = localize(t, time_zone).to_numpy(dtype=np.float64)
     missing = raw.isna().to_numpy() & ~skip
-    problems = [first(missing, col, "missing value (NaN or empty)"),
-                first(np.isnan(values) & ~missing & ~skip, col,
+    problems = [first(missing, col, "missing value (NaN or empty)"), range_problem(far, col, raw),
+                first(np.isnan(values) & ~missing & ~skip & ~far, col,
                       "not a Slurm time YYYY-MM-DDTHH:MM:SS (export with SLURM_TIME_FORMAT=standard)", raw)]
     return values, [p for p in problems if p is not None]
 

@@ -73,6 +73,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                                                           "OUT_OF_MEMORY,NODE_FAIL)")
     p.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"],
                    help="csv format only: unit of the submit and duration columns (default: %(default)s)")
+    _add_trace_cuts(p)
     p.add_argument("--regroup-pause", type=float, default=30.0, metavar="S",
                    help="pause of a group when members join or are preempted, s (default: %(default)s)")
     p.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
@@ -99,6 +100,17 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace an --out directory that already holds files (without it such a directory is "
                         "refused; the new directory replaces it only once complete)")
+
+
+def _add_trace_cuts(p: argparse.ArgumentParser) -> None:
+    """The trace options every format takes: --keep-states (csv), --window, --first-jobs, --arrival-scale."""
+    p.add_argument("--keep-states", metavar="LIST", help="csv format with a state=COL mapping: states kept, "
+                                                         "comma-separated, e.g. Succeeded,Failed (default: all)")
+    p.add_argument("--window", metavar="START,END", help="keep jobs submitted in [START, END): seconds from the "
+                                                         "trace start or dates (2017-10-01,2017-11-01); any format")
+    p.add_argument("--first-jobs", type=int, metavar="N", help="keep the first N jobs (after --window)")
+    p.add_argument("--arrival-scale", type=float, metavar="X",
+                   help="divide submit times by X (2 = twice the arrival rate); durations kept")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
                                                    "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
     d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
-    po = sub.add_parser("policies", help="list registered policies: name, then a one-line description")
+    d.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
+                                                    "(default: UTC)")
+    d.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated")
+    _add_trace_cuts(d)
+    po = sub.add_parser("policies", help="list registered policies: name and a one-line description, then its "
+                                         "options (--option POLICY.KEY=VALUE) with their defaults")
     po.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
                     help="also list the policies a module registers (repeatable)")
     pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
@@ -181,7 +198,9 @@ def _base_config(args, policy: str):
                         csv_columns=parse_column_mapping(args.columns) if args.columns else None,
                         time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
                         cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)),
-                        early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states)
+                        early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states,
+                        keep_states=args.keep_states, window=args.window, first_jobs=args.first_jobs,
+                        arrival_scale=args.arrival_scale)
 
 
 def _coverage(args, line: str) -> None:
@@ -264,14 +283,22 @@ def _run(args) -> int:
         from tlora_sim.traces.generic_csv import parse_column_mapping
 
         cols = parse_column_mapping(args.columns) if args.columns else None
-        print(format_description(describe_trace(read_trace(args.spec, csv_columns=cols, time_unit=args.time_unit))))
+        print(format_description(describe_trace(read_trace(
+            args.spec, csv_columns=cols, time_unit=args.time_unit, time_zone=args.time_zone,
+            slurm_states=args.slurm_states, keep_states=args.keep_states, window=args.window,
+            first_jobs=args.first_jobs, arrival_scale=args.arrival_scale))))
     elif args.command == "policies":
         from tlora_sim.policies.registry import available, broken_entry_points, load_policy_module
 
         for module in _module_specs(args.policy_module):
             load_policy_module(module)
+        import dataclasses
+
         for e in available():
             print(f"{e.name}\t{e.description}")
+            opts = [f"{f.name}={getattr(e.config_cls(), f.name)!r}" for f in dataclasses.fields(e.config_cls)]
+            if opts:  # the --option POLICY.KEY=VALUE keys and their defaults
+                print("\toptions: " + ", ".join(opts))
         for line in broken_entry_points():  # listed, not fatal: the other policies work
             print(f"tlora-sim: warning: {line}", file=sys.stderr)
     elif args.command == "sweep":

@@ -110,6 +110,7 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
     ngpus, ranks, mbs, gas, seqs = (list(map(int, raw[c].tolist()))
                                     for c in ("num_gpus", "rank", "micro_batch_per_gpu", "grad_accum", "seq_len"))
     keys = zip(raw["model"].tolist(), ranks, mbs, gas, seqs, ngpus)
+    given_steps = frame["steps"].to_numpy("float64").tolist() if "steps" in frame.columns else None  # the trace's
     kept: list[int] = []  # rows that become jobs
     steps: list[int] = []
     plans: list[tuple] = []
@@ -141,7 +142,10 @@ def build_jobs(frame: pd.DataFrame, cluster: ClusterSpec, cost_model: CostModel,
             skipped["memory"] += 1
             continue
         kept.append(row)
-        steps.append(max(1, int(round(dur / plan[2]))))
+        if given_steps is not None and given_steps[row] == given_steps[row]:  # steps from the trace (not NaN)
+            steps.append(int(given_steps[row]))
+        else:
+            steps.append(max(1, int(round(dur / plan[2]))))
         plans.append(plan)
     sweep_ids = frame["sweep_id"].to_numpy().tolist() if "sweep_id" in frame.columns else None
     floors = frame["loss_floor"].to_numpy().tolist() if "loss_floor" in frame.columns else None

@@ -57,6 +57,9 @@ class ReplayConfig:
         policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
             is built (``tlora_sim.policies.registry.load_policy_module``), in every process that
             runs this configuration.
+        keep_states: states kept by a ``csv`` trace's mapped ``state`` column (None: all).
+        window, first_jobs, arrival_scale: the trace cut to ``"START,END"`` (seconds or dates), its
+            first N jobs, and its submit times divided by X (``tlora_sim.traces.window``; every format).
     """
 
     trace: str
@@ -75,6 +78,10 @@ class ReplayConfig:
     early_exit: bool = False
     time_zone: str | None = None
     slurm_states: str | None = None
+    keep_states: str | None = None
+    window: str | None = None
+    first_jobs: int | None = None
+    arrival_scale: float | None = None
 
 
 def versions() -> dict[str, str]:
@@ -88,8 +95,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def load_workload(cfg: ReplayConfig):
-    """Read the trace, assign LoRA attributes with the seed, and build jobs.
+def load_workload(cfg: ReplayConfig, frame: pd.DataFrame | None = None):
+    """Read the trace (or take ``frame``, an already-read trace table), assign LoRA attributes with the
+    seed, and build jobs.
 
     Returns:
         (jobs, cluster, cost_model, trace_frame, distribution, skipped counts).
@@ -101,8 +109,10 @@ def load_workload(cfg: ReplayConfig):
     from tlora_sim.traces.lora import assign_lora, load_distribution
 
     cluster = parse_cluster(cfg.cluster)
-    frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit, time_zone=cfg.time_zone,
-                       slurm_states=cfg.slurm_states)
+    if frame is None:
+        frame = read_trace(cfg.trace, csv_columns=cfg.csv_columns, time_unit=cfg.time_unit, time_zone=cfg.time_zone,
+                           slurm_states=cfg.slurm_states, keep_states=cfg.keep_states, window=cfg.window,
+                           first_jobs=cfg.first_jobs, arrival_scale=cfg.arrival_scale)
     if cfg.strict:
         dropped = {k: int(v) for k, v in frame.attrs.get("skipped", {}).items() if v}
         if dropped:
@@ -121,6 +131,10 @@ def load_workload(cfg: ReplayConfig):
         except InputError as e:
             raise InputError(e.message, file=cfg.lora_dist if Path(cfg.lora_dist).is_file() else None,
                              field=f"models.{model}") from None
+    from tlora_sim.sim.costmodel.models import MODELS
+    from tlora_sim.traces.lora import check_models
+
+    check_models(frame, list(MODELS))  # base models the trace names (an operator's export)
     rng = np.random.default_rng(cfg.seed)
     frame = assign_lora(frame, dist, rng)
     sweeps = parse_sweeps(cfg.sweeps)
@@ -166,6 +180,30 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
 def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, position: int,
                  check_invariants: bool, policy: Any, listeners: Sequence[Any]) -> dict:
     """``replay`` writing straight into the directory ``out`` (the caller stages it)."""
+    result = simulate(cfg, progress=progress, position=position, check_invariants=check_invariants, policy=policy,
+                      listeners=listeners)
+    write_run(out, result, plots=plots)
+    return result["summary"]
+
+
+def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: bool = False, position: int = 0,
+             check_invariants: bool = True, policy: Any = None, listeners: Sequence[Any] = ()) -> dict:
+    """Simulate one configuration in memory; nothing is written (``write_run`` writes it).
+
+    Args:
+        cfg: the inputs; ``cfg.trace`` names the trace (read unless ``frame`` is given).
+        frame: an already-read trace table (``traces.frame`` schema) to simulate instead of reading
+            ``cfg.trace`` (the Python API's DataFrame traces); window options are not applied to it again.
+        progress, position, check_invariants, policy, listeners: as for :func:`replay`.
+
+    Returns:
+        dict with ``config`` (what ``config.json`` holds), ``jobs``, ``timeline`` (DataFrames of
+        ``jobs.csv``, ``timeline.csv``), ``tenants`` (``tenants.csv``'s table, or None where the trace
+        has no tenants), ``summary`` (``summary.json``) and ``perf`` (``perf.json``).
+
+    Raises:
+        InputError: bad input. sim.engine.InvariantError: an impossible state.
+    """
     from tlora_sim.policies.registry import config_of, load_policy_module, make_policy
 
     for module in cfg.policy_modules:
@@ -176,14 +214,13 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
         from tlora_sim.policies.early_exit import WithEarlyExit
 
         policy = WithEarlyExit(policy)
-    jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg)
-    files = RunDir(out)
-    write_json(files.config, {
+    jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg, frame=frame)
+    config = {
         "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
         "policy": cfg.policy, "policy_config": config_of(policy), "plan": policy.plan,
         "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
         "cost_model": cost_model.describe(), "versions": versions(), "jobs_in_trace": int(len(frame)),
-    })
+    }
     bar = _progress_bar(jobs, cfg.policy, position) if progress else None
     engine = Engine(jobs, cluster, cost_model, policy, regroup_pause_s=cfg.regroup_pause_s,
                     progress=(lambda now: bar.update(min(now / 3600.0, bar.total) - bar.n)) if bar else None,
@@ -194,21 +231,43 @@ def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, p
         if bar is not None:
             bar.close()
     jobs_df = metrics.jobs_table(res)
+    if "attrs_from_trace" in frame.columns:  # which LoRA attributes each job took from the trace
+        jobs_df["attrs_from_trace"] = jobs_df["job_id"].map(dict(zip(frame["job_id"], frame["attrs_from_trace"])))
     flops = sum(map(mul, map(attrgetter("steps_trained"), res.records), engine.member_flops))  # in job order
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
                **coverage(len(jobs), skipped, cost_model.describe())}
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
-    write_csv(files.jobs, jobs_df)
-    write_csv(files.timeline, metrics.timeline_table(res, cluster))
-    write_json(files.summary, summary)
-    write_json(files.perf, {**perf, "jobs": len(jobs), "machine": platform.machine(),
-                                   "python": platform.python_version(), "invariants_checked": check_invariants})
+    timeline_df = metrics.timeline_table(res, cluster)
+    from tlora_sim.sim.core import fairness
+
+    tenants = fairness.tenant_table(jobs_df, timeline_df, cluster.total_gpus)
+    summary.update(fairness.fairness_summary(jobs_df, timeline_df, cluster.total_gpus, tenants))
+    perf = {**perf, "jobs": len(jobs), "machine": platform.machine(), "python": platform.python_version(),
+            "invariants_checked": check_invariants}
+    return {"config": config, "jobs": jobs_df, "timeline": timeline_df,
+            "tenants": tenants if (tenants["tenant"] != "").any() else None, "summary": summary, "perf": perf}
+
+
+def write_run(out: Path, result: dict, *, plots: bool = True) -> None:
+    """Write :func:`simulate`'s result as a run directory's files into ``out`` (an existing, staged
+    directory: the caller makes the write a unit, ``rundir.staged_dir``), then its figures."""
+    files = RunDir(out)
+    write_json(files.config, result["config"])
+    write_csv(files.jobs, result["jobs"])
+    write_csv(files.timeline, result["timeline"])
+    if result.get("tenants") is not None:  # per-tenant table where the trace has tenants
+        write_csv(files.root / TENANTS_CSV, result["tenants"])
+    write_json(files.summary, result["summary"])
+    write_json(files.perf, result["perf"])
     if plots:
         from tlora_sim.sim.report.plots import plot_run
 
         plot_run(out)
-    return summary
+
+
+TENANTS_CSV = "tenants.csv"
+"""Per-tenant table of a run directory (``sim/core/fairness.py``), where the trace has tenants."""
 
 
 EXTRAPOLATION_WARN = 0.05

@@ -211,7 +211,9 @@ def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> li
         for col in (m[0] for m in _BAR_METRICS):
             if col in summary:
                 summary[col] = pd.to_numeric(summary[col], errors="coerce")
-    return _plot_all(Path(run_dir), {run.policy: run}, summary, fmts)
+    from tlora_sim.sim.report.tenant_figure import plot_tenants
+
+    return _plot_all(Path(run_dir), {run.policy: run}, summary, fmts) + plot_tenants(run_dir, fmts)
 
 
 def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
