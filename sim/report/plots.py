@@ -19,7 +19,10 @@ Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data
     GPU *allocation* utilization (top) and GPU *compute* utilization (bottom) over time (days), in %.
 ``bars``
     Average JCT, p90 JCT, throughput, allocation and compute utilization, one panel each; values are
-    ratios to the ``independent`` policy when it is in the summary, raw values otherwise.
+    ratios to the reference ``independent-backfill`` when it is in the summary, raw values otherwise.
+``speedup``
+    The paper-style figure: each policy's speed-up over the reference (avg JCT, p90 JCT, makespan:
+    reference / policy; throughput: policy / reference), grouped bars with their values, a line at 1.
 
 Across several comparison directories (a directory of them, e.g. ``runs/sensitivity``), figures go
 to ``DIR/figures/``:
@@ -29,7 +32,8 @@ to ``DIR/figures/``:
     GPUs, from the synthetic traces' ``load=`` option or given explicitly), a line per policy
     (:func:`plot_queue_vs_load`).
 
-:func:`relative_table` gives the numbers behind ``bars`` (ratios to ``independent``) as a table.
+:func:`relative_table` gives the numbers behind ``bars`` (ratios to the reference baseline
+``independent-backfill``, :data:`REFERENCE_POLICY`) as a table.
 
 CDFs count every job in ``jobs.csv`` in the denominator, so a policy that leaves jobs unfinished
 (empty ``jct_s``) tops out below 1. Time series are piecewise constant (each ``timeline.csv`` row holds
@@ -55,10 +59,11 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundata import BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
-from tlora_sim.sim.report.figures import _available_bar_metrics, _cdf_figure, _ecdf_points, _legend, _plain_log_ticks, _si_scale, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
+from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
+from tlora_sim.sim.report.figures import speedup_figure, _available_bar_metrics, _cdf_figure, _ecdf_points, _legend, _plain_log_ticks, _si_scale, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
 from tlora_sim.sim.report.load_sweep import QUEUE_LOAD_FIGURE, _first, _lookup_load, _natural_key, _sweep_title, _time_unit, _trace_without_load, find_compare_dirs, load_sweep_points, plot_queue_vs_load, queue_vs_load_figure, trace_load  # noqa: F401
 
 __all__ = [
@@ -92,7 +97,8 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 def _footer(runs: list[RunData]) -> str:
-    """What a reader of the figure needs to know it: trace, cluster, seed(s) and jobs kept."""
+    """What a reader of the figure needs to know it: trace, cluster, seed(s), jobs kept; then the
+    reference and discipline, the cost model and the share of GPU-time on extrapolated step times."""
     if not runs:
         return ""
     cfg = runs[0].config or {}
@@ -100,18 +106,59 @@ def _footer(runs: list[RunData]) -> str:
     trace = trace if len(trace) <= 60 else "..." + trace[-57:]
     seeds = sorted({r.config.get("seed") for r in runs if r.config and r.config.get("seed") is not None})
     kept = sorted({(r.summary or {}).get("kept_jobs") for r in runs} - {None})
+    inputs = sorted({(r.summary or {}).get("input_jobs") for r in runs} - {None})
     parts = [trace, str(cfg.get("cluster", ""))]
     if seeds:
         parts.append("seed " + ",".join(map(str, seeds)))
     if kept:
-        parts.append(f"{kept[0]} jobs kept" if len(kept) == 1 else f"{kept[0]}-{kept[-1]} jobs kept")
-    return " | ".join(p for p in parts if p)
+        of = f" of {inputs[-1]}" if inputs else ""
+        parts.append(f"{kept[0]}{of} jobs kept" if len(kept) == 1 else f"{kept[0]}-{kept[-1]}{of} jobs kept")
+    line2 = []
+    ref = cfg.get("reference")
+    if ref:
+        line2.append(f"reference {ref}")
+    disc = cfg.get("discipline")
+    if isinstance(disc, dict) and disc.get("name"):
+        backfills = sorted({str((r.config.get("discipline") or {}).get("backfill")) for r in runs if r.config})
+        line2.append(f"discipline {disc['name']} (backfill {'/'.join(backfills)})")
+    model = next(((r.summary or {}).get("cost_model") for r in runs if (r.summary or {}).get("cost_model")), None)
+    if model:
+        line2.append(f"cost model {model}")
+    shares = [float((r.summary or {})["extrapolated_gpu_time_share_total"]) for r in runs
+              if (r.summary or {}).get("extrapolated_gpu_time_share_total") is not None]
+    if shares:
+        lo, hi = round(100 * min(shares)), round(100 * max(shares))
+        line2.append(f"{lo}% of GPU-time extrapolated" if lo == hi else f"{lo}-{hi}% of GPU-time extrapolated")
+    return wrap_footer([p for p in parts if p] + line2)
+
+
+FOOTER_CHARS = 95
+"""Most characters per footer line (a one-column figure at the footer's 4.5 pt)."""
+
+
+def wrap_footer(parts: list[str], width: int = FOOTER_CHARS) -> str:
+    """``parts`` joined with `` | `` into lines of at most ``width`` characters (a part longer than
+    that gets a line of its own)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " | " + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
 
 
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,
               formats: tuple[str, ...]) -> list[Path]:
     out_dir = where / FIGURES_DIR
     names = list(runs) + (list(summary["policy"]) if summary is not None else [])
+    reference = REFERENCE_POLICY
+    if summary is not None and "reference" in summary.columns and summary["reference"].notna().any():
+        reference = str(summary["reference"].dropna().iloc[0])
+    if summary is not None and reference in set(summary["policy"]):
+        from tlora_sim.sim.report.tables import speedups
+
+        summary = speedups(summary.drop(columns=[c for c in SPEEDUP_COLUMNS if c in summary.columns]), reference)
     styles = fs.policy_styles(names)
     ordered = [p for p in styles if p in runs]
     written: list[Path] = []
@@ -178,7 +225,10 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
             _warn(f"{where}: summary has no value for any of "
                   f"{', '.join(m[0] for m in _BAR_METRICS)}; skipping figure 'bars'")
         else:
-            save(bars_figure(summary, styles), "bars")
+            save(bars_figure(summary, styles, baseline=reference), "bars")
+        if summary is not None and len(summary) > 1 and reference in set(summary["policy"]) and any(
+                c in summary.columns for c in SPEEDUP_COLUMNS):
+            save(speedup_figure(summary, styles, reference=reference), "speedup")
     return written
 
 
@@ -249,6 +299,7 @@ RELATIVE_COLUMNS = (
     ("throughput_x", "throughput_tokens_per_s", "x"),
     ("avg_jct_speedup", "avg_jct_s", "speedup"),
     ("p90_jct_speedup", "p90_jct_s", "speedup"),
+    ("makespan_speedup", "makespan_s", "speedup"),
     ("alloc_util_x", "gpu_alloc_util", "x"),
     ("compute_util_x", "gpu_compute_util", "x"),
 )
@@ -275,8 +326,8 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
         raise InputError("missing column", field="policy")
     pols = [str(p) for p in summary["policy"]]
     if baseline not in pols:
-        raise InputError(f"baseline policy {baseline!r} is not in the summary (policies: "
-                         f"{', '.join(pols)})", field="policy")
+        raise InputError(f"baseline policy {baseline!r} is not in the summary; available policies: "
+                         f"{', '.join(pols)} (pass baseline=NAME)", field="policy")
     table = summary.assign(policy=pols).drop_duplicates("policy").set_index("policy")
     order = fs.policy_order(pols)
     out = pd.DataFrame({"policy": order})

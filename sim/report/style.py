@@ -6,9 +6,10 @@ What lives here:
   (:data:`COLUMN_WIDTH_IN` = 3.4 in, 7-8 pt text), TrueType fonts in PDFs (editable text, accepted by
   paper venues), no top/right spines, a light grid.
 * The colour-blind-safe Okabe-Ito palette (:data:`OKABE_ITO`) and a fixed colour, line style, marker,
-  hatch and order per policy (:func:`policy_order`, :func:`policy_styles`). The known policies
-  ``independent, mlora, lorafusion, alto, tlora`` always get the same colour and come first in that
-  order; any other name (``ours``, ablations like ``tlora-nogroup``) follows in alphabetical order and
+  hatch and order per policy (:func:`policy_order`, :func:`policy_styles`). The reference baseline
+  ``independent-backfill`` comes first, in grey; the known policies
+  ``independent, mlora, lorafusion, alto, tlora, lookahead`` always get the same colour (mLoRA orange,
+  tLoRA blue) and follow in that order; any other name (``ours``, ablations like ``tlora-nogroup``) follows in alphabetical order and
   takes the remaining palette colours, so one set of policies always looks the same in every figure.
 * The same for the kernel implementations and profiler plans (:func:`impl_order`, :func:`impl_styles`):
   ``base, alone, loop, padded, peft, fused`` in that order and fixed colours.
@@ -55,26 +56,32 @@ OKABE_ITO = {
     "reddish_purple": "#CC79A7",
 }
 
-#: Known policies, in the fixed order every figure and legend uses.
-KNOWN_POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
+#: Known policies, in the fixed order every figure and legend uses: the reference baseline first.
+KNOWN_POLICIES = ("independent-backfill", "independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
+
+#: The reference baseline's colour: neutral grey, so every other policy reads against it.
+REFERENCE_GREY = "#8C8C8C"
 
 #: Suffix of a policy's no-grouping ablation (``tlora_sim.policies.registry``): drawn in its base policy's
 #: colour, dotted and with open hatching, right after the base policy.
 ABLATION_SUFFIX = "-nogroup"
 
+# mLoRA (orange) and tLoRA (blue) sit on opposite sides of the palette: never two similar hues.
 _KNOWN_COLORS = {
+    "independent-backfill": REFERENCE_GREY,
     "independent": OKABE_ITO["black"],
     "mlora": OKABE_ITO["orange"],
     "lorafusion": OKABE_ITO["sky_blue"],
     "alto": OKABE_ITO["bluish_green"],
-    "tlora": OKABE_ITO["vermillion"],
-    "lookahead": OKABE_ITO["blue"],
+    "tlora": OKABE_ITO["blue"],
+    "lookahead": OKABE_ITO["reddish_purple"],
 }
 # Palette colours left for other policies, most legible on white first.
-_EXTRA_COLORS = (OKABE_ITO["reddish_purple"], OKABE_ITO["yellow"], OKABE_ITO["sky_blue"])
+_EXTRA_COLORS = (OKABE_ITO["vermillion"], OKABE_ITO["yellow"], OKABE_ITO["sky_blue"])
 
 _KNOWN_LINESTYLES = {
-    "independent": (0, (1.0, 1.2)),          # dotted
+    "independent-backfill": (0, (1.0, 1.2)),  # dotted
+    "independent": (0, (2.0, 1.0)),          # short dash
     "mlora": (0, (4.0, 1.5)),                # dashed
     "lorafusion": (0, (4.0, 1.2, 1.0, 1.2)),  # dash-dot
     "alto": (0, (6.0, 1.2, 1.0, 1.2, 1.0, 1.2)),  # dash-dot-dot
@@ -87,9 +94,9 @@ _EXTRA_LINESTYLES = (
     (0, (3.0, 1.0, 1.0, 1.0, 3.0, 3.0)),
     (0, (1.0, 2.5)),                  # loose dots
 )
-_KNOWN_MARKERS = {"independent": "o", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*", "lookahead": "P"}
+_KNOWN_MARKERS = {"independent-backfill": "o", "independent": "X", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*", "lookahead": "P"}
 _EXTRA_MARKERS = ("v", "P", "X", "<", ">", "h")
-_KNOWN_HATCHES = {"independent": "", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": "",
+_KNOWN_HATCHES = {"independent-backfill": "", "independent": "..", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": "",
                   "lookahead": "++"}
 _EXTRA_HATCHES = ("..", "++", "oo", "--", "||")
 
