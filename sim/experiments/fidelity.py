@@ -105,11 +105,11 @@ def explain(reason: str, gpu: str, gpus_per_node: int) -> tuple[str, str, str]:
         part = "decoder layer" if reason == "layer" else "embedding and LM head"
         return (f"{part} mixes outside the profiled grid (tokens, ranks, adapters)",
                 f"profiled grid of profiler/data/profile_{gpu.lower()}.csv",
-                f"`tlora-sim profile --out DIR` on a {gpu} with a wider grid, then `tlora-sim costmodel fit` measures it")
+                f"`tlora-sim profile --out DIR` on an {gpu} with a wider grid, then `tlora-sim costmodel fit` measures it")
     if reason.startswith("analytic_plan:"):
         plan = reason.split(":", 1)[1]
         return (f"plan {plan}", "not profiled (fused plan x roofline ratio)",
-                f"`tlora-sim profile --plans {plan} --out DIR` on a {gpu} measures it")
+                f"`tlora-sim profile --plans {plan} --out DIR` on an {gpu} measures it")
     if reason == "lorafusion:max_rank<16":
         return ("LoRAFusion mixes with ranks below 16", "its kernels cannot run them", "nothing can: priced as fused")
     if reason == "roofline":
@@ -118,7 +118,7 @@ def explain(reason: str, gpu: str, gpus_per_node: int) -> tuple[str, str, str]:
     if reason.startswith("roofline:"):
         what = "GPU type" if reason == "roofline:gpu" else "base model"
         return (f"every step ({what} {gpu if what == 'GPU type' else ''} has no measured profile: roofline model)".replace("  ", " "),
-                "no profile of it", f"`tlora-sim profile --out DIR` on a {gpu}, then `tlora-sim costmodel fit --gpu {gpu}` "
+                "no profile of it", f"`tlora-sim profile --out DIR` on an {gpu}, then `tlora-sim costmodel fit --gpu {gpu}` "
                                     f"measures it")
     return (reason, "not measured", "see config.json cost_model.reasons")
 

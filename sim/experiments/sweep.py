@@ -154,7 +154,7 @@ def cell_row(out_dir: str | Path, cell: Cell) -> dict:
             if key == "skipped":
                 row["skipped"] = sum(val.values())
             for sub, v in sorted(val.items()):
-                row[f"{key}.{sub}"] = v
+                row[f"{key}.{sub}"] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
         elif isinstance(val, list):
             row[key] = json.dumps(val)
         else:

@@ -124,7 +124,7 @@ def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
                            size: tuple[float, float] | None = None):
     """Figure: cluster throughput (tokens/s, SI-prefixed) over time, one line per policy, each point
     the time-weighted mean over a window chosen for the span (about 60 windows: 1 min to 7 days,
-    named in the title), so weeks-long traces stay readable.
+    named in the x label), so weeks-long traces stay readable.
 
     Args:
         series: policy -> (bin edges in s, tokens/s per bin), as from :func:`time_weighted_bins`.
@@ -142,8 +142,7 @@ def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
             x, m = smooth[pol]
             ax.plot(x, m / factor, linewidth=_LW, **styles[pol].line_kwargs())
     ax.set_ylim(bottom=0)
-    ax.set_title(f"mean over {window} windows", loc="left", fontsize=6.5, color="0.3")
-    ax.set_xlabel(fs.axis_label("Time", unit))
+    ax.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}"))
     ax.set_ylabel(fs.axis_label("Throughput", f"{prefix} tokens/s".lstrip()))
     _legend(fig, ax, ncol_max=4)
     return fig
@@ -156,7 +155,7 @@ def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
     """Figure: GPU allocation utilization (top) and GPU compute utilization (bottom) over time.
 
     Two panels sharing the time axis; utilizations in % (inputs are fractions 0..1), each point the
-    time-weighted mean over one window chosen for the span (named in the top title).
+    time-weighted mean over one window chosen for the span (named in the x label).
     *Allocation* = GPUs held / GPUs in the cluster; *compute* = model FLOP/s / peak FLOP/s.
 
     Args:
@@ -186,9 +185,7 @@ def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
         ax.set_ylabel(fs.axis_label(quantity, "%"))
         top = max((100.0 * float(np.nanmax(m)) for _, m in smooth.values() if m.size), default=100.0)
         ax.set_ylim(0, min(105.0, max(top * 1.1, 1.0)))
-    if window:
-        ax_a.set_title(f"mean over {window} windows", loc="right", fontsize=6.5, color="0.3")
-    ax_c.set_xlabel(fs.axis_label("Time", unit))
+    ax_c.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}" if window else unit))
     _legend(fig, ax_a if alloc else ax_c, ncol_max=4)
     return fig
 

@@ -20,7 +20,9 @@ from tlora_sim.traces.errors import InputError
 
 
 #: Base names of the figures, in the order they are drawn (files are ``<name>.<format>``).
-FIGURE_NAMES = ("jct_cdf", "slowdown_cdf", "throughput_time", "utilization_time", "bars", "speedup")
+FIGURE_NAMES = ("jct_cdf", "slowdown_cdf", "throughput_time", "utilization_time", "bars")
+#: A comparison also draws the speed-up figure (against its reference).
+COMPARE_FIGURE_NAMES = FIGURE_NAMES + ("speedup",)
 #: Most points drawn per line (CDF points or time bins).
 MAX_POINTS_PER_LINE = 2000
 

@@ -81,7 +81,7 @@ _EXTRA_COLORS = (OKABE_ITO["vermillion"], OKABE_ITO["yellow"], OKABE_ITO["sky_bl
 
 _KNOWN_LINESTYLES = {
     "independent-backfill": (0, (1.0, 1.2)),  # dotted
-    "independent": (0, (2.0, 1.0)),          # short dash
+    "independent": (0, (2.5, 1.5)),          # medium dash
     "mlora": (0, (4.0, 1.5)),                # dashed
     "lorafusion": (0, (4.0, 1.2, 1.0, 1.2)),  # dash-dot
     "alto": (0, (6.0, 1.2, 1.0, 1.2, 1.0, 1.2)),  # dash-dot-dot
