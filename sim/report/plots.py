@@ -129,23 +129,7 @@ def _footer(runs: list[RunData]) -> str:
     if shares:
         lo, hi = round(100 * min(shares)), round(100 * max(shares))
         line2.append(f"{lo}% of GPU-time extrapolated" if lo == hi else f"{lo}-{hi}% of GPU-time extrapolated")
-    return wrap_footer([p for p in parts if p] + line2)
-
-
-FOOTER_CHARS = 95
-"""Most characters per footer line (a one-column figure at the footer's 4.5 pt)."""
-
-
-def wrap_footer(parts: list[str], width: int = FOOTER_CHARS) -> str:
-    """``parts`` joined with `` | `` into lines of at most ``width`` characters (a part longer than
-    that gets a line of its own)."""
-    lines: list[str] = []
-    for part in parts:
-        if lines and len(lines[-1]) + 3 + len(part) <= width:
-            lines[-1] += " | " + part
-        else:
-            lines.append(part)
-    return "\n".join(lines)
+    return fs.wrap_footer([p for p in parts if p] + line2)
 
 
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,

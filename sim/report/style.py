@@ -390,3 +390,37 @@ def run_figure_command(draw: Callable[[], Iterable[Path]], category: type[Warnin
     for p in paths:
         print(p)
     return 0
+
+
+FOOTER_CHARS = 95
+"""Most characters per footer line (a one-column figure at the footers' 4.5-5 pt)."""
+
+
+def wrap_footer(parts: list[str], width: int = FOOTER_CHARS, sep: str = " | ") -> str:
+    """``parts`` joined with ``sep`` into lines of at most ``width`` characters (a part longer than
+    that gets a line of its own); every figure footer goes through here."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def series_styles(names: Iterable[str]) -> dict[str, PolicyStyle]:
+    """Styles of series named ``"<policy> <variant>"`` (a sweep's policy-option axes): each variant
+    in its policy's colour (:func:`policy_styles`), told apart by hatch and line style; in
+    :func:`policy_order` of the policies, variants in the order given."""
+    names = list(dict.fromkeys(str(n) for n in names))
+    base_of = {n: n.split(" ", 1)[0] for n in names}
+    bases = policy_styles(base_of.values())
+    hatches = ("", "//", "..", "xx", "\\\\", "++", "oo")
+    out: dict[str, PolicyStyle] = {}
+    i = 0
+    for b, st in bases.items():
+        for k, n in enumerate(x for x in names if base_of[x] == b):
+            out[n] = PolicyStyle(n, st.color, st.linestyle if k == 0 else _EXTRA_LINESTYLES[k % len(_EXTRA_LINESTYLES)],
+                                 st.marker, st.hatch if k == 0 else hatches[k % len(hatches)], i)
+            i += 1
+    return out
