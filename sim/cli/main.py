@@ -332,8 +332,14 @@ def _run(args) -> int:
     elif args.command == "plot":
         from tlora_sim.sim.report.plots import plot_any
 
+        from tlora_sim.sim.report.plots import parse_size
+
         formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
-        for f in plot_any(args.directory, formats=formats):
+        def split(v):
+            return [x.strip() for x in v.split(",") if x.strip()] or None
+
+        for f in plot_any(args.directory, formats=formats, policies=split(args.policies) if args.policies else None,
+                          metrics=split(args.metrics) if args.metrics else None, size=parse_size(args.size)):
             print(f)
     return 0
 

@@ -237,8 +237,10 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
         fig = fs.new_figure(fs.DOUBLE_COLUMN_WIDTH_IN, 2.5)
         axes = np.atleast_1d(fig.subplots(1, len(metrics))).ravel()
     else:
-        fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.1)
-        axes = fig.subplots(2, 3).ravel()
+        cols = min(3, len(metrics) + 1)  # the panels and one cell for the legend
+        rows = math.ceil((len(metrics) + 1) / cols)
+        fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 1.55 * rows)
+        axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
     x = np.arange(len(pols))
     for ax, (col, title, better, quantity) in zip(axes, metrics):
         vals = np.array([float(table.at[p, col]) for p in pols], dtype=float)

@@ -132,8 +132,27 @@ def _footer(runs: list[RunData]) -> str:
     return fs.wrap_footer([p for p in parts if p] + line2)
 
 
+def parse_size(text: str | None) -> tuple[float, float] | None:
+    """``WxH`` in inches (``7x3``, ``3.4x2.2``) -> (width, height); None for None.
+
+    Raises:
+        InputError: not two positive numbers, or beyond 30 in.
+    """
+    if text is None:
+        return None
+    w, sep, h = str(text).lower().partition("x")
+    try:
+        size = (float(w), float(h))
+    except ValueError:
+        size = None
+    if not sep or size is None or not all(0 < v <= 30 for v in size):
+        raise InputError(f"expected WIDTHxHEIGHT in inches (e.g. 7x3), got {text!r}", field="--size")
+    return size
+
+
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,
-              formats: tuple[str, ...]) -> list[Path]:
+              formats: tuple[str, ...], policies: Sequence[str] | None = None,
+              metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
     out_dir = where / FIGURES_DIR
     names = list(runs) + (list(summary["policy"]) if summary is not None else [])
     reference = REFERENCE_POLICY
@@ -143,6 +162,27 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
         from tlora_sim.sim.report.tables import speedups
 
         summary = speedups(summary.drop(columns=[c for c in SPEEDUP_COLUMNS if c in summary.columns]), reference)
+    if policies:  # only these (the speed-ups above were taken against the reference first)
+        known = list(dict.fromkeys([*runs, *(summary["policy"] if summary is not None else [])]))
+        bad = [p for p in policies if p not in known]
+        if bad:
+            raise InputError(f"policy {bad[0]!r} is not in this directory; available: {', '.join(known)}",
+                             field="--policies")
+        runs = {p: r for p, r in runs.items() if p in policies}
+        if summary is not None:
+            summary = summary[summary["policy"].isin(list(policies))].reset_index(drop=True)
+        names = [n for n in names if n in policies]
+    if metrics and summary is not None:
+        allowed = {m[0] for m in _BAR_METRICS} | {"makespan_s"}
+        bad = [m for m in metrics if m not in allowed]
+        if bad:
+            raise InputError(f"unknown metric {bad[0]!r}; the bar figures take: {', '.join(sorted(allowed))}",
+                             field="--metrics")
+        drop = [m[0] for m in _BAR_METRICS if m[0] not in metrics and m[0] in summary.columns]
+        keep_speed = {"avg_jct_s": "avg_jct_speedup", "p90_jct_s": "p90_jct_speedup",
+                      "throughput_tokens_per_s": "throughput_x", "makespan_s": "makespan_speedup"}
+        drop += [v for k, v in keep_speed.items() if k not in metrics and v in summary.columns]
+        summary = summary.drop(columns=drop)
     styles = fs.policy_styles(names)
     ordered = [p for p in styles if p in runs]
     written: list[Path] = []
@@ -152,6 +192,8 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     def save(fig, name: str) -> None:
         if footer:  # a figure-level label: constrained layout keeps room for it under the axes
             fig.supxlabel(footer, fontsize=4.5, color="0.35", x=0.01, ha="left")
+        if size is not None:
+            fig.set_size_inches(*size)
         written.extend(fs.save_figure(fig, out_dir, name, formats))
 
     # read and check everything first: a bad file stops the command before any figure is rewritten
@@ -216,7 +258,8 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     return written
 
 
-def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+             metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
     """Draw the figures of one run directory into ``run_dir/figures/``.
 
     Reads ``jobs.csv`` (required), ``timeline.csv``, ``summary.json``, ``config.json`` (optional: a
@@ -245,10 +288,12 @@ def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> li
         for col in (m[0] for m in _BAR_METRICS):
             if col in summary:
                 summary[col] = pd.to_numeric(summary[col], errors="coerce")
-    return _plot_all(Path(run_dir), {run.policy: run}, summary, fmts)
+    return _plot_all(Path(run_dir), {run.policy: run}, summary, fmts, metrics=metrics, size=size)
 
 
-def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+                 policies: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+                 size: tuple[float, float] | None = None) -> list[Path]:
     """Draw the comparison figures of a comparison directory into ``compare_dir/figures/``.
 
     Reads ``summary.csv`` (required; one row per policy) and each policy's run directory
@@ -270,7 +315,7 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
     """
     fmts = _check_formats(formats)
     summary, runs = load_compare(compare_dir)
-    return _plot_all(Path(compare_dir), runs, summary, fmts)
+    return _plot_all(Path(compare_dir), runs, summary, fmts, policies=policies, metrics=metrics, size=size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,10 +346,12 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
 
     Args:
         summary: a comparison's ``summary.csv`` as a DataFrame (see :func:`load_compare`).
-        baseline: the policy the ratios are taken to.
+        baseline: the policy the ratios are taken to (default the reference baseline
+            ``independent-backfill``, the one ``compare`` always runs).
 
     Raises:
-        InputError: no ``policy`` column, or ``baseline`` is not one of the policies.
+        InputError: no ``policy`` column, or ``baseline`` is not one of the policies (the message
+            lists the available ones).
     """
     if "policy" not in summary.columns:
         raise InputError("missing column", field="policy")
@@ -326,7 +373,8 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
     return out
 
 
-def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf"), *, policies: Sequence[str] | None = None,
+             metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
     """Draw the figures of ``path``, a sweep, comparison or run directory, and return the files.
 
     A directory with ``sweep.csv`` is a sweep (``sweep_report.plot_sweep``: the report table and
@@ -356,9 +404,9 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
 
         return plot_seeds(path, formats)
     if (path / SUMMARY_CSV).is_file():
-        return plot_compare(path, formats)
+        return plot_compare(path, formats, policies=policies, metrics=metrics, size=size)
     if (path / JOBS_CSV).is_file():
-        return plot_run(path, formats)
+        return plot_run(path, formats, metrics=metrics, size=size)
     if len(find_compare_dirs(path)) >= 2:
         return plot_queue_vs_load(path, formats=formats)
     raise InputError("neither a run directory (expected jobs.csv, timeline.csv, summary.json, "
