@@ -79,7 +79,7 @@ def gpu_time_shares(jobs_df, reasons: list[tuple[str, ...]]) -> tuple[dict[str, 
             anyr += g
         for r in rs:
             by[r] = by.get(r, 0.0) + g
-    return {r: by[r] / total for r in sorted(by)}, anyr / total
+    return {r: by[r] / total for r in sorted(by) if by[r] > 0}, anyr / total
 
 
 def explain(reason: str, gpu: str, gpus_per_node: int) -> tuple[str, str, str]:
@@ -96,7 +96,7 @@ def explain(reason: str, gpu: str, gpus_per_node: int) -> tuple[str, str, str]:
         return (f"multi-GPU jobs on {gpu}", "collectives profiled on another GPU type",
                 prof.format(n=2, gpu=gpu) + " measures it")
     if reason == "multigpu:pp":
-        return ("pipeline-parallel plans", "never profiled", prof.format(n=g, gpu=gpu) + " with pipeline plans")
+        return ("pipeline-parallel plans", "never profiled", prof.format(n=g, gpu=gpu) + " with pipeline plans measures it")
     if reason.startswith("multigpu:host_scale_of_fused:"):
         plan = reason.rsplit(":", 1)[1]
         return (f"multi-GPU host time of plan {plan}", "scaled from the fused plan's",
