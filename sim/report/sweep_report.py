@@ -75,7 +75,9 @@ def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), p
     constant = [k for k in config_keys if k not in varying]
     label = table[varying].astype(str).agg(" | ".join, axis=1) if varying else pd.Series(["all"] * len(table))
     series = table.apply(_series_name, axis=1)
-    configs = list(dict.fromkeys(label))
+    import re
+
+    configs = sorted(dict.fromkeys(label), key=lambda c: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", c)])
     short = {c: (f"C{i + 1}" if varying else "all cells") for i, c in enumerate(configs)}
     seeds = int(table["seeds"].max()) if len(table) else 0
     lines = [f"mean \u00b1 95% CI over {seeds} seed(s)"]
@@ -88,6 +90,8 @@ def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), p
     if varying:
         lines.append("configurations: " + ", ".join(_KEY_WORDS.get(k, k) for k in varying))
         lines += [f"{short[c]}: {' | '.join(_short(x) for x in c.split(' | '))}" for c in configs]
+    order = label.map({c: i for i, c in enumerate(configs)}).argsort(kind="stable").to_numpy()
+    table, label, series = (x.iloc[order].reset_index(drop=True) for x in (table, label, series))
     return ci_bars(table.assign(series=series), label.map(short), d / "figures", "report_avg_jct", formats,
                    "\n".join(fs.wrap_footer([x], sep="; ") if len(x) > fs.FOOTER_CHARS else x for x in lines),
                    series_col="series")
