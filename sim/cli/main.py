@@ -225,7 +225,8 @@ def _fidelity_warning(summaries: dict[str, dict], cluster: str, cost_model: str)
 
 
 def _header(args, policies: list[str], added: bool) -> None:
-    """What the comparison is against: the reference and the discipline (printed before it runs)."""
+    """What the comparison is against: the reference and the discipline (the first line printed, once the
+    numbers are in: a run refused for bad input prints nothing on stdout)."""
     from tlora_sim.sim.experiments.replay import REFERENCE
 
     ref = args.baseline or REFERENCE
@@ -274,7 +275,6 @@ def _run(args) -> int:
             raise InputError("no policies given", field="--policies")
         ref = args.baseline or REFERENCE
         run_policies, added = with_reference(policies, ref)
-        _header(args, run_policies, added)
         kw = dict(workers=args.workers, progress=not args.no_progress,
                   policy_options=_options(args.option, run_policies), check_invariants=not args.no_invariants,
                   force=args.force, reference=ref, discipline=args.discipline, plots=not args.no_plots)
@@ -285,6 +285,7 @@ def _run(args) -> int:
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 
             def seeds_table(table, summaries):
+                _header(args, run_policies, added)
                 for pol, s in summaries.items():
                     _coverage(args, coverage_line(pol, s))
                 _fidelity_warning(summaries, args.cluster, args.cost_model)
@@ -296,6 +297,7 @@ def _run(args) -> int:
             return 0
 
         def printed(table, summaries):
+            _header(args, run_policies, added)
             for pol, s in summaries.items():
                 _coverage(args, coverage_line(pol, s))
             _fidelity_warning(summaries, args.cluster, args.cost_model)

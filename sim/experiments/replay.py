@@ -293,8 +293,8 @@ def coverage(kept: int, skipped: dict, cost_model: dict) -> dict:
     preds = int(cost_model.get("predictions", 0) or 0)
     extra = int(cost_model.get("extrapolated", 0) or 0)
     share = extra / preds if preds else 0.0
-    if cost_model.get("kind") != "profiled":  # an analytic model measured nothing: every prediction
-        share = 1.0
+    if cost_model.get("kind") != "profiled" and "predictions" not in cost_model:
+        share = 1.0  # a model that measured nothing and counts nothing (the roofline): every prediction
     return {"input_jobs": kept + sum(int(v) for v in skipped.values()), "kept_jobs": kept,
             "extrapolated_share": share}
 
