@@ -103,6 +103,9 @@ def _footer(runs: list[RunData]) -> str:
         return ""
     cfg = runs[0].config or {}
     trace = str(cfg.get("trace", ""))
+    if len(trace) > 40 and "/" in trace:  # a file: its format and name say which
+        fmt, _, arg = trace.partition(":")
+        trace = f"{fmt}:.../{Path(arg).name}"
     trace = trace if len(trace) <= 60 else "..." + trace[-57:]
     seeds = sorted({r.config.get("seed") for r in runs if r.config and r.config.get("seed") is not None})
     kept = sorted({(r.summary or {}).get("kept_jobs") for r in runs} - {None})
