@@ -1,10 +1,10 @@
 """How long a comparison's figures take against its replay (issue 41: at most 25% of the wall time).
 
-Runs ``compare`` once with ``plots=False`` (the replay: every policy, the tables), then
-``plot_compare`` on the directory it wrote (the figures, PNG and PDF), each timed with
-``time.perf_counter``, and appends one row to ``bench/results/figures_<tag>.csv``: the trace,
+Runs ``compare`` once with ``plots=False`` (the replay: every policy, the tables), then draws the
+figures of the directory it wrote as ``compare`` does (``plot_compare`` in the parent process, the
+formats of ``replay.COMPARE_FORMATS``: PNG), each timed with ``time.perf_counter``, and appends one row to ``bench/results/figures_<tag>.csv``: the trace,
 cluster, policies, workers, ``replay_s``, ``figures_s`` and ``figures_share`` = figures_s /
-(replay_s + figures_s), with the per-figure seconds (``fig_<name>_s``, the figure's PNG + PDF).
+(replay_s + figures_s), with the per-figure seconds (``fig_<name>_s``).
 
 Default input: ITP cluster02 (``/work/shared/traces/msr-itp-elasticflow/cluster02.csv.gz``) on
 16x8xH100 under the reference and the five seed systems, seed 0::
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    from tlora_sim.sim.experiments.replay import ReplayConfig, compare
+    from tlora_sim.sim.experiments.replay import COMPARE_FORMATS, ReplayConfig, compare
     from tlora_sim.sim.report import style as fs
     from tlora_sim.sim.report.plots import plot_compare
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         fs.save_figure = timed_save
         try:
             t1 = time.perf_counter()
-            files = plot_compare(out)
+            files = plot_compare(out, formats=COMPARE_FORMATS)  # as compare draws them
             figures_s = time.perf_counter() - t1
         finally:
             fs.save_figure = real_save
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     row = {"trace": args.trace.replace(str(Path(ITP02).parent), "ITP"), "cluster": args.cluster,
            "policies": ",".join(pols), "workers": args.workers, "jobs": jobs, "replay_s": round(replay_s, 3),
            "figures_s": round(figures_s, 3), "figures_share": round(figures_s / (replay_s + figures_s), 4),
-           "files": len(files), **{f"fig_{k}_s": round(v, 3) for k, v in per.items()},
+           "formats": ",".join(COMPARE_FORMATS), "files": len(files), **{f"fig_{k}_s": round(v, 3) for k, v in per.items()},
            "host": args.tag, "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = args.results or ROOT / "bench" / "results" / f"figures_{args.tag}.csv"
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()

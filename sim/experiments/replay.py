@@ -358,6 +358,7 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     ``reference``. ``on_table(table, summaries)`` is called (summaries: policy -> its
     ``summary.json`` dict) once the numbers are written, before any figure
     is drawn (the CLI prints the numbers there); ``plots=False`` draws none (no ``figures/``).
+    The figures are PNGs (``COMPARE_FORMATS``; ``tlora-sim plot OUT`` adds the PDFs).
 
     The comparison directory is written as a unit, as ``replay``'s run directory is: it replaces
     ``out_dir`` only when every policy's run, the table and the figures are complete; ``out_dir``
@@ -413,8 +414,13 @@ def _compare_into(cfgs: list[ReplayConfig], out: Path, workers: int, progress: b
         write_json(RunDir(out / cfg.policy).summary, summaries[cfg.policy])
     if on_table is not None:
         on_table(table, summaries)
-    if plots:
+    if plots:  # PNG only: the PDFs double the figures' time (bench/figures.py); `tlora-sim plot OUT` adds them
         from tlora_sim.sim.report.plots import plot_compare
 
-        plot_compare(out)
+        plot_compare(out, formats=COMPARE_FORMATS)
     return table
+
+
+COMPARE_FORMATS = ("png",)
+"""Figure formats ``compare`` draws (PNG: a figure costs about half its PNG + PDF time, measured in
+``bench/figures.py``); ``tlora-sim plot OUT`` redraws them as PDF and PNG."""

@@ -155,7 +155,8 @@ def parse_size(text: str | None) -> tuple[float, float] | None:
 
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,
               formats: tuple[str, ...], policies: Sequence[str] | None = None,
-              metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
+              metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None,
+              only: Sequence[str] | None = None) -> list[Path]:
     out_dir = where / FIGURES_DIR
     names = list(runs) + (list(summary["policy"]) if summary is not None else [])
     reference = REFERENCE_POLICY
@@ -193,6 +194,8 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     footer = _footer([runs[p] for p in ordered])
 
     def save(fig, name: str) -> None:
+        if only is not None and name not in only:
+            return
         if footer:  # a figure-level label: constrained layout keeps room for it under the axes
             fig.supxlabel(footer, fontsize=4.5, color="0.35", x=0.01, ha="left")
         if size is not None:
@@ -200,7 +203,8 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
         written.extend(fs.save_figure(fig, out_dir, name, formats))
 
     # read and check everything first: a bad file stops the command before any figure is rewritten
-    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None}
+    want_series = only is None or bool({"throughput_time", "utilization_time"} & set(only))
+    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None and want_series}
     for p in ordered:
         runs[p].jct_s()
         runs[p].slowdown()
@@ -229,18 +233,22 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
 
         # Time series.
         series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {c: {} for c in _TIMELINE_COLUMNS}
-        for p in ordered:
+        for p in ordered if want_series else ():
             run = runs[p]
             if run.timeline_path is None:
                 _warn(f"{run.run_dir}: no {TIMELINE_CSV}; time-series figures leave policy {p!r} out")
                 continue
             for col, binned in timelines[p].items():
                 series[col][p] = binned
-        if series["tokens_per_s"]:
+        if not want_series:
+            pass
+        elif series["tokens_per_s"]:
             save(throughput_time_figure(series["tokens_per_s"], styles), "throughput_time")
         else:
             _warn(f"{where}: no timeline with tokens_per_s; skipping figure 'throughput_time'")
-        if series["gpu_alloc_util"] or series["gpu_compute_util"]:
+        if not want_series:
+            pass
+        elif series["gpu_alloc_util"] or series["gpu_compute_util"]:
             save(utilization_time_figure(series["gpu_alloc_util"], series["gpu_compute_util"], styles),
                  "utilization_time")
         else:
@@ -296,7 +304,7 @@ def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
 
 def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
                  policies: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
-                 size: tuple[float, float] | None = None) -> list[Path]:
+                 size: tuple[float, float] | None = None, only: Sequence[str] | None = None) -> list[Path]:
     """Draw the comparison figures of a comparison directory into ``compare_dir/figures/``.
 
     Reads ``summary.csv`` (required; one row per policy) and each policy's run directory
@@ -308,6 +316,10 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
     Args:
         compare_dir: the comparison directory.
         formats: figure formats, among ``png`` (200 dpi), ``pdf``, ``svg``.
+        policies: only these policies (speed-ups still against the reference).
+        metrics: only these summary columns in ``bars`` and ``speedup``.
+        size: (width, height) of every figure in inches.
+        only: draw only these figures (``COMPARE_FIGURE_NAMES``; ``compare`` splits them over its workers).
 
     Returns:
         the written files, in :data:`FIGURE_NAMES` order, each in the order of ``formats``.
@@ -318,7 +330,7 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
     """
     fmts = _check_formats(formats)
     summary, runs = load_compare(compare_dir)
-    return _plot_all(Path(compare_dir), runs, summary, fmts, policies=policies, metrics=metrics, size=size)
+    return _plot_all(Path(compare_dir), runs, summary, fmts, policies=policies, metrics=metrics, size=size, only=only)
 
 
 # --------------------------------------------------------------------------------------------
