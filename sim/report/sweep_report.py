@@ -124,8 +124,9 @@ def _series_name(row) -> str:
 
 def plot_seeds(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
     """The figure of a ``compare --seeds`` directory: average JCT per policy with its 95% interval
-    (from ``summary.csv``), one tick per policy, into ``DIR/figures/seeds_avg_jct``; the footer
-    names the seeds, the kept jobs (one count, or each policy's range) and the reference."""
+    (from ``summary.csv``), one tick per policy, into ``DIR/figures/seeds_avg_jct``, and the
+    speed-ups over the reference with their intervals into ``DIR/figures/speedup``; the footers
+    name the seeds, the kept jobs (one count, or their range) and the reference."""
     d = Path(compare_dir)
     table = pd.read_csv(d / RunDir.COMPARE_SUMMARY)
     for col in ("policy", "avg_jct_s", "avg_jct_s_ci95", "seeds"):
@@ -142,8 +143,17 @@ def plot_seeds(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"))
     for col in ("trace", "cluster"):
         if col in by_seed.columns and by_seed[col].nunique() == 1:
             lines.append(f"{col} {_short(str(by_seed[col].iloc[0]))}")
-    return ci_bars(table, table["policy"].astype(str), d / "figures", "seeds_avg_jct", formats, fs.wrap_footer(lines),
-                   per_policy_ticks=True)
+    files = ci_bars(table, table["policy"].astype(str), d / "figures", "seeds_avg_jct", formats, fs.wrap_footer(lines),
+                    per_policy_ticks=True)
+    ref = table["reference"].dropna().iloc[0] if "reference" in table.columns and table["reference"].notna().any() else None
+    if ref is not None and ref in set(table["policy"]) and "avg_jct_speedup" in table.columns and len(table) > 1:
+        from tlora_sim.sim.report.figures import speedup_figure
+
+        with fs.style_context():  # the speed-ups with their 95% intervals over the seeds
+            fig = speedup_figure(table, fs.policy_styles(table["policy"]), reference=str(ref))
+            fig.supxlabel(fs.wrap_footer(lines), fontsize=4.5, color="0.35", x=0.01, ha="left")
+            files += fs.save_figure(fig, d / "figures", "speedup", formats)
+    return files
 
 
 def ci_bars(table: pd.DataFrame, label: pd.Series, out_dir: Path, name: str, formats: Iterable[str],

@@ -106,7 +106,7 @@ def format_table(table: pd.DataFrame) -> str:
         vals = []
         for i, v in enumerate(table[col]):
             if scale is None:
-                text = str(v)
+                text = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
             elif scale == "%":
                 text = "n/a" if not _finite(v) else f"{100 * float(v):.1f}%"
             elif col.endswith(("_speedup", "_x")):
