@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         ax.set_axis_off()
     for ax in axes[len(files):]:
         ax.set_axis_off()
-    fig.savefig(dst, dpi=150, metadata={"Software": None})
+    fig.savefig(dst, dpi=120, metadata={"Software": None})
     print(dst)
     return 0
 
