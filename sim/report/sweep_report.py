@@ -85,6 +85,16 @@ def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), p
         lo, hi = int(table["kept_jobs"].min()), int(table["kept_jobs"].max())
         lines[0] += f"; kept jobs {lo}" + (f"-{hi}" if hi != lo else "") + " per cell"
     shared = [f"{_KEY_WORDS.get(k, k)} {_short(str(table[k].iloc[0]))}" for k in constant if len(table)]
+    meta = d / "sweep.json"
+    if meta.is_file():  # the sweep's reference baseline (sweep_file.py adds it to every sweep)
+        import json
+
+        try:
+            ref = json.loads(meta.read_text()).get("reference")
+        except ValueError:
+            ref = None
+        if ref:
+            shared.append(f"reference {ref}")
     if shared:
         lines.append(fs.wrap_footer(["all cells: " + shared[0], *shared[1:]], sep="; "))
     if varying:
