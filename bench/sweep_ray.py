@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TRACES = [f"synthetic:jobs=40,seed={s},load=0.9" for s in range(1, 6)]
-POLICIES = ["independent", "mlora", "tlora", "lorafusion", "lookahead"]
+POLICIES = ["independent-backfill", "mlora", "tlora", "lorafusion", "lookahead"]  # the reference first
 SEEDS = [0, 1, 2, 3]
 
 

@@ -247,7 +247,7 @@ def test_compare_writes_summary_csv_run_dirs_and_figures(tmp_path):
     assert r.returncode == 0, r.stderr
     table = pd.read_csv(out / "summary.csv")
     assert list(table.columns[: len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
-    assert list(table["policy"]) == ["independent", "mlora", "tlora"]
+    assert list(table["policy"]) == ["independent-backfill", "independent", "mlora", "tlora"]  # the reference added
     assert (table["jobs"] == 40).all()
     assert ((table["gpu_alloc_util"] > 0) & (table["gpu_alloc_util"] <= 1)).all()
     assert (table["p50_jct_s"] <= table["p90_jct_s"]).all() and (table["p90_jct_s"] <= table["p99_jct_s"]).all()

@@ -15,10 +15,13 @@ from tlora_sim.sim.experiments.replay import coverage, coverage_line
 def test_coverage_counts_and_warns():
     c = coverage(90, {"memory": 7, "oversized": 3}, {"predictions": 40, "extrapolated": 4})
     assert c == {"input_jobs": 100, "kept_jobs": 90, "extrapolated_share": 0.1}
-    line = coverage_line("p", {**c, "skipped": {"memory": 7, "oversized": 3}})
-    assert "kept 90 of 100 jobs (skipped: memory 7, oversized 3)" in line and "WARNING" in line
-    quiet = coverage_line("p", {**coverage(5, {}, {}), "skipped": {}})
-    assert "skipped: none" in quiet and "WARNING" not in quiet
+    line = coverage_line("p", {**c, "skipped": {"memory": 7, "oversized": 3}, "extrapolated_gpu_time_share_total": 0.25})
+    assert "kept 90 of 100 jobs (skipped: memory 7, oversized 3)" in line
+    assert "25% of GPU-time on extrapolated step times (10% of distinct cost-model predictions)" in line
+    quiet = coverage_line("p", {**coverage(5, {}, {"predictions": 0}), "skipped": {}})
+    assert "skipped: none" in quiet and "0% of GPU-time" in quiet
+    # a model that measured nothing (the roofline: kind analytic, no counters): every prediction extrapolated
+    assert coverage(5, {}, {"kind": "analytic"})["extrapolated_share"] == 1.0
 
 
 def test_a_what_if_prints_what_it_kept(tmp_path):

@@ -122,10 +122,10 @@ def test_reproduce_tlora(tmp_path, kernel_name):
     out = tmp_path / "reproduce"
     nb, secs = _execute("reproduce_tlora.ipynb", {
         "WORKLOADS": {"tiny": ("synthetic:jobs=40,seed=3,load=0.8,gpus=32,max_gpus=8", "4x8xH100")},
-        "POLICIES": ["independent", "mlora", "tlora"],
+        "POLICIES": ["independent-backfill", "mlora", "tlora"],
         "SEED": 0, "LORA_DIST": "tlora", "OUT": str(out), "WORKERS": 1, "REUSE": False,
         "LOAD_SWEEP": {"trace": "synthetic:jobs=20,seed=5,gpus=32,max_gpus=8", "cluster": "4x8xH100",
-                       "loads": [0.6, 1.0], "policies": ["independent", "tlora"]},
+                       "loads": [0.6, 1.0], "policies": ["independent-backfill", "tlora"]},
         "FORMATS": ["png"],
     }, kernel_name)
     for fig in ("jct_cdf", "slowdown_cdf", "throughput_time", "utilization_time", "bars"):
@@ -134,7 +134,7 @@ def test_reproduce_tlora(tmp_path, kernel_name):
     import pandas as pd
 
     rel = pd.read_csv(out / "relative.csv")
-    assert rel["policy"].tolist() == ["independent", "mlora", "tlora"]
+    assert rel["policy"].tolist() == ["independent-backfill", "mlora", "tlora"]  # against the reference
     assert rel.loc[0, ["throughput_x", "avg_jct_speedup"]].tolist() == [1.0, 1.0]
     assert "all jobs finished in every run" in _text(nb)
     assert _images(nb) >= 6

@@ -397,12 +397,14 @@ def test_queue_vs_load_offered_load_explicit_loads_and_errors(tmp_path):
 def test_relative_table_matches_summary(tmp_path):
     out = _write_compare(tmp_path / "cmp")
     summary = pd.read_csv(out / "summary.csv")
-    rel = plots.relative_table(summary)
+    with pytest.raises(InputError, match="independent-backfill.*available policies: .*independent"):
+        plots.relative_table(summary)  # the default is the reference baseline, named with the choices
+    rel = plots.relative_table(summary, baseline="independent")
     assert rel["policy"].tolist() == ["independent", "mlora", "tlora"]
     assert [c for c in rel.columns if c != "policy"] == [c for c, _, _ in plots.RELATIVE_COLUMNS]
     s = summary.set_index("policy")
     r = rel.set_index("policy")
-    assert r.loc["independent"].tolist() == pytest.approx([1.0] * 5)
+    assert r.loc["independent"].tolist() == pytest.approx([1.0] * 6)
     assert r.at["tlora", "throughput_x"] == pytest.approx(s.at["tlora", "throughput_tokens_per_s"]
                                                           / s.at["independent", "throughput_tokens_per_s"])
     assert r.at["mlora", "avg_jct_speedup"] == pytest.approx(s.at["independent", "avg_jct_s"] / s.at["mlora", "avg_jct_s"])

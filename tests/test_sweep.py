@@ -27,7 +27,7 @@ def write_toml(tmp_path: Path, text: str, name: str = "sweep.toml") -> Path:
     return p
 
 
-def basic(tmp_path: Path, *, seeds="[0, 1]", policies='["independent", "tlora"]', extra="") -> Path:
+def basic(tmp_path: Path, *, seeds="[0, 1]", policies='["independent-backfill", "tlora"]', extra="") -> Path:
     return write_toml(tmp_path, f'traces = ["{SYN}", "{SYN2}"]\nclusters = ["2x8xH100"]\n'
                                 f"policies = {policies}\nseeds = {seeds}\n{extra}")
 
@@ -49,7 +49,7 @@ def test_cross_product_ids_and_defaults(tmp_path):
     # ids depend on the inputs only, not on list order or the file's location
     other = tmp_path / "elsewhere"
     other.mkdir()
-    p2 = write_toml(other, f'policies = ["tlora", "independent"]\nseeds = [1, 0]\ntraces = ["{SYN2}", "{SYN}"]\n'
+    p2 = write_toml(other, f'policies = ["tlora", "independent-backfill"]\nseeds = [1, 0]\ntraces = ["{SYN2}", "{SYN}"]\n'
                            'clusters = ["2x8xH100"]\nregroup_pause_s = [30, 0]\nlora_dists = ["mixed-ranks", "tlora"]\n')
     assert {c.cell_id for c in sw.load_sweep(p2).cells} == set(ids)
 
@@ -68,7 +68,7 @@ def test_relative_trace_paths_resolve_against_the_sweep_file(tmp_path):
     (data / "t.csv").write_text("ts,dur,n\n0,600,1\n10,900,2\n")
     sub = tmp_path / "sweeps"
     sub.mkdir()
-    p = write_toml(sub, 'traces = ["csv:../data/t.csv"]\npolicies = ["independent"]\nclusters = ["1x8xH100"]\n'
+    p = write_toml(sub, 'traces = ["csv:../data/t.csv"]\npolicies = ["independent-backfill"]\nclusters = ["1x8xH100"]\n'
                         '[csv_columns]\nsubmit = "ts"\nduration = "dur"\ngpus = "n"\n')
     s = sw.load_sweep(p)
     assert s.cells[0].trace == "csv:../data/t.csv"
@@ -139,7 +139,7 @@ def test_rows_resume_and_rerun_of_a_deleted_cell(tmp_path, monkeypatch):
     table = pd.read_csv(out / "sweep.csv", dtype={"cell_id": str})
     cells = {c.cell_id: c for c in sw.load_sweep(p).cells}
     assert sorted(table["cell_id"]) == table["cell_id"].tolist() == sorted(cells)
-    assert table.columns[:9].tolist() == ["cell_id", *sw.INPUT_COLUMNS]
+    assert table.columns[:len(sw.INPUT_COLUMNS) + 1].tolist() == ["cell_id", *sw.INPUT_COLUMNS]
     for _, r in table.iterrows():
         c = cells[r["cell_id"]]
         assert (r["trace"], r["cluster"], r["policy"], r["seed"]) == (c.trace, c.cluster, c.policy, c.seed)
@@ -231,7 +231,7 @@ def test_real_error_in_a_cell_does_not_stop_the_sweep(tmp_path):
     # lora_dists JSON that exists at parse time but becomes invalid before the run: an InputError in the cell
     dist = tmp_path / "d.json"
     dist.write_text(json.dumps({"name": "d", "ranks": {"8": 1.0}}))
-    p = write_toml(tmp_path, f'traces = ["{SYN}"]\npolicies = ["independent", "mlora"]\nclusters = ["2x8xH100"]\n'
+    p = write_toml(tmp_path, f'traces = ["{SYN}"]\npolicies = ["independent-backfill", "mlora"]\nclusters = ["2x8xH100"]\n'
                              'lora_dists = ["tlora", "d.json"]\n')
     s = sw.load_sweep(p)
     dist.write_text("{not json")
@@ -252,7 +252,7 @@ def test_local_pool_matches_in_process(tmp_path):
 def test_cli_module_exit_status_and_sigkill_resume(tmp_path):
     """Run the sub-command in a child, SIGKILL it once a cell has finished, resume: nothing finished is lost."""
     p = write_toml(tmp_path, f'traces = ["{SYN}", "{SYN2}", "synthetic:jobs=60,seed=3"]\nclusters = ["2x8xH100"]\n'
-                             'policies = ["independent", "mlora", "tlora"]\nseeds = [0, 1]\n')
+                             'policies = ["independent-backfill", "mlora", "tlora"]\nseeds = [0, 1]\n')
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "tlora_sim.sim.experiments.sweep", str(p), "--out", str(out), "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

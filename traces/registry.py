@@ -75,6 +75,14 @@ def format_descriptions() -> dict[str, str]:
     return {k: _READERS[k].description for k in sorted(_READERS)}
 
 
+def format_options(fmt: str) -> tuple[str, ...]:
+    """The reader options (keys of :data:`OPTION_DEFAULTS`) format ``fmt`` takes; () for an unknown one."""
+    r = _READERS.get(str(fmt).lower())
+    if r is None:
+        return ()
+    return tuple(dict.fromkeys((*r.options, *(("csv_columns", "time_unit") if r.csv_options else ()))))
+
+
 def known_formats() -> list[str]:
     """Registered format names, sorted."""
     return sorted(_READERS)

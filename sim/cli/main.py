@@ -96,7 +96,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-invariants", action="store_true",
                    help="do not check simulation invariants while running (for benchmarks; results are identical)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-plots", action="store_true", help="skip figures (replay only)")
+    p.add_argument("--no-plots", action="store_true", help="draw no figures (no figures/ directory); "
+                                                          "`tlora-sim plot DIR` draws them later")
     p.add_argument("--force", action="store_true",
                    help="replace an --out directory that already holds files (without it such a directory is "
                         "refused; the new directory replaces it only once complete)")
@@ -118,9 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tlora-sim", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    ap.add_argument("-q", "--quiet", action="store_true", help="only errors and the final tables (no progress bars, "
-                                                               "no per-policy coverage lines)")
-    ap.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-v info, -vv debug)")
+    _add_verbosity(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from tlora_sim.sim.cli.costmodel import add_parsers as add_costmodel_parsers
 
@@ -145,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "and 95%% confidence half-width (<metric>_ci95)")
     c.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="policies simulated in parallel processes")
+    c.add_argument("--baseline", default=None, metavar="NAME",
+                   help="the reference baseline speed-ups are taken against, run when not among --policies "
+                        "(default: independent-backfill: every job alone, FIFO with EASY backfilling)")
+    from tlora_sim.policies.discipline import DISCIPLINES
+
+    c.add_argument("--discipline", default="default", choices=list(DISCIPLINES),
+                   help="queue discipline of every policy: default (each policy's own priority order with the "
+                        "reference's EASY backfilling), shared (also the reference's FIFO order), native (each "
+                        "system's published discipline) (default: %(default)s)")
     _add_common(c)
     t = sub.add_parser("traces", help="inspect traces")
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
@@ -164,7 +172,35 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
     pl.add_argument("directory", type=Path, metavar="RUN_OR_COMPARE_DIR")
     pl.add_argument("--format", default="pdf,png", help="comma-separated figure formats")
+    pl.add_argument("--policies", metavar="LIST", help="comparison directories: only these policies, comma-separated "
+                                                       "(default: all)")
+    pl.add_argument("--metrics", metavar="LIST", help="bar figures: only these summary columns, comma-separated, "
+                                                      "e.g. avg_jct_s,throughput_tokens_per_s (default: all)")
+    pl.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 7x3 (default: each figure's own, "
+                                                  "one-column width)")
+    _add_verbosity_everywhere(ap)
     return ap
+
+
+def _add_verbosity(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """``-q``/``-v`` on ``p``; on a sub-command (``top`` False) they default to nothing, so the values
+    given before the sub-command stand unless repeated after it."""
+    extra = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars and no info lines; the tables, "
+                   "the kept/skipped line of each run and fidelity warnings are still printed",
+                   **({"default": False} if top else extra))
+    p.add_argument("-v", "--verbose", action="count", help="more log lines (-v info, -vv debug)",
+                   **({"default": 0} if top else extra))
+
+
+def _add_verbosity_everywhere(p: argparse.ArgumentParser) -> None:
+    """Accept ``-q``/``-v`` after every sub-command too (``tlora-sim replay ... -q``)."""
+    for action in p._actions:  # argparse keeps sub-parsers only there
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                if not any("-q" in a.option_strings for a in sub._actions):
+                    _add_verbosity(sub)
+                _add_verbosity_everywhere(sub)
 
 
 def _options(items: list[str], policies: list[str]) -> dict[str, dict]:
@@ -204,21 +240,47 @@ def _base_config(args, policy: str):
 
 
 def _coverage(args, line: str) -> None:
-    """The per-policy coverage line: stdout, unless --quiet; its warning also goes to the log."""
-    import logging
-
-    if "WARNING" in line:
-        logging.getLogger("tlora_sim").warning(line.split(" -- WARNING: ")[0] + " (extrapolation above 5%)")
-    if not args.quiet:
-        print(line)
+    """The per-policy kept/skipped line: stdout, also under ``--quiet`` (it is part of the answer)."""
+    print(line)
 
 
-def _skipped_of(run_dir: Path) -> dict:
-    import json
+def _fidelity_warning(summaries: dict[str, dict], cluster: str, cost_model: str) -> None:
+    """The fidelity warning, once, on stderr (also under ``--quiet``), from the runs' summaries."""
+    from tlora_sim.sim.core.cluster import parse_cluster
+    from tlora_sim.sim.experiments.fidelity import warning_text
 
-    from tlora_sim.sim.report.rundir_layout import RunDir
+    spec = parse_cluster(cluster)
+    shares = {p: s.get("extrapolated_gpu_time_share", {}) or {} for p, s in summaries.items()}
+    totals = {p: float(s.get("extrapolated_gpu_time_share_total", 0.0) or 0.0) for p, s in summaries.items()}
+    name = next((s.get("cost_model") for s in summaries.values() if s.get("cost_model")), cost_model)
+    text = warning_text(shares, totals, spec.gpu.name, spec.gpus_per_node, str(name))
+    if text:
+        print(f"tlora-sim: warning: {text}", file=sys.stderr)
 
-    return json.loads(RunDir(run_dir).summary.read_text()).get("skipped", {})
+
+def _header(args, policies: list[str], added: bool) -> None:
+    """What the comparison is against: the reference and the discipline (the first line printed, once the
+    numbers are in: a run refused for bad input prints nothing on stdout)."""
+    from tlora_sim.sim.experiments.replay import REFERENCE
+
+    ref = args.baseline or REFERENCE
+    words = {"default": "each policy's own priority order, the reference's EASY backfilling",
+             "shared": "the reference's FIFO order and EASY backfilling for every policy",
+             "native": "each system's published discipline"}[args.discipline]
+    print(f"compare: {', '.join(policies)} on {args.cluster}; reference {ref}"
+          f"{' (added)' if added else ''}; discipline {args.discipline} ({words}); speed-ups are against {ref}")
+
+
+def _print_replay(args, s: dict) -> None:
+    """A replay's lines: kept/skipped, the fidelity warning (stderr), then the numbers."""
+    from tlora_sim.sim.experiments.replay import coverage_line
+    from tlora_sim.sim.report.tables import fmt_number
+
+    _coverage(args, coverage_line(args.policy, s))
+    _fidelity_warning({args.policy: s}, args.cluster, args.cost_model)
+    print(f"{args.policy}: {s['jobs']} jobs, avg JCT {fmt_number(s['avg_jct_s'] / 3600)} h, p90 JCT "
+          f"{fmt_number(s['p90_jct_s'] / 3600)} h, throughput {fmt_number(s['throughput_tokens_per_s'])} tokens/s, "
+          f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
 
 
 def _module_specs(specs: list[str]) -> list[str]:
@@ -237,15 +299,10 @@ def _run(args) -> int:
         from dataclasses import replace
 
         s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
-                   plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force)
-        from tlora_sim.sim.experiments.replay import coverage_line
-
-        _coverage(args, coverage_line(args.policy, s))
-        print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s'] / 3600:.2f} h, p90 JCT "
-              f"{s['p90_jct_s'] / 3600:.2f} h, throughput {s['throughput_tokens_per_s']:.0f} tokens/s, "
-              f"GPU alloc {s['gpu_alloc_util']:.1%}, compute {s['gpu_compute_util']:.1%} -> {args.out}")
+                   plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force,
+                   on_summary=lambda s: _print_replay(args, s))
     elif args.command == "compare":
-        from tlora_sim.sim.experiments.replay import compare
+        from tlora_sim.sim.experiments.replay import REFERENCE, compare, with_reference
 
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
@@ -255,28 +312,40 @@ def _run(args) -> int:
             raise InputError(f"policy {dup[0]!r} given twice", field="--policies")
         if args.workers < 1:
             raise InputError(f"must be >= 1, got {args.workers}", field="--workers")
-        kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),
-                  check_invariants=not args.no_invariants, force=args.force)
+        ref = args.baseline or REFERENCE
+        run_policies, added = with_reference(policies, ref)
+        kw = dict(workers=args.workers, progress=not args.no_progress,
+                  policy_options=_options(args.option, run_policies), check_invariants=not args.no_invariants,
+                  force=args.force, reference=ref, discipline=args.discipline, plots=not args.no_plots)
+        from tlora_sim.sim.experiments.replay import coverage_line
+        from tlora_sim.sim.report.tables import format_table
+
         if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 
             seeds = parse_seeds(args.seeds)  # range and emptiness, before any run
-            table = compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds, **kw)
-            cols = ["policy", "seeds", "jobs", "avg_jct_s", "avg_jct_s_ci95", "p90_jct_s", "p90_jct_s_ci95",
-                    "avg_queue_s", "throughput_tokens_per_s"]
-            print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-            print(f"wrote {args.out / 'summary.csv'}")
-            return 0
-        table = compare(_base_config(args, policies[0]), policies, args.out, **kw)
-        from tlora_sim.sim.experiments.replay import coverage_line
 
-        for row in table.to_dict("records"):
-            row["skipped"] = _skipped_of(args.out / row["policy"])
-            _coverage(args, coverage_line(row["policy"], row))
-        cols = ["policy", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "throughput_tokens_per_s",
-                "gpu_alloc_util", "gpu_compute_util"]
-        print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-        print(f"wrote {args.out / 'summary.csv'}")
+            def seeds_table(table, summaries):
+                _header(args, run_policies, added)
+                for pol, s in summaries.items():
+                    _coverage(args, coverage_line(pol, s))
+                _fidelity_warning(summaries, args.cluster, args.cost_model)
+                print(format_table(table))
+                print(f"wrote {args.out / 'summary.csv'} (mean and 95% CI over {int(table['seeds'].max())} seeds)")
+
+            compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds,
+                          on_table=seeds_table, **kw)
+            return 0
+
+        def printed(table, summaries):
+            _header(args, run_policies, added)
+            for pol, s in summaries.items():
+                _coverage(args, coverage_line(pol, s))
+            _fidelity_warning(summaries, args.cluster, args.cost_model)
+            print(format_table(table))
+            print(f"wrote {args.out / 'summary.csv'}")
+
+        compare(_base_config(args, policies[0]), policies, args.out, on_table=printed, **kw)
     elif args.command == "traces":
         from tlora_sim.traces import read_trace
         from tlora_sim.traces.describe import describe_trace, format_description
@@ -316,8 +385,14 @@ def _run(args) -> int:
     elif args.command == "plot":
         from tlora_sim.sim.report.plots import plot_any
 
+        from tlora_sim.sim.report.plots import parse_size
+
         formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
-        for f in plot_any(args.directory, formats=formats):
+        def split(v):
+            return [x.strip() for x in v.split(",") if x.strip()] or None
+
+        for f in plot_any(args.directory, formats=formats, policies=split(args.policies) if args.policies else None,
+                          metrics=split(args.metrics) if args.metrics else None, size=parse_size(args.size)):
             print(f)
     return 0
 

@@ -14,7 +14,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter, mul
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,6 +26,7 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundir import (check_out_dir, staged_dir,
                                          write_csv, write_json)
 from tlora_sim.sim.report.rundir_layout import RunDir
+from tlora_sim.sim.report.rundata import REFERENCE_POLICY
 from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
 from tlora_sim.sim.experiments.pool import run_tasks
@@ -60,6 +61,11 @@ class ReplayConfig:
         keep_states: states kept by a ``csv`` trace's mapped ``state`` column (None: all).
         window, first_jobs, arrival_scale: the trace cut to ``"START,END"`` (seconds or dates), its
             first N jobs, and its submit times divided by X (``tlora_sim.traces.window``; every format).
+        discipline: the queue discipline of the comparison (``policies/discipline.py``
+            ``DISCIPLINES``: ``default``, ``shared``, ``native``), recorded in ``config.json``;
+            its options are already merged into ``policy_options`` by ``compare``.
+        reference: the comparison's reference policy (recorded in ``config.json``; None for a
+            replay on its own).
     """
 
     trace: str
@@ -82,6 +88,52 @@ class ReplayConfig:
     window: str | None = None
     first_jobs: int | None = None
     arrival_scale: float | None = None
+    discipline: str = "default"
+    reference: str | None = None
+
+
+REFERENCE = REFERENCE_POLICY
+"""The reference baseline every comparison and sweep runs: every job alone, FIFO with EASY
+backfilling (``policies/independent.py``), unless ``--baseline`` names another."""
+
+
+def effective_discipline(policy_config: dict) -> dict:
+    """The priority order and backfilling rule a policy runs with, from its config dict.
+
+    Reads the ``order``/``backfill`` fields where the config has them (``policies/discipline.py``),
+    else maps the older single ``ordering`` field through ``LEGACY_ORDERING``; a config with
+    neither gives None for both.
+
+    Returns:
+        ``{"order": str | None, "backfill": str | None}``.
+    """
+    from tlora_sim.policies.discipline import LEGACY_ORDERING
+
+    if "order" in policy_config or "backfill" in policy_config:
+        return {"order": policy_config.get("order"), "backfill": policy_config.get("backfill")}
+    legacy = policy_config.get("ordering")
+    if isinstance(legacy, str) and legacy in LEGACY_ORDERING:
+        order, backfill = LEGACY_ORDERING[legacy]
+        return {"order": order, "backfill": backfill}
+    return {"order": None, "backfill": None}
+
+
+def policy_options_with_discipline(policy: str, discipline: str, user: dict | None) -> dict:
+    """``policy``'s options under ``discipline``: the discipline's ``order``/``backfill``
+    (``policies.discipline.discipline_options``) for the keys the policy's config has, under
+    the user's own options (the user's win).
+
+    Raises:
+        InputError: unknown discipline or policy.
+    """
+    from tlora_sim.policies.discipline import discipline_options
+    from tlora_sim.policies.registry import config_of, make_policy
+
+    extra = discipline_options(policy, discipline)
+    if extra:
+        fields = config_of(make_policy(policy))
+        extra = {k: v for k, v in extra.items() if k in fields}
+    return {**extra, **dict(user or {})}
 
 
 def versions() -> dict[str, str]:
@@ -148,7 +200,8 @@ def load_workload(cfg: ReplayConfig, frame: pd.DataFrame | None = None):
 
 def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plots: bool = True,
            position: int = 0, check_invariants: bool = True, policy: Any = None,
-           listeners: Sequence[Any] = (), force: bool = False) -> dict:
+           listeners: Sequence[Any] = (), force: bool = False,
+           on_summary: Callable[[dict], None] | None = None) -> dict:
     """Simulate one configuration and write its run directory, as a unit: the files are written
     into a hidden sibling directory that replaces ``out_dir`` only once the run is complete
     (``rundir.staged_dir``), so an interrupted or failed run leaves the previous directory as it
@@ -159,6 +212,8 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
 
     ``check_invariants`` (default True) checks ``tlora_sim.sim.core.invariants`` while simulating; switch it off
     for benchmarks only (results are identical, the checks cost a few per cent).
+
+    ``on_summary(summary)`` is called once the numbers are written, before any figure is drawn.
 
     ``policy``: an already-built policy object to simulate instead of the registry's
     ``cfg.policy`` (``bench/engine_floor.py`` passes one that records or replays decisions); the
@@ -174,15 +229,23 @@ def replay(cfg: ReplayConfig, out_dir: str | Path, *, progress: bool = True, plo
     out = check_out_dir(out_dir, force=force)
     with staged_dir(out) as stage:
         return _replay_into(cfg, stage, progress=progress, plots=plots, position=position,
-                            check_invariants=check_invariants, policy=policy, listeners=listeners)
+                            check_invariants=check_invariants, policy=policy, listeners=listeners,
+                            on_summary=on_summary)
 
 
 def _replay_into(cfg: ReplayConfig, out: Path, *, progress: bool, plots: bool, position: int,
-                 check_invariants: bool, policy: Any, listeners: Sequence[Any]) -> dict:
+                 check_invariants: bool, policy: Any, listeners: Sequence[Any],
+                 on_summary: Callable[[dict], None] | None = None) -> dict:
     """``replay`` writing straight into the directory ``out`` (the caller stages it)."""
     result = simulate(cfg, progress=progress, position=position, check_invariants=check_invariants, policy=policy,
                       listeners=listeners)
-    write_run(out, result, plots=plots)
+    write_run(out, result, plots=False)
+    if on_summary is not None:  # the numbers are printed before any figure is drawn
+        on_summary(result["summary"])
+    if plots:
+        from tlora_sim.sim.report.plots import plot_run
+
+        plot_run(out)
     return result["summary"]
 
 
@@ -218,6 +281,8 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
     config = {
         "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
         "policy": cfg.policy, "policy_config": config_of(policy), "plan": policy.plan,
+        "discipline": {"name": cfg.discipline, **effective_discipline(config_of(policy))},
+        "reference": cfg.reference,
         "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
         "cost_model": cost_model.describe(), "versions": versions(), "jobs_in_trace": int(len(frame)),
     }
@@ -234,9 +299,19 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
     if "attrs_from_trace" in frame.columns:  # which LoRA attributes each job took from the trace
         jobs_df["attrs_from_trace"] = jobs_df["job_id"].map(dict(zip(frame["job_id"], frame["attrs_from_trace"])))
     flops = sum(map(mul, map(attrgetter("steps_trained"), res.records), engine.member_flops))  # in job order
+    from tlora_sim.sim.experiments import fidelity
+
+    described = cost_model.describe()
+    shares, total = fidelity.gpu_time_shares(jobs_df, fidelity.job_reasons(cost_model, jobs, cluster.gpu.name,
+                                                                           cfg.cost_model))
     summary = {"policy": cfg.policy, "trace": cfg.trace, "cluster": cluster.spec, "seed": cfg.seed,
                **metrics.summarize(jobs_df, res, cluster, flops), "skipped": skipped,
-               **coverage(len(jobs), skipped, cost_model.describe())}
+               **coverage(len(jobs), skipped, described),
+               "cost_model": described.get("artifact") or described.get("name"),
+               "extrapolated_gpu_time_share_total": total, "extrapolated_gpu_time_share": shares}
+    validation = fidelity.validation_error(cluster.gpu.name) if described.get("kind") == "profiled" else None
+    if validation is not None:
+        summary["validation"] = validation
     perf = {k: summary.pop(k) for k in metrics.PERF_KEYS}
     timeline_df = metrics.timeline_table(res, cluster)
     from tlora_sim.sim.core import fairness
@@ -280,19 +355,22 @@ def coverage(kept: int, skipped: dict, cost_model: dict) -> dict:
     its measured grid (0 for a model that does not count them)."""
     preds = int(cost_model.get("predictions", 0) or 0)
     extra = int(cost_model.get("extrapolated", 0) or 0)
+    share = extra / preds if preds else 0.0
+    if cost_model.get("kind") != "profiled" and "predictions" not in cost_model:
+        share = 1.0  # a model that measured nothing and counts nothing (the roofline): every prediction
     return {"input_jobs": kept + sum(int(v) for v in skipped.values()), "kept_jobs": kept,
-            "extrapolated_share": extra / preds if preds else 0.0}
+            "extrapolated_share": share}
 
 
 def coverage_line(policy: str, summary: dict) -> str:
-    """``kept N of M jobs (skipped: memory a, ...); X% of cost-model predictions extrapolated``,
-    the line every replay and comparison prints per policy."""
+    """``kept N of M jobs (skipped: memory a, ...); X% of GPU-time on extrapolated step times``, the
+    line every replay and comparison prints per policy (also under ``-q``: it is part of the answer;
+    the fidelity warning that explains the share is printed apart, once, by the CLI)."""
     sk = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("skipped", {}).items()) if v) or "none"
-    line = (f"{policy}: kept {summary['kept_jobs']} of {summary['input_jobs']} jobs (skipped: {sk}); "
-            f"{summary['extrapolated_share']:.1%} of cost-model predictions extrapolated")
-    if summary["extrapolated_share"] > EXTRAPOLATION_WARN:
-        line += f" -- WARNING: above {EXTRAPOLATION_WARN:.0%}, see config.json cost_model.reasons"
-    return line
+    share = summary.get("extrapolated_gpu_time_share_total", summary["extrapolated_share"])
+    return (f"{policy}: kept {summary['kept_jobs']} of {summary['input_jobs']} jobs (skipped: {sk}); "
+            f"{share:.0%} of GPU-time on extrapolated step times "
+            f"({summary['extrapolated_share']:.0%} of distinct cost-model predictions)")
 
 
 def _progress_bar(jobs, label: str, position: int):
@@ -305,15 +383,45 @@ def _progress_bar(jobs, label: str, position: int):
 
 
 def _replay_row(cfg: ReplayConfig, out: Path, progress: bool, position: int, check: bool) -> dict:
-    """One policy of a comparison (a pool task)."""
-    return _replay_into(cfg, out, progress=progress, plots=True, position=position, check_invariants=check,
+    """One policy of a comparison (a pool task); its figures are the comparison's (``plot OUT/<policy>``
+    draws the run's own)."""
+    return _replay_into(cfg, out, progress=progress, plots=False, position=position, check_invariants=check,
                         policy=None, listeners=())
+
+
+def with_reference(policies: Sequence[str], reference: str = REFERENCE) -> tuple[list[str], bool]:
+    """``policies`` with ``reference`` first when it is not among them.
+
+    Returns:
+        (the policy list, whether the reference was added).
+    """
+    pols = list(dict.fromkeys(policies))
+    if reference in pols:
+        return pols, False
+    return [reference, *pols], True
 
 
 def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, workers: int = 1,
             progress: bool = True, policy_options: dict[str, dict] | None = None,
-            check_invariants: bool = True, force: bool = False) -> pd.DataFrame:
+            check_invariants: bool = True, force: bool = False, reference: str = REFERENCE,
+            discipline: str = "default", plots: bool = True,
+            on_table: Callable[[pd.DataFrame, dict], None] | None = None) -> pd.DataFrame:
     """Replay ``base`` under each policy; write ``OUT/summary.csv``, ``OUT/<policy>/`` and ``OUT/figures/``.
+
+    The reference baseline ``reference`` (default ``independent-backfill``) is run too when it is
+    not among ``policies`` (first). Every policy runs under ``discipline``
+    (``policies/discipline.py``: ``default`` each policy's own order with the reference's EASY
+    backfilling, ``shared`` also the reference's FIFO order, ``native`` each system's published
+    discipline): its ``order``/``backfill`` options are merged under the user's
+    ``policy_options`` (only those the policy's config has). Each run's ``config.json`` records
+    the discipline, the effective order and backfilling, and the reference.
+
+    ``summary.csv`` and every policy's ``summary.json`` carry the speed-ups against the reference
+    (``sim/report/tables.py`` ``SPEEDUP_COLUMNS``: 1.0 for the reference itself) and
+    ``reference``. ``on_table(table, summaries)`` is called (summaries: policy -> its
+    ``summary.json`` dict) once the numbers are written, before any figure
+    is drawn (the CLI prints the numbers there); ``plots=False`` draws none (no ``figures/``).
+    The figures are PNGs (``COMPARE_FORMATS``; ``tlora-sim plot OUT`` adds the PDFs).
 
     The comparison directory is written as a unit, as ``replay``'s run directory is: it replaces
     ``out_dir`` only when every policy's run, the table and the figures are complete; ``out_dir``
@@ -323,35 +431,59 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     stops the others (each leaves only complete files) and is raised here.
 
     Returns:
-        The summary table (one row per policy, in the given order).
+        The summary table (one row per policy, the reference first, then the given order).
+
+    Raises:
+        InputError: unknown policy, option or discipline, before any simulation starts.
     """
     from tlora_sim.policies.registry import load_policy_module, make_policy
 
     final = check_out_dir(out_dir, force=force, what="comparison")
     for module in base.policy_modules:
         load_policy_module(module)
-    for p in policies:  # fail on a bad name or option before any simulation starts
-        make_policy(p, (policy_options or {}).get(p))
-    cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": (policy_options or {}).get(p, {})})
-            for p in policies]
+    policies, _ = with_reference(policies, reference)
+    opts = {}
+    for p in policies:  # fail on a bad name, option or discipline before any simulation starts
+        opts[p] = policy_options_with_discipline(p, discipline, (policy_options or {}).get(p))
+        make_policy(p, opts[p])
+    cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": opts[p], "discipline": discipline,
+                            "reference": reference}) for p in policies]
     with staged_dir(final) as out:
-        return _compare_into(cfgs, out, workers, progress, check_invariants)
+        return _compare_into(cfgs, out, workers, progress, check_invariants, reference, plots, on_table)
 
 
 def _compare_into(cfgs: list[ReplayConfig], out: Path, workers: int, progress: bool,
-                  check_invariants: bool) -> pd.DataFrame:
+                  check_invariants: bool, reference: str, plots: bool,
+                  on_table: Callable[[pd.DataFrame, dict], None] | None) -> pd.DataFrame:
     """``compare`` writing straight into ``out`` (the caller stages it)."""
+    from tlora_sim.sim.report.tables import speedups
+
     tasks = [(c, out / c.policy, progress, i, check_invariants) for i, c in enumerate(cfgs)]
     rows = run_tasks(_replay_row, tasks, workers)
     broken = [c.policy for c, r in zip(cfgs, rows) if r.get("error") == "BrokenProcessPool"]
     if broken:
         raise RuntimeError(f"the worker running {', '.join(broken)} died (killed, or out of memory)")
-    table = pd.DataFrame([{k: v for k, v in r.items() if k != "skipped"} | {"skipped": sum(r["skipped"].values())}
-                          for r in rows])
+    table = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, (dict, list))}
+                          | {"skipped": sum(r["skipped"].values())} for r in rows])
+    table = speedups(table, reference)
     first = ["policy"] + metrics.SUMMARY_KEYS
     table = table[first + [c for c in table.columns if c not in first]]
     write_csv(RunDir(out).compare_summary, table)
-    from tlora_sim.sim.report.plots import plot_compare
+    from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS
 
-    plot_compare(out)
+    summaries = {}
+    for cfg, r, sp in zip(cfgs, rows, table.to_dict("records")):  # each run's summary.json: its speed-ups
+        summaries[cfg.policy] = {**r, "reference": reference, **{c: sp[c] for c in SPEEDUP_COLUMNS if c in sp}}
+        write_json(RunDir(out / cfg.policy).summary, summaries[cfg.policy])
+    if on_table is not None:
+        on_table(table, summaries)
+    if plots:  # PNG only: the PDFs double the figures' time (bench/figures.py); `tlora-sim plot OUT` adds them
+        from tlora_sim.sim.report.plots import plot_compare
+
+        plot_compare(out, formats=COMPARE_FORMATS)
     return table
+
+
+COMPARE_FORMATS = ("png",)
+"""Figure formats ``compare`` draws (PNG: a figure costs about half its PNG + PDF time, measured in
+``bench/figures.py``); ``tlora-sim plot OUT`` redraws them as PDF and PNG."""

@@ -89,28 +89,45 @@ def aggregate(by_seed: pd.DataFrame) -> pd.DataFrame:
 
 def compare_seeds(base, policies: list[str], out_dir: str | Path, seeds: list[int], *, workers: int = 1,
                   progress: bool = True, policy_options: dict[str, dict] | None = None,
-                  check_invariants: bool = True, force: bool = False) -> pd.DataFrame:
+                  check_invariants: bool = True, force: bool = False, reference: str | None = None,
+                  discipline: str = "default", plots: bool = True, on_table=None) -> pd.DataFrame:
     """Run ``compare`` for every seed into ``OUT/seed-<s>/`` and write the aggregated tables (see the
-    module docstring). The whole directory is written as a unit.
+    module docstring). The whole directory is written as a unit. Every seed's comparison runs the
+    reference (``replay.compare``); the speed-ups (``sim/report/tables.py``) are taken per seed and
+    then averaged with their 95% CI like every other metric.
+
+    ``on_table(aggregated, summaries)`` is called once the tables are written, before the figure
+    (summaries: ``"<policy> (seed s)"`` -> that run's summary); ``plots=False`` draws none.
 
     Returns:
         The aggregated table.
     """
-    from tlora_sim.sim.experiments.replay import compare
+    from tlora_sim.sim.experiments.replay import REFERENCE, compare
 
+    reference = reference or REFERENCE
     final = check_out_dir(out_dir, force=force, what="comparison")
     with staged_dir(final) as out:
         tables = []
+        summaries: dict[str, dict] = {}
         for s in seeds:
             cfg = replace(base, seed=s, trace=seed_spec(base.trace, s))
+
+            def keep(_t, sums, s=s):
+                summaries.update({f"{p} (seed {s})": v for p, v in sums.items()})
+
             t = compare(cfg, policies, out / f"seed-{s}", workers=workers, progress=progress,
-                        policy_options=policy_options, check_invariants=check_invariants)
+                        policy_options=policy_options, check_invariants=check_invariants, reference=reference,
+                        discipline=discipline, plots=False, on_table=keep)
             tables.append(t.assign(seed=s))
         by_seed = pd.concat(tables, ignore_index=True)
         write_csv(out / RunDir.SEEDS_TABLE, by_seed)
         agg = aggregate(by_seed)
+        agg["reference"] = reference
         write_csv(out / RunDir.COMPARE_SUMMARY, agg)
-        from tlora_sim.sim.report.sweep_report import plot_seeds
+        if on_table is not None:
+            on_table(agg, summaries)
+        if plots:
+            from tlora_sim.sim.report.sweep_report import plot_seeds
 
-        plot_seeds(out)
+            plot_seeds(out)
     return agg

@@ -10,10 +10,15 @@ SWEEP.toml (every key is checked; an unknown key is an error)::
     lora_dists = ["tlora"]              # optional, default ["tlora"] (names or JSON files)
     regroup_pause_s = [30.0]            # optional, default [30.0]
     cost_models = ["auto"]              # optional, default ["auto"] (see COST_MODELS)
-    # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "..."
+    disciplines = ["default"]           # optional: default, shared, native (policies/discipline.py)
+    reference = "independent-backfill"  # optional: the reference baseline, added to policies when absent
+    # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "...",
+    # time_zone = "...", slurm_states = "..." -- reader options reach only the traces whose format takes
+    # them (traces/registry.py); one that fits no trace of the sweep is refused before any cell runs
 
     [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
     max_group_size = 8
+    ordering = ["urgency", "backfill"]  # a list is an axis: one cell per value (cross product of lists)
 
 Relative paths (trace files, LoRA distribution JSON files) are resolved against the directory of
 SWEEP.toml, so a sweep file runs the same from any working directory. The ``trace`` column of
@@ -69,8 +74,12 @@ def _replay_config(cell: Cell):
     names = {f.name for f in fields(ReplayConfig)}
     from tlora_sim.sim.experiments.seeds import seed_spec
 
+    from tlora_sim.sim.experiments.replay import policy_options_with_discipline
+
+    opts = policy_options_with_discipline(cell.policy, cell.discipline, dict(cell.policy_options))
     kw: dict[str, Any] = dict(trace=seed_spec(cell.trace_run, cell.seed), policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
-                              lora_dist=cell.lora_dist_run, policy_options=dict(cell.policy_options),
+                              lora_dist=cell.lora_dist_run, policy_options=opts, discipline=cell.discipline,
+                              reference=cell.reference,
                               regroup_pause_s=cell.regroup_pause_s,
                               csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
                               time_unit=cell.time_unit, strict=cell.strict,
@@ -194,7 +203,7 @@ def cell_row(out_dir: str | Path, cell: Cell) -> dict:
             if key == "skipped":
                 row["skipped"] = sum(val.values())
             for sub, v in sorted(val.items()):
-                row[f"{key}.{sub}"] = v
+                row[f"{key}.{sub}"] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
         elif isinstance(val, list):
             row[key] = json.dumps(val)
         else:
@@ -480,6 +489,7 @@ def add_sweep_parser(subparsers) -> None:
                    help="local worker processes, or CPUs of a local Ray (default: CPU count; 1 = in-process)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--dry-run", action="store_true", help="list the cells (id, finished, inputs) and exit")
+    s.add_argument("--no-plots", action="store_true", help="`sweep report DIR`: write report.csv only, no figures/")
 
 
 def run_sweep_command(args) -> int:
@@ -493,7 +503,7 @@ def run_sweep_command(args) -> int:
 
         if args.report_dir is None:
             raise InputError("usage: tlora-sim sweep report DIR", field="DIR")
-        files = plot_sweep(args.report_dir)
+        files = plot_sweep(args.report_dir, plots=not getattr(args, "no_plots", False))
         print(f"wrote {Path(args.report_dir) / 'report.csv'}" + "".join(f"\n{p}" for p in files))
         return 0
     if args.out is None:

@@ -16,16 +16,19 @@ from tlora_sim.traces.errors import InputError
 
 from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402 - the one list of names
 
-LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models")
-SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states")
+LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models", "disciplines")
+SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states", "reference")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
-                             "regroup_pause_s": [30.0], "cost_models": ["auto"]}
+                             "regroup_pause_s": [30.0], "cost_models": ["auto"], "disciplines": ["default"]}
+#: Reader options and the formats' option names (``traces.registry.format_options``); a sweep passes
+#: each only to the traces whose format takes it.
+READER_OPTIONS = ("csv_columns", "time_unit", "time_zone", "slurm_states")
 REQUIRED = ("traces", "policies")
 TIME_UNITS = ("s", "ms", "min", "h")
 
 INPUT_COLUMNS = ["trace", "cluster", "policy", "seed", "lora_dist", "regroup_pause_s", "cost_model",
-                 "policy_options"]
+                 "policy_options", "discipline"]
 FAILED_COLUMNS = ["cell_id", *INPUT_COLUMNS, "error", "message"]
 
 
@@ -61,6 +64,8 @@ class Cell:
     policy_modules: tuple[str, ...] = ()
     time_zone: str | None = None
     slurm_states: str | None = None
+    discipline: str = "default"
+    reference: str | None = None
 
     def identity(self) -> dict:
         """The canonical inputs the id hashes (paths as written, not as resolved)."""
@@ -71,7 +76,8 @@ class Cell:
                 "time_unit": self.time_unit, "strict": self.strict,
                 # reader options enter the id only when set, so older sweeps keep their cell ids
                 **({"time_zone": self.time_zone} if self.time_zone else {}),
-                **({"slurm_states": self.slurm_states} if self.slurm_states else {})}
+                **({"slurm_states": self.slurm_states} if self.slurm_states else {}),
+                **({"discipline": self.discipline} if self.discipline != "default" else {})}
 
     @property
     def cell_id(self) -> str:
@@ -84,7 +90,8 @@ class Cell:
         return {"trace": self.trace, "cluster": self.cluster, "policy": self.policy, "seed": self.seed,
                 "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
                 "cost_model": self.cost_model,
-                "policy_options": json.dumps(dict(self.policy_options), sort_keys=True, separators=(",", ":"))}
+                "policy_options": json.dumps(dict(self.policy_options), sort_keys=True, separators=(",", ":")),
+                "discipline": self.discipline}
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,19 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         csv_columns = {str(k): v for k, v in csv_columns.items()}
 
     lists = {key: _list(data, key, err) for key in LIST_KEYS}
+    from tlora_sim.sim.report.rundata import REFERENCE_POLICY
+    from tlora_sim.policies.discipline import DISCIPLINES
+
+    reference = data.get("reference", REFERENCE_POLICY)
+    if not (isinstance(reference, str) and reference.strip()):
+        raise err("reference", f"expected a policy name (the reference baseline, default {REFERENCE_POLICY!r}), "
+                               f"got {reference!r}")
+    user_policies = list(lists["policies"])
+    if reference not in lists["policies"]:  # the reference baseline is always run (first)
+        lists["policies"] = [reference, *lists["policies"]]
+    for i, d in enumerate(lists["disciplines"]):
+        if d not in DISCIPLINES:
+            raise err(f"disciplines[{i}]", f"unknown discipline {d!r}; expected one of: {', '.join(DISCIPLINES)}")
     reader_opts = {}
     for key in ("time_zone", "slurm_states"):
         v = data.get(key)
@@ -204,6 +224,17 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
             raise err(fld, f"trace path {str(p)!r} does not exist (relative paths are resolved against "
                            f"the sweep file's directory {str(base)!r})")
         trace_run[spec] = f"{fmt}:{p}"
+    from tlora_sim.traces.registry import format_options
+
+    trace_formats = {t: split_spec(t)[0] for t in lists["traces"]}
+    given = {"csv_columns": csv_columns, "time_unit": time_unit if time_unit != "s" else None, **reader_opts}
+    for key, val in given.items():
+        if val is None:
+            continue
+        if not any(key in format_options(f) for f in trace_formats.values()):
+            users = sorted({f for f in ("csv", "slurm", "itp", "philly", "acme", "synthetic") if key in format_options(f)})
+            raise err(key, f"applies only to traces of the {' and '.join(users)} format(s); no trace of this sweep "
+                           f"is one (traces: {', '.join(sorted(set(trace_formats.values())))})")
     if csv_columns is not None:
         from tlora_sim.traces.generic_csv import parse_column_mapping
 
@@ -257,7 +288,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
 
     from tlora_sim.policies.registry import make_policy
 
-    for i, name in enumerate(lists["policies"]):
+    for i, name in enumerate(user_policies):
         if not isinstance(name, str):
             raise err(f"policies[{i}]", f"expected a policy name, got {name!r}")
     options = data.get("policy_options", {})
@@ -269,22 +300,52 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         if not isinstance(table, dict):
             raise err(f"policy_options.{pol}", "expected a table of option = value")
         for key, val in table.items():
-            if isinstance(val, (dict, list)):
-                raise err(f"policy_options.{pol}.{key}", f"expected a number, string or boolean, got {val!r}")
+            if isinstance(val, dict) or (isinstance(val, list) and (
+                    not val or any(isinstance(v, (dict, list)) for v in val))):
+                raise err(f"policy_options.{pol}.{key}", f"expected a number, string or boolean, or a non-empty "
+                                                         f"list of them (an axis), got {val!r}")
+            if isinstance(val, list):
+                _no_duplicates({f"policy_options.{pol}.{key}": val}, f"policy_options.{pol}.{key}", err)
+    combos = {name: policy_option_combos(options.get(name, {})) for name in lists["policies"]}
+    from tlora_sim.sim.experiments.replay import policy_options_with_discipline
+
     for i, name in enumerate(lists["policies"]):
-        try:
-            make_policy(name, options.get(name))
-        except InputError as e:
-            fld = (f"policy_options.{name}.{e.field}" if name in options and e.field in options[name]
-                   else f"policies[{i}]")
-            raise err(fld, e.message) from None
+        for combo in combos[name]:
+            for d in lists["disciplines"]:
+                try:
+                    make_policy(name, policy_options_with_discipline(name, d, combo))
+                except InputError as e:
+                    fld = (f"policy_options.{name}.{e.field}" if name in options and e.field in options[name]
+                           else f"policies[{user_policies.index(name)}]" if name in user_policies else "reference")
+                    raise err(fld, e.message) from None
 
     csv_items = tuple(sorted(csv_columns.items())) if csv_columns is not None else None
-    cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(options.get(p, {}).items())), trace_run[t], dist_run[d],
-                  csv_items, time_unit, strict, tuple(modules), reader_opts["time_zone"], reader_opts["slurm_states"])
-             for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for s in lists["seeds"]
+
+    def reader(t: str, key: str, value):
+        """A reader option as the cell of trace ``t`` gets it: only where its format takes it."""
+        return value if key in format_options(trace_formats[t]) else None
+
+    cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(combo.items())), trace_run[t], dist_run[d],
+                  reader(t, "csv_columns", csv_items), time_unit if "time_unit" in format_options(trace_formats[t])
+                  else "s", strict, tuple(modules), reader(t, "time_zone", reader_opts["time_zone"]),
+                  reader(t, "slurm_states", reader_opts["slurm_states"]), disc, reference)
+             for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for combo in combos[p]
+             for disc in lists["disciplines"] for s in lists["seeds"]
              for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
-    return Sweep(file, lists, {k: dict(v) for k, v in options.items()}, cells)
+    return Sweep(file, {**lists, "reference": reference}, {k: dict(v) for k, v in options.items()}, cells)
+
+
+def policy_option_combos(table: dict) -> list[dict]:
+    """The option sets of one ``[policy_options.POLICY]`` table: a list value is an axis (one cell per
+    value, the cross product over every list), a scalar the same in every cell. Order: the lists'
+    order, first key slowest."""
+    import itertools
+
+    axes = [(k, v if isinstance(v, list) else [v]) for k, v in table.items()]
+    if not axes:
+        return [{}]
+    keys = [k for k, _ in axes]
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(v for _, v in axes))]
 
 
 _EXAMPLES = {"traces": '["synthetic:jobs=2000,seed=1"]', "policies": '["independent", "tlora"]'}

@@ -65,7 +65,7 @@ def _cdf_figure(samples: Mapping[str, tuple[np.ndarray, int]], styles: Mapping[s
         x, y = _ecdf_points(vals, n_total, MAX_POINTS_PER_LINE)
         ax.step(x, y, where="post", linewidth=_LW, **styles[pol].line_kwargs())
     if ref_line is not None:
-        ax.axvline(ref_line, color="0.5", linewidth=0.5, linestyle=(0, (2, 2)), zorder=0)
+        ax.axvline(ref_line, color="black", linewidth=0.5, alpha=0.45, zorder=0)  # not the reference policy's grey dots
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
     ax.set_ylim(0, 1.02)
@@ -100,63 +100,93 @@ def slowdown_cdf_figure(slowdown_by_policy: Mapping[str, tuple[np.ndarray, int]]
                        fs.axis_label("Slowdown", "\u00d7 isolated runtime"), 1.0, ref_line=1.0)
 
 
+def _smoothed(series: Mapping[str, tuple[np.ndarray, np.ndarray]]):
+    """Every series as window means over one common window (``rundata.smoothing_window``), and
+    the time unit: (policy -> (window centres in the unit, means), window in words, unit name, s per unit)."""
+    from tlora_sim.sim.report.rundata import smoothing_window, window_label, window_means
+
+    spans = [float(e[-1] - e[0]) for e, m in series.values() if m.size]
+    span = max(spans, default=0.0)
+    window = smoothing_window(span)
+    unit, per = ("days", _S_PER_DAY) if span > 2 * _S_PER_DAY else ("h", _S_PER_H)
+    out = {}
+    for pol, (edges, means) in series.items():
+        if not means.size:
+            continue
+        e, m = window_means(edges, means, window)
+        centres = (e[:-1] + e[1:]) / 2.0
+        out[pol] = (centres / per, m)
+    return out, window_label(window), unit, per
+
+
 def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                           styles: Mapping[str, fs.PolicyStyle] | None = None):
-    """Figure: cluster throughput (tokens/s, SI-prefixed) over time (days), a step line per policy.
+                           styles: Mapping[str, fs.PolicyStyle] | None = None,
+                           size: tuple[float, float] | None = None):
+    """Figure: cluster throughput (tokens/s, SI-prefixed) over time, one line per policy, each point
+    the time-weighted mean over a window chosen for the span (about 60 windows: 1 min to 7 days,
+    named in the x label), so weeks-long traces stay readable.
 
     Args:
         series: policy -> (bin edges in s, tokens/s per bin), as from :func:`time_weighted_bins`.
         styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+        size: (width, height) in inches (default: one column).
     """
     styles = styles or fs.policy_styles(series)
-    peak = max((float(np.max(m)) for _, m in series.values() if m.size), default=0.0)
+    smooth, window, unit, _ = _smoothed(series)
+    peak = max((float(np.nanmax(m)) for _, m in smooth.values() if m.size), default=0.0)
     factor, prefix = _si_scale(peak)
-    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 2.2)
+    fig = fs.new_figure(*(size or (fs.COLUMN_WIDTH_IN, 2.2)))
     ax = fig.add_subplot()
-    for pol, (edges, means) in series.items():
-        if means.size:
-            ax.stairs(means / factor, edges / _S_PER_DAY, baseline=None, linewidth=_LW,
-                      **styles[pol].line_kwargs())
+    for pol in styles:
+        if pol in smooth:
+            x, m = smooth[pol]
+            ax.plot(x, m / factor, linewidth=_LW, **styles[pol].line_kwargs())
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(fs.axis_label("Time", "days"))
+    ax.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}"))
     ax.set_ylabel(fs.axis_label("Throughput", f"{prefix} tokens/s".lstrip()))
-    _legend(fig, ax)
+    _legend(fig, ax, ncol_max=4)
     return fig
 
 
 def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
                             compute: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                            styles: Mapping[str, fs.PolicyStyle] | None = None):
+                            styles: Mapping[str, fs.PolicyStyle] | None = None,
+                            size: tuple[float, float] | None = None):
     """Figure: GPU allocation utilization (top) and GPU compute utilization (bottom) over time.
 
-    Two panels sharing the time axis (days); utilizations are drawn in % (inputs are fractions 0..1).
+    Two panels sharing the time axis; utilizations in % (inputs are fractions 0..1), each point the
+    time-weighted mean over one window chosen for the span (named in the x label).
     *Allocation* = GPUs held / GPUs in the cluster; *compute* = model FLOP/s / peak FLOP/s.
 
     Args:
         alloc: policy -> (bin edges in s, allocation fraction per bin); may be empty.
         compute: policy -> (bin edges in s, compute fraction per bin); may be empty.
         styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
+        size: (width, height) in inches (default: one column).
     """
     styles = styles or fs.policy_styles([*alloc, *compute])
-    fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.0)
+    fig = fs.new_figure(*(size or (fs.COLUMN_WIDTH_IN, 3.0)))
     ax_a, ax_c = fig.subplots(2, 1, sharex=True)
+    window, unit = "", "h"
     for ax, data, title, quantity in (
             (ax_a, alloc, "GPU allocation (GPUs held / GPUs in cluster)", "Allocation util."),
             (ax_c, compute, "GPU compute (model FLOP/s / peak FLOP/s)", "Compute util.")):
+        smooth, w, u, _ = _smoothed(data) if data else ({}, "", unit, 1.0)
+        if data:
+            window, unit = w, u
         for pol in styles:
-            if pol in data and data[pol][1].size:
-                edges, means = data[pol]
-                ax.stairs(100.0 * means, edges / _S_PER_DAY, baseline=None, linewidth=_LW,
-                          **styles[pol].line_kwargs())
+            if pol in smooth:
+                x, m = smooth[pol]
+                ax.plot(x, 100.0 * m, linewidth=_LW, **styles[pol].line_kwargs())
         if not data:
             ax.text(0.5, 0.5, "not in timeline", transform=ax.transAxes, ha="center", va="center",
                     color="0.4")
         ax.set_title(title, loc="left", fontsize=7)
         ax.set_ylabel(fs.axis_label(quantity, "%"))
-        top = max((100.0 * float(np.max(m)) for _, m in data.values() if m.size), default=100.0)
+        top = max((100.0 * float(np.nanmax(m)) for _, m in smooth.values() if m.size), default=100.0)
         ax.set_ylim(0, min(105.0, max(top * 1.1, 1.0)))
-    ax_c.set_xlabel(fs.axis_label("Time", "days"))
-    _legend(fig, ax_a if alloc else ax_c)
+    ax_c.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}" if window else unit))
+    _legend(fig, ax_a if alloc else ax_c, ncol_max=4)
     return fig
 
 
@@ -207,8 +237,10 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
         fig = fs.new_figure(fs.DOUBLE_COLUMN_WIDTH_IN, 2.5)
         axes = np.atleast_1d(fig.subplots(1, len(metrics))).ravel()
     else:
-        fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 3.1)
-        axes = fig.subplots(2, 3).ravel()
+        cols = min(3, len(metrics) + 1)  # the panels and one cell for the legend
+        rows = math.ceil((len(metrics) + 1) / cols)
+        fig = fs.new_figure(fs.COLUMN_WIDTH_IN, 1.55 * rows)
+        axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
     x = np.arange(len(pols))
     for ax, (col, title, better, quantity) in zip(axes, metrics):
         vals = np.array([float(table.at[p, col]) for p in pols], dtype=float)
@@ -216,7 +248,7 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
         normalised = has_base and math.isfinite(base) and base != 0.0
         if normalised:
             shown = vals / base
-            ylabel = fs.axis_label("Ratio", f"\u00d7 {baseline}")
+            ylabel = fs.axis_label("Ratio", "\u00d7 reference")
             fmt = "{:.2f}"
         elif col.endswith("_jct_s"):
             shown, ylabel, fmt = vals / _S_PER_H, fs.axis_label(quantity, "h"), "{:.3g}"
@@ -265,4 +297,66 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
     else:
         fig.legend(handles=handles, loc="outside upper center", ncol=min(len(pols), 4), title=note,
                    title_fontsize=5.5)
+    return fig
+
+
+#: Panels of the speed-up figure: (column of ``sim/report/tables.py``, label).
+SPEEDUP_PANELS = (("avg_jct_speedup", "Avg JCT"), ("p90_jct_speedup", "p90 JCT"),
+                  ("throughput_x", "Throughput"), ("makespan_speedup", "Makespan"))
+
+
+def speedup_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | None = None,
+                   reference: str = BASELINE_POLICY, size: tuple[float, float] | None = None):
+    """Figure (paper style): each policy's speed-up over ``reference``, grouped bars per metric.
+
+    Groups: avg JCT, p90 JCT, makespan (reference / policy) and throughput (policy / reference),
+    where the summary has the column (``sim/report/tables.py`` ``speedups``); one bar per policy
+    other than the reference, labelled ``1.58x``; a dashed line at 1 (the reference); error bars
+    from ``<column>_ci95`` where present (``compare --seeds``). Above 1 is better everywhere.
+
+    Args:
+        summary: one row per policy with ``policy`` and speed-up columns.
+        styles: from :func:`tlora_sim.sim.report.style.policy_styles`.
+        reference: the reference policy (left out of the bars: it is the line at 1).
+        size: (width, height) in inches (default: one column, 2.4 in high).
+
+    Raises:
+        ValueError: no speed-up column or no policy besides the reference.
+    """
+    styles = styles or fs.policy_styles(summary["policy"])
+    panels = [(c, t) for c, t in SPEEDUP_PANELS if c in summary.columns]
+    table = summary.set_index("policy")
+    pols = [p for p in styles if p in table.index and p != reference]
+    if not panels or not pols:
+        raise ValueError("no speed-up column, or no policy besides the reference")
+    fig = fs.new_figure(*(size or (fs.COLUMN_WIDTH_IN, 2.4)))
+    ax = fig.add_subplot()
+    width = 0.8 / len(pols)
+    top = 1.0
+    for i, p in enumerate(pols):
+        xs = np.arange(len(panels)) + (i - (len(pols) - 1) / 2) * width
+        ys = np.array([float(table.at[p, c]) for c, _ in panels], dtype=float)
+        err = np.array([float(table.at[p, c + "_ci95"]) if c + "_ci95" in table.columns else 0.0
+                        for c, _ in panels], dtype=float)
+        err = np.where(np.isfinite(err), err, 0.0)
+        heights = np.where(np.isfinite(ys), ys, 0.0)
+        bars = ax.bar(xs, heights, width * 0.92, color=styles[p].color, edgecolor="black", linewidth=0.4,
+                      hatch=styles[p].hatch or None, label=p,
+                      yerr=err if err.any() else None, capsize=1.5, error_kw={"linewidth": 0.6})
+        for b, y, e in zip(bars, ys, err):
+            ax.annotate("n/a" if not math.isfinite(y) else f"{y:.2f}\u00d7",
+                        (b.get_x() + b.get_width() / 2, (y if math.isfinite(y) else 0.0) + e),
+                        xytext=(0, 1.5), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=5.5 if len(pols) <= 3 else 4.5, rotation=0 if len(pols) <= 3 else 90)
+        finite = heights + err
+        top = max(top, float(np.max(finite)) if finite.size else 1.0)
+    ax.axhline(1.0, color=fs.REFERENCE_GREY, linewidth=0.9, linestyle=(0, (3, 2)), zorder=0.5,
+               label=f"{reference} (reference) = 1")
+    ax.set_xticks(np.arange(len(panels)))
+    ax.set_xticklabels([t for _, t in panels])
+    ax.set_xlim(-0.55, len(panels) - 0.45)
+    ax.set_ylim(0, top * 1.22)
+    ax.set_ylabel(fs.axis_label("Speed-up \u2191", "\u00d7 reference"))
+    ax.grid(axis="x", visible=False)
+    _legend(fig, ax, ncol_max=2)
     return fig

@@ -19,7 +19,10 @@ Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data
     GPU *allocation* utilization (top) and GPU *compute* utilization (bottom) over time (days), in %.
 ``bars``
     Average JCT, p90 JCT, throughput, allocation and compute utilization, one panel each; values are
-    ratios to the ``independent`` policy when it is in the summary, raw values otherwise.
+    ratios to the reference ``independent-backfill`` when it is in the summary, raw values otherwise.
+``speedup``
+    The paper-style figure: each policy's speed-up over the reference (avg JCT, p90 JCT, makespan:
+    reference / policy; throughput: policy / reference), grouped bars with their values, a line at 1.
 
 Across several comparison directories (a directory of them, e.g. ``runs/sensitivity``), figures go
 to ``DIR/figures/``:
@@ -29,7 +32,8 @@ to ``DIR/figures/``:
     GPUs, from the synthetic traces' ``load=`` option or given explicitly), a line per policy
     (:func:`plot_queue_vs_load`).
 
-:func:`relative_table` gives the numbers behind ``bars`` (ratios to ``independent``) as a table.
+:func:`relative_table` gives the numbers behind ``bars`` (ratios to the reference baseline
+``independent-backfill``, :data:`REFERENCE_POLICY`) as a table.
 
 CDFs count every job in ``jobs.csv`` in the denominator, so a policy that leaves jobs unfinished
 (empty ``jct_s``) tops out below 1. Time series are piecewise constant (each ``timeline.csv`` row holds
@@ -55,10 +59,11 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
+from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundata import BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
-from tlora_sim.sim.report.figures import _available_bar_metrics, _cdf_figure, _ecdf_points, _legend, _plain_log_ticks, _si_scale, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
+from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
+from tlora_sim.sim.report.figures import speedup_figure, _available_bar_metrics, _cdf_figure, _ecdf_points, _legend, _plain_log_ticks, _si_scale, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
 from tlora_sim.sim.report.load_sweep import QUEUE_LOAD_FIGURE, _first, _lookup_load, _natural_key, _sweep_title, _time_unit, _trace_without_load, find_compare_dirs, load_sweep_points, plot_queue_vs_load, queue_vs_load_figure, trace_load  # noqa: F401
 
 __all__ = [
@@ -92,26 +97,96 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 def _footer(runs: list[RunData]) -> str:
-    """What a reader of the figure needs to know it: trace, cluster, seed(s) and jobs kept."""
+    """What a reader of the figure needs to know it: trace, cluster, seed(s), jobs kept; then the
+    reference and discipline, the cost model and the share of GPU-time on extrapolated step times."""
     if not runs:
         return ""
     cfg = runs[0].config or {}
     trace = str(cfg.get("trace", ""))
+    if len(trace) > 40 and "/" in trace:  # a file: its format and name say which
+        fmt, _, arg = trace.partition(":")
+        trace = f"{fmt}:.../{Path(arg).name}"
     trace = trace if len(trace) <= 60 else "..." + trace[-57:]
     seeds = sorted({r.config.get("seed") for r in runs if r.config and r.config.get("seed") is not None})
     kept = sorted({(r.summary or {}).get("kept_jobs") for r in runs} - {None})
+    inputs = sorted({(r.summary or {}).get("input_jobs") for r in runs} - {None})
     parts = [trace, str(cfg.get("cluster", ""))]
     if seeds:
         parts.append("seed " + ",".join(map(str, seeds)))
     if kept:
-        parts.append(f"{kept[0]} jobs kept" if len(kept) == 1 else f"{kept[0]}-{kept[-1]} jobs kept")
-    return " | ".join(p for p in parts if p)
+        of = f" of {inputs[-1]}" if inputs else ""
+        parts.append(f"{kept[0]}{of} jobs kept" if len(kept) == 1 else f"{kept[0]}-{kept[-1]}{of} jobs kept")
+    line2 = []
+    ref = cfg.get("reference")
+    if ref:
+        line2.append(f"reference {ref}")
+    disc = cfg.get("discipline")
+    if isinstance(disc, dict) and disc.get("name"):
+        backfills = sorted({str((r.config.get("discipline") or {}).get("backfill")) for r in runs if r.config})
+        line2.append(f"discipline {disc['name']} (backfill {'/'.join(backfills)})")
+    model = next(((r.summary or {}).get("cost_model") for r in runs if (r.summary or {}).get("cost_model")), None)
+    if model:
+        line2.append(f"cost model {model}")
+    shares = [float((r.summary or {})["extrapolated_gpu_time_share_total"]) for r in runs
+              if (r.summary or {}).get("extrapolated_gpu_time_share_total") is not None]
+    if shares:
+        lo, hi = round(100 * min(shares)), round(100 * max(shares))
+        line2.append(f"{lo}% of GPU-time extrapolated" if lo == hi else f"{lo}-{hi}% of GPU-time extrapolated")
+    return fs.wrap_footer([p for p in parts if p] + line2)
+
+
+def parse_size(text: str | None) -> tuple[float, float] | None:
+    """``WxH`` in inches (``7x3``, ``3.4x2.2``) -> (width, height); None for None.
+
+    Raises:
+        InputError: not two positive numbers, or beyond 30 in.
+    """
+    if text is None:
+        return None
+    w, sep, h = str(text).lower().partition("x")
+    try:
+        size = (float(w), float(h))
+    except ValueError:
+        size = None
+    if not sep or size is None or not all(0 < v <= 30 for v in size):
+        raise InputError(f"expected WIDTHxHEIGHT in inches (e.g. 7x3), got {text!r}", field="--size")
+    return size
 
 
 def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | None,
-              formats: tuple[str, ...]) -> list[Path]:
+              formats: tuple[str, ...], policies: Sequence[str] | None = None,
+              metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None,
+              only: Sequence[str] | None = None) -> list[Path]:
     out_dir = where / FIGURES_DIR
     names = list(runs) + (list(summary["policy"]) if summary is not None else [])
+    reference = REFERENCE_POLICY
+    if summary is not None and "reference" in summary.columns and summary["reference"].notna().any():
+        reference = str(summary["reference"].dropna().iloc[0])
+    if summary is not None and reference in set(summary["policy"]):
+        from tlora_sim.sim.report.tables import speedups
+
+        summary = speedups(summary.drop(columns=[c for c in SPEEDUP_COLUMNS if c in summary.columns]), reference)
+    if policies:  # only these (the speed-ups above were taken against the reference first)
+        known = list(dict.fromkeys([*runs, *(summary["policy"] if summary is not None else [])]))
+        bad = [p for p in policies if p not in known]
+        if bad:
+            raise InputError(f"policy {bad[0]!r} is not in this directory; available: {', '.join(known)}",
+                             field="--policies")
+        runs = {p: r for p, r in runs.items() if p in policies}
+        if summary is not None:
+            summary = summary[summary["policy"].isin(list(policies))].reset_index(drop=True)
+        names = [n for n in names if n in policies]
+    if metrics and summary is not None:
+        allowed = {m[0] for m in _BAR_METRICS} | {"makespan_s"}
+        bad = [m for m in metrics if m not in allowed]
+        if bad:
+            raise InputError(f"unknown metric {bad[0]!r}; the bar figures take: {', '.join(sorted(allowed))}",
+                             field="--metrics")
+        drop = [m[0] for m in _BAR_METRICS if m[0] not in metrics and m[0] in summary.columns]
+        keep_speed = {"avg_jct_s": "avg_jct_speedup", "p90_jct_s": "p90_jct_speedup",
+                      "throughput_tokens_per_s": "throughput_x", "makespan_s": "makespan_speedup"}
+        drop += [v for k, v in keep_speed.items() if k not in metrics and v in summary.columns]
+        summary = summary.drop(columns=drop)
     styles = fs.policy_styles(names)
     ordered = [p for p in styles if p in runs]
     written: list[Path] = []
@@ -119,12 +194,17 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     footer = _footer([runs[p] for p in ordered])
 
     def save(fig, name: str) -> None:
+        if only is not None and name not in only:
+            return
         if footer:  # a figure-level label: constrained layout keeps room for it under the axes
             fig.supxlabel(footer, fontsize=4.5, color="0.35", x=0.01, ha="left")
+        if size is not None:
+            fig.set_size_inches(*size)
         written.extend(fs.save_figure(fig, out_dir, name, formats))
 
     # read and check everything first: a bad file stops the command before any figure is rewritten
-    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None}
+    want_series = only is None or bool({"throughput_time", "utilization_time"} & set(only))
+    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None and want_series}
     for p in ordered:
         runs[p].jct_s()
         runs[p].slowdown()
@@ -153,18 +233,22 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
 
         # Time series.
         series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {c: {} for c in _TIMELINE_COLUMNS}
-        for p in ordered:
+        for p in ordered if want_series else ():
             run = runs[p]
             if run.timeline_path is None:
                 _warn(f"{run.run_dir}: no {TIMELINE_CSV}; time-series figures leave policy {p!r} out")
                 continue
             for col, binned in timelines[p].items():
                 series[col][p] = binned
-        if series["tokens_per_s"]:
+        if not want_series:
+            pass
+        elif series["tokens_per_s"]:
             save(throughput_time_figure(series["tokens_per_s"], styles), "throughput_time")
         else:
             _warn(f"{where}: no timeline with tokens_per_s; skipping figure 'throughput_time'")
-        if series["gpu_alloc_util"] or series["gpu_compute_util"]:
+        if not want_series:
+            pass
+        elif series["gpu_alloc_util"] or series["gpu_compute_util"]:
             save(utilization_time_figure(series["gpu_alloc_util"], series["gpu_compute_util"], styles),
                  "utilization_time")
         else:
@@ -178,11 +262,15 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
             _warn(f"{where}: summary has no value for any of "
                   f"{', '.join(m[0] for m in _BAR_METRICS)}; skipping figure 'bars'")
         else:
-            save(bars_figure(summary, styles), "bars")
+            save(bars_figure(summary, styles, baseline=reference), "bars")
+        if summary is not None and len(summary) > 1 and reference in set(summary["policy"]) and any(
+                c in summary.columns for c in SPEEDUP_COLUMNS):
+            save(speedup_figure(summary, styles, reference=reference), "speedup")
     return written
 
 
-def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+             metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
     """Draw the figures of one run directory into ``run_dir/figures/``.
 
     Reads ``jobs.csv`` (required), ``timeline.csv``, ``summary.json``, ``config.json`` (optional: a
@@ -213,10 +301,13 @@ def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> li
                 summary[col] = pd.to_numeric(summary[col], errors="coerce")
     from tlora_sim.sim.report.tenant_figure import plot_tenants
 
-    return _plot_all(Path(run_dir), {run.policy: run}, summary, fmts) + plot_tenants(run_dir, fmts)
+    return (_plot_all(Path(run_dir), {run.policy: run}, summary, fmts, metrics=metrics, size=size)
+            + plot_tenants(run_dir, fmts))
 
 
-def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
+                 policies: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+                 size: tuple[float, float] | None = None, only: Sequence[str] | None = None) -> list[Path]:
     """Draw the comparison figures of a comparison directory into ``compare_dir/figures/``.
 
     Reads ``summary.csv`` (required; one row per policy) and each policy's run directory
@@ -228,6 +319,10 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
     Args:
         compare_dir: the comparison directory.
         formats: figure formats, among ``png`` (200 dpi), ``pdf``, ``svg``.
+        policies: only these policies (speed-ups still against the reference).
+        metrics: only these summary columns in ``bars`` and ``speedup``.
+        size: (width, height) of every figure in inches.
+        only: draw only these figures (``COMPARE_FIGURE_NAMES``; ``compare`` splits them over its workers).
 
     Returns:
         the written files, in :data:`FIGURE_NAMES` order, each in the order of ``formats``.
@@ -238,7 +333,7 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
     """
     fmts = _check_formats(formats)
     summary, runs = load_compare(compare_dir)
-    return _plot_all(Path(compare_dir), runs, summary, fmts)
+    return _plot_all(Path(compare_dir), runs, summary, fmts, policies=policies, metrics=metrics, size=size, only=only)
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,6 +346,7 @@ RELATIVE_COLUMNS = (
     ("throughput_x", "throughput_tokens_per_s", "x"),
     ("avg_jct_speedup", "avg_jct_s", "speedup"),
     ("p90_jct_speedup", "p90_jct_s", "speedup"),
+    ("makespan_speedup", "makespan_s", "speedup"),
     ("alloc_util_x", "gpu_alloc_util", "x"),
     ("compute_util_x", "gpu_compute_util", "x"),
 )
@@ -268,17 +364,19 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
 
     Args:
         summary: a comparison's ``summary.csv`` as a DataFrame (see :func:`load_compare`).
-        baseline: the policy the ratios are taken to.
+        baseline: the policy the ratios are taken to (default the reference baseline
+            ``independent-backfill``, the one ``compare`` always runs).
 
     Raises:
-        InputError: no ``policy`` column, or ``baseline`` is not one of the policies.
+        InputError: no ``policy`` column, or ``baseline`` is not one of the policies (the message
+            lists the available ones).
     """
     if "policy" not in summary.columns:
         raise InputError("missing column", field="policy")
     pols = [str(p) for p in summary["policy"]]
     if baseline not in pols:
-        raise InputError(f"baseline policy {baseline!r} is not in the summary (policies: "
-                         f"{', '.join(pols)})", field="policy")
+        raise InputError(f"baseline policy {baseline!r} is not in the summary; available policies: "
+                         f"{', '.join(pols)} (pass baseline=NAME)", field="policy")
     table = summary.assign(policy=pols).drop_duplicates("policy").set_index("policy")
     order = fs.policy_order(pols)
     out = pd.DataFrame({"policy": order})
@@ -293,7 +391,8 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
     return out
 
 
-def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf"), *, policies: Sequence[str] | None = None,
+             metrics: Sequence[str] | None = None, size: tuple[float, float] | None = None) -> list[Path]:
     """Draw the figures of ``path``, a sweep, comparison or run directory, and return the files.
 
     A directory with ``sweep.csv`` is a sweep (``sweep_report.plot_sweep``: the report table and
@@ -323,9 +422,9 @@ def plot_any(path: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[
 
         return plot_seeds(path, formats)
     if (path / SUMMARY_CSV).is_file():
-        return plot_compare(path, formats)
+        return plot_compare(path, formats, policies=policies, metrics=metrics, size=size)
     if (path / JOBS_CSV).is_file():
-        return plot_run(path, formats)
+        return plot_run(path, formats, metrics=metrics, size=size)
     if len(find_compare_dirs(path)) >= 2:
         return plot_queue_vs_load(path, formats=formats)
     raise InputError("neither a run directory (expected jobs.csv, timeline.csv, summary.json, "

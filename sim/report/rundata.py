@@ -21,6 +21,8 @@ from tlora_sim.traces.errors import InputError
 
 #: Base names of the figures, in the order they are drawn (files are ``<name>.<format>``).
 FIGURE_NAMES = ("jct_cdf", "slowdown_cdf", "throughput_time", "utilization_time", "bars")
+#: A comparison also draws the speed-up figure (against its reference).
+COMPARE_FIGURE_NAMES = FIGURE_NAMES + ("speedup",)
 #: Most points drawn per line (CDF points or time bins).
 MAX_POINTS_PER_LINE = 2000
 
@@ -31,7 +33,10 @@ CONFIG_JSON = RunDir.CONFIG
 SUMMARY_CSV = RunDir.COMPARE_SUMMARY
 FIGURES_DIR = RunDir.FIGURES
 
-BASELINE_POLICY = "independent"
+REFERENCE_POLICY = "independent-backfill"
+"""The reference baseline of every comparison (every job alone, FIFO with EASY backfilling):
+what ``compare`` and ``sweep`` add when absent, what speed-ups and ratios are taken against."""
+BASELINE_POLICY = REFERENCE_POLICY  # the older name
 _BARS_COLUMN_MAX_POLICIES = 6  # more policies than this: bars_figure goes full text width
 _S_PER_H = 3600.0
 _S_PER_DAY = 86400.0
@@ -421,3 +426,57 @@ def _check_formats(formats: Iterable[str]) -> tuple[str, ...]:
             raise InputError(f"unsupported figure format {fmt!r}; expected some of "
                              f"{', '.join(fs.SUPPORTED_FORMATS)}", field="formats")
     return fmts
+
+
+#: Candidate smoothing windows of the time-series figures (s): 1 min ... 7 days.
+SMOOTH_WINDOWS_S = (60.0, 300.0, 900.0, 1800.0, 3600.0, 2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0,
+                    2 * 86400.0, 7 * 86400.0)
+#: About this many windows across a time-series figure.
+SMOOTH_TARGET_WINDOWS = 60
+
+
+def smoothing_window(span_s: float) -> float:
+    """The smoothing window of a time series spanning ``span_s`` seconds: the smallest of
+    :data:`SMOOTH_WINDOWS_S` that gives at most :data:`SMOOTH_TARGET_WINDOWS` windows (s)."""
+    for w in SMOOTH_WINDOWS_S:
+        if span_s / w <= SMOOTH_TARGET_WINDOWS:
+            return w
+    return SMOOTH_WINDOWS_S[-1]
+
+
+def window_means(edges_s: np.ndarray, means: np.ndarray, window_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Time-weighted means of a piecewise-constant series over consecutive ``window_s`` windows
+    from ``edges_s[0]`` (the last window ends at ``edges_s[-1]``, so it may be shorter).
+
+    Exact for the series given (its integral over each window divided by the window's length), so
+    the integral over the whole span is kept.
+
+    Returns:
+        ``(window_edges_s, window_means)``, ``len(edges) == len(means) + 1``; empty for empty input.
+
+    Raises:
+        ValueError: ``window_s <= 0``.
+    """
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    e = np.asarray(edges_s, dtype=float)
+    m = np.asarray(means, dtype=float)
+    if m.size == 0 or e[-1] <= e[0]:
+        return e.copy(), m.copy()
+    integral = np.concatenate(([0.0], np.cumsum(m * np.diff(e))))
+    n = int(math.ceil((e[-1] - e[0]) / window_s - 1e-9))
+    new = np.minimum(e[0] + window_s * np.arange(n + 1), e[-1])
+    new[-1] = e[-1]
+    at = np.interp(new, e, integral)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return new, np.diff(at) / np.diff(new)
+
+
+def window_label(window_s: float) -> str:
+    """``6 h``, ``1 day``, ``15 min``: a smoothing window in words."""
+    if window_s >= 86400 and window_s % 86400 == 0:
+        d = int(window_s // 86400)
+        return f"{d} day" + ("s" if d > 1 else "")
+    if window_s >= 3600 and window_s % 3600 == 0:
+        return f"{int(window_s // 3600)} h"
+    return f"{window_s / 60:g} min"

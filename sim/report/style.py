@@ -6,9 +6,10 @@ What lives here:
   (:data:`COLUMN_WIDTH_IN` = 3.4 in, 7-8 pt text), TrueType fonts in PDFs (editable text, accepted by
   paper venues), no top/right spines, a light grid.
 * The colour-blind-safe Okabe-Ito palette (:data:`OKABE_ITO`) and a fixed colour, line style, marker,
-  hatch and order per policy (:func:`policy_order`, :func:`policy_styles`). The known policies
-  ``independent, mlora, lorafusion, alto, tlora`` always get the same colour and come first in that
-  order; any other name (``ours``, ablations like ``tlora-nogroup``) follows in alphabetical order and
+  hatch and order per policy (:func:`policy_order`, :func:`policy_styles`). The reference baseline
+  ``independent-backfill`` comes first, in grey; the known policies
+  ``independent, mlora, lorafusion, alto, tlora, lookahead`` always get the same colour (mLoRA orange,
+  tLoRA blue) and follow in that order; any other name (``ours``, ablations like ``tlora-nogroup``) follows in alphabetical order and
   takes the remaining palette colours, so one set of policies always looks the same in every figure.
 * The same for the kernel implementations and profiler plans (:func:`impl_order`, :func:`impl_styles`):
   ``base, alone, loop, padded, peft, fused`` in that order and fixed colours.
@@ -55,26 +56,32 @@ OKABE_ITO = {
     "reddish_purple": "#CC79A7",
 }
 
-#: Known policies, in the fixed order every figure and legend uses.
-KNOWN_POLICIES = ("independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
+#: Known policies, in the fixed order every figure and legend uses: the reference baseline first.
+KNOWN_POLICIES = ("independent-backfill", "independent", "mlora", "lorafusion", "alto", "tlora", "lookahead")
+
+#: The reference baseline's colour: neutral grey, so every other policy reads against it.
+REFERENCE_GREY = "#8C8C8C"
 
 #: Suffix of a policy's no-grouping ablation (``tlora_sim.policies.registry``): drawn in its base policy's
 #: colour, dotted and with open hatching, right after the base policy.
 ABLATION_SUFFIX = "-nogroup"
 
+# mLoRA (orange) and tLoRA (blue) sit on opposite sides of the palette: never two similar hues.
 _KNOWN_COLORS = {
+    "independent-backfill": REFERENCE_GREY,
     "independent": OKABE_ITO["black"],
     "mlora": OKABE_ITO["orange"],
     "lorafusion": OKABE_ITO["sky_blue"],
     "alto": OKABE_ITO["bluish_green"],
-    "tlora": OKABE_ITO["vermillion"],
-    "lookahead": OKABE_ITO["blue"],
+    "tlora": OKABE_ITO["blue"],
+    "lookahead": OKABE_ITO["reddish_purple"],
 }
 # Palette colours left for other policies, most legible on white first.
-_EXTRA_COLORS = (OKABE_ITO["reddish_purple"], OKABE_ITO["yellow"], OKABE_ITO["sky_blue"])
+_EXTRA_COLORS = (OKABE_ITO["vermillion"], OKABE_ITO["yellow"], OKABE_ITO["sky_blue"])
 
 _KNOWN_LINESTYLES = {
-    "independent": (0, (1.0, 1.2)),          # dotted
+    "independent-backfill": (0, (1.0, 1.2)),  # dotted
+    "independent": (0, (2.5, 1.5)),          # medium dash
     "mlora": (0, (4.0, 1.5)),                # dashed
     "lorafusion": (0, (4.0, 1.2, 1.0, 1.2)),  # dash-dot
     "alto": (0, (6.0, 1.2, 1.0, 1.2, 1.0, 1.2)),  # dash-dot-dot
@@ -87,9 +94,9 @@ _EXTRA_LINESTYLES = (
     (0, (3.0, 1.0, 1.0, 1.0, 3.0, 3.0)),
     (0, (1.0, 2.5)),                  # loose dots
 )
-_KNOWN_MARKERS = {"independent": "o", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*", "lookahead": "P"}
+_KNOWN_MARKERS = {"independent-backfill": "o", "independent": "X", "mlora": "s", "lorafusion": "^", "alto": "D", "tlora": "*", "lookahead": "P"}
 _EXTRA_MARKERS = ("v", "P", "X", "<", ">", "h")
-_KNOWN_HATCHES = {"independent": "", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": "",
+_KNOWN_HATCHES = {"independent-backfill": "", "independent": "..", "mlora": "//", "lorafusion": "\\\\", "alto": "xx", "tlora": "",
                   "lookahead": "++"}
 _EXTRA_HATCHES = ("..", "++", "oo", "--", "||")
 
@@ -383,3 +390,37 @@ def run_figure_command(draw: Callable[[], Iterable[Path]], category: type[Warnin
     for p in paths:
         print(p)
     return 0
+
+
+FOOTER_CHARS = 95
+"""Most characters per footer line (a one-column figure at the footers' 4.5-5 pt)."""
+
+
+def wrap_footer(parts: list[str], width: int = FOOTER_CHARS, sep: str = " | ") -> str:
+    """``parts`` joined with ``sep`` into lines of at most ``width`` characters (a part longer than
+    that gets a line of its own); every figure footer goes through here."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def series_styles(names: Iterable[str]) -> dict[str, PolicyStyle]:
+    """Styles of series named ``"<policy> <variant>"`` (a sweep's policy-option axes): each variant
+    in its policy's colour (:func:`policy_styles`), told apart by hatch and line style; in
+    :func:`policy_order` of the policies, variants in the order given."""
+    names = list(dict.fromkeys(str(n) for n in names))
+    base_of = {n: n.split(" ", 1)[0] for n in names}
+    bases = policy_styles(base_of.values())
+    hatches = ("", "//", "..", "xx", "\\\\", "++", "oo")
+    out: dict[str, PolicyStyle] = {}
+    i = 0
+    for b, st in bases.items():
+        for k, n in enumerate(x for x in names if base_of[x] == b):
+            out[n] = PolicyStyle(n, st.color, st.linestyle if k == 0 else _EXTRA_LINESTYLES[k % len(_EXTRA_LINESTYLES)],
+                                 st.marker, st.hatch if k == 0 else hatches[k % len(hatches)], i)
+            i += 1
+    return out

@@ -21,7 +21,8 @@ from tlora_sim.sim.report.rundir import write_csv
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
-GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options")
+GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options",
+              "discipline")
 _S_PER_H = 3600.0
 
 
@@ -90,60 +91,161 @@ def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
     return table
 
 
-def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
-    """Write ``report.csv`` and the average-JCT figure with 95% intervals; returns the figure files."""
+def plot_sweep(sweep_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), plots: bool = True) -> list[Path]:
+    """Write ``report.csv`` and (unless ``plots`` is False) the average-JCT figure with 95% intervals;
+    returns the figure files.
+
+    One bar group per configuration (the inputs other than policy, policy options, discipline and
+    seed), labelled ``C1``, ``C2`` ... with a legend table under the axes naming only the inputs
+    that differ between configurations; the inputs every cell shares (the cluster among them) go
+    in the footer. One bar per series: the policy, with its options and discipline where set."""
     d = Path(sweep_dir)
     table = sweep_report(d)
-    config_keys = [k for k in GROUP_KEYS if k in table.columns and k != "policy"]
-    label = table[config_keys].astype(str).agg(" | ".join, axis=1) if config_keys else pd.Series([""] * len(table))
+    if not plots:
+        return []
+    config_keys = [k for k in ("trace", "cluster", "lora_dist", "regroup_pause_s", "cost_model") if k in table.columns]
+    varying = [k for k in config_keys if table[k].astype(str).nunique() > 1]
+    constant = [k for k in config_keys if k not in varying]
+    label = table[varying].astype(str).agg(" | ".join, axis=1) if varying else pd.Series(["all"] * len(table))
+    series = table.apply(_series_name, axis=1)
+    import re
+
+    configs = sorted(dict.fromkeys(label), key=lambda c: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", c)])
+    short = {c: (f"C{i + 1}" if varying else "all cells") for i, c in enumerate(configs)}
     seeds = int(table["seeds"].max()) if len(table) else 0
-    kept = ""
+    lines = [f"mean \u00b1 95% CI over {seeds} seed(s)"]
     if "kept_jobs" in table.columns and len(table):
-        kept = f"; kept jobs {int(table['kept_jobs'].min())}-{int(table['kept_jobs'].max())}"
-    return ci_bars(table, label, d / "figures", "report_avg_jct", formats,
-                   f"mean ± 95% CI over {seeds} seed(s){kept}")
+        lo, hi = int(table["kept_jobs"].min()), int(table["kept_jobs"].max())
+        lines[0] += f"; kept jobs {lo}" + (f"-{hi}" if hi != lo else "") + " per cell"
+    shared = [f"{_KEY_WORDS.get(k, k)} {_short(str(table[k].iloc[0]))}" for k in constant if len(table)]
+    meta = d / "sweep.json"
+    if meta.is_file():  # the sweep's reference baseline (sweep_file.py adds it to every sweep)
+        import json
+
+        try:
+            ref = json.loads(meta.read_text()).get("reference")
+        except ValueError:
+            ref = None
+        if ref:
+            shared.append(f"reference {ref}")
+    if shared:
+        lines.append(fs.wrap_footer(["all cells: " + shared[0], *shared[1:]], sep="; "))
+    if varying:
+        lines.append("configurations: " + ", ".join(_KEY_WORDS.get(k, k) for k in varying))
+        lines += [f"{short[c]}: {' | '.join(_short(x) for x in c.split(' | '))}" for c in configs]
+    order = label.map({c: i for i, c in enumerate(configs)}).argsort(kind="stable").to_numpy()
+    table, label, series = (x.iloc[order].reset_index(drop=True) for x in (table, label, series))
+    return ci_bars(table.assign(series=series), label.map(short), d / "figures", "report_avg_jct", formats,
+                   "\n".join(fs.wrap_footer([x], sep="; ") if len(x) > fs.FOOTER_CHARS else x for x in lines),
+                   series_col="series")
+
+
+_KEY_WORDS = {"trace": "trace", "cluster": "cluster", "lora_dist": "LoRA dist.", "regroup_pause_s": "regroup pause s",
+              "cost_model": "cost model"}
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
+def _series_name(row) -> str:
+    """``policy`` plus its options (``k=v``) and a discipline other than ``default``."""
+    import json
+
+    name = str(row["policy"])
+    opts = row.get("policy_options")
+    if isinstance(opts, str) and opts not in ("", "{}"):
+        try:
+            name += " " + ",".join(f"{k}={v}" for k, v in json.loads(opts).items())
+        except ValueError:
+            name += " " + opts
+    disc = row.get("discipline")
+    if isinstance(disc, str) and disc and disc != "default":
+        name += f" [{disc}]"
+    return name
 
 
 def plot_seeds(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
     """The figure of a ``compare --seeds`` directory: average JCT per policy with its 95% interval
-    (from ``summary.csv``), into ``DIR/figures/seeds_avg_jct``."""
+    (from ``summary.csv``), one tick per policy, into ``DIR/figures/seeds_avg_jct``, and the
+    speed-ups over the reference with their intervals into ``DIR/figures/speedup``; the footers
+    name the seeds, the kept jobs (one count, or their range) and the reference."""
     d = Path(compare_dir)
     table = pd.read_csv(d / RunDir.COMPARE_SUMMARY)
     for col in ("policy", "avg_jct_s", "avg_jct_s_ci95", "seeds"):
         if col not in table.columns:
             raise InputError("missing column", file=str(d / RunDir.COMPARE_SUMMARY), field=col)
     by_seed = pd.read_csv(d / RunDir.SEEDS_TABLE)
-    kept = ""
+    seeds = sorted(set(by_seed["seed"]))
+    lines = [f"mean \u00b1 95% CI over {len(seeds)} seeds ({', '.join(map(str, seeds))})"]
     if "kept_jobs" in by_seed.columns:
-        kept = f"; kept jobs {int(by_seed['kept_jobs'].min())}-{int(by_seed['kept_jobs'].max())}"
-    footer = f"mean ± 95% CI over {int(table['seeds'].max())} seeds ({', '.join(map(str, sorted(set(by_seed['seed']))))}){kept}"
-    return ci_bars(table, pd.Series(["all"] * len(table)), d / "figures", "seeds_avg_jct", formats, footer)
+        lo, hi = int(by_seed["kept_jobs"].min()), int(by_seed["kept_jobs"].max())
+        lines[0] += f"; {lo} jobs kept per run" if lo == hi else f"; {lo}-{hi} jobs kept per run"
+    if "reference" in table.columns and table["reference"].notna().any():
+        lines.append(f"reference {table['reference'].dropna().iloc[0]}")
+    for col in ("trace", "cluster"):
+        if col in by_seed.columns and by_seed[col].nunique() == 1:
+            lines.append(f"{col} {_short(str(by_seed[col].iloc[0]))}")
+    files = ci_bars(table, table["policy"].astype(str), d / "figures", "seeds_avg_jct", formats, fs.wrap_footer(lines),
+                    per_policy_ticks=True)
+    ref = table["reference"].dropna().iloc[0] if "reference" in table.columns and table["reference"].notna().any() else None
+    if ref is not None and ref in set(table["policy"]) and "avg_jct_speedup" in table.columns and len(table) > 1:
+        from tlora_sim.sim.report.figures import speedup_figure
+
+        with fs.style_context():  # the speed-ups with their 95% intervals over the seeds
+            fig = speedup_figure(table, fs.policy_styles(table["policy"]), reference=str(ref))
+            fig.supxlabel(fs.wrap_footer(lines), fontsize=4.5, color="0.35", x=0.01, ha="left")
+            files += fs.save_figure(fig, d / "figures", "speedup", formats)
+    return files
 
 
 def ci_bars(table: pd.DataFrame, label: pd.Series, out_dir: Path, name: str, formats: Iterable[str],
-            footer: str) -> list[Path]:
-    """Bars of ``avg_jct_s`` (h) per policy with ``avg_jct_s_ci95`` error bars, one group per
-    distinct ``label``; ``footer`` under the axes. Returns the written files."""
+            footer: str, series_col: str = "policy", per_policy_ticks: bool = False) -> list[Path]:
+    """Bars of ``avg_jct_s`` (h) per series (``series_col``, default the policy) with
+    ``avg_jct_s_ci95`` error bars, one group per distinct ``label`` (``per_policy_ticks``: one bar
+    per row, its tick the label); ``footer`` under the axes. Returns the written files."""
     configs = list(dict.fromkeys(label))
-    policies = list(dict.fromkeys(table["policy"]))
-    styles = fs.policy_styles(policies)
+    names = list(dict.fromkeys(table[series_col].astype(str)))
+    styles = fs.series_styles(names)
+    names = list(styles)
     with fs.style_context():
-        fig = fs.new_figure(width_in=max(fs.COLUMN_WIDTH_IN, 1.2 * len(configs) + 1.5), height_in=2.6)
-        ax = fig.add_subplot()
-        width = 0.8 / max(len(policies), 1)
-        for i, p in enumerate(policies):
-            sel = table["policy"] == p
-            y = [float(table.loc[sel & (label == c), "avg_jct_s"].iloc[0]) / _S_PER_H
-                 if (sel & (label == c)).any() else np.nan for c in configs]
-            e = [float(table.loc[sel & (label == c), "avg_jct_s_ci95"].iloc[0]) / _S_PER_H
-                 if (sel & (label == c)).any() else 0.0 for c in configs]
-            ax.bar(np.arange(len(configs)) + i * width, y, width, yerr=e, capsize=2, label=p,
-                   color=styles[p].color)
-        ax.set_xticks(np.arange(len(configs)) + width * (len(policies) - 1) / 2)
-        ax.set_xticklabels([c.split(" | ")[0].split("/")[-1][:28] for c in configs], fontsize=6)
-        ax.set_ylabel("average JCT (h)")
+        if per_policy_ticks:
+            fig = fs.new_figure(width_in=max(fs.COLUMN_WIDTH_IN, 0.55 * len(names) + 1.2), height_in=2.4)
+            ax = fig.add_subplot()
+            x = np.arange(len(names))
+            rows = [table[table[series_col].astype(str) == n].iloc[0] for n in names]
+            y = [float(r["avg_jct_s"]) / _S_PER_H for r in rows]
+            e = [float(r["avg_jct_s_ci95"]) / _S_PER_H for r in rows]
+            ax.bar(x, y, 0.7, yerr=e, capsize=2, color=[styles[n].color for n in names], edgecolor="black",
+                   linewidth=0.4, error_kw={"linewidth": 0.7})
+            for xi, yi, ei in zip(x, y, e):
+                ax.annotate(f"{yi:.2f} \u00b1 {ei:.2f}", (xi, yi + ei), xytext=(0, 1.5), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=5.5)
+            ax.set_xticks(x)
+            ax.set_xticklabels(names, rotation=30 if len(names) > 3 else 0, ha="right" if len(names) > 3 else "center",
+                               fontsize=6.5)
+            ax.set_ylim(0, max((a + b for a, b in zip(y, e)), default=1.0) * 1.2 or 1.0)
+        else:
+            fig = fs.new_figure(width_in=max(fs.COLUMN_WIDTH_IN, 0.35 * len(configs) * max(len(names), 1) + 1.5),
+                                height_in=2.6)
+            ax = fig.add_subplot()
+            width = 0.8 / max(len(names), 1)
+            for i, p in enumerate(names):
+                sel = table[series_col].astype(str) == p
+                y = [float(table.loc[sel & (label == c), "avg_jct_s"].iloc[0]) / _S_PER_H
+                     if (sel & (label == c)).any() else np.nan for c in configs]
+                e = [float(table.loc[sel & (label == c), "avg_jct_s_ci95"].iloc[0]) / _S_PER_H
+                     if (sel & (label == c)).any() else 0.0 for c in configs]
+                ax.bar(np.arange(len(configs)) + i * width, y, width, yerr=e, capsize=2, label=p,
+                       color=styles[p].color, edgecolor="black", linewidth=0.4, hatch=styles[p].hatch or None,
+                       error_kw={"linewidth": 0.7})
+            ax.set_xticks(np.arange(len(configs)) + width * (len(names) - 1) / 2)
+            ax.set_xticklabels(configs, fontsize=7)
+            longest = max((len(n) for n in names), default=0)
+            ax.legend(fontsize=6, ncol=min(3 if longest <= 16 else 2 if longest <= 28 else 1, len(names)),
+                      loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        ax.set_ylabel(fs.axis_label("Average JCT", "h"))
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=6, ncol=min(3, len(policies)), loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                  frameon=False)
+        ax.grid(axis="x", visible=False)
         fig.supxlabel(footer, fontsize=5, color="0.35", x=0.01, ha="left")
         return fs.save_figure(fig, out_dir, name, formats)
