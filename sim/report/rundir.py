@@ -288,6 +288,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     import shutil
 
     from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock, write_error
+    from tlora_sim.traces.errors import InputError
 
     out = Path(out)
     stage: str | None = None
@@ -317,7 +318,18 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
                     old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
                     os.rmdir(old)
                     os.replace(out, old)
-                os.replace(stage, out)
+                try:
+                    os.replace(stage, out)
+                except OSError:
+                    if old is not None:  # put the previous run back before anything is removed
+                        try:
+                            os.replace(old, out)
+                        except OSError:  # never delete the only copy: say where it is
+                            kept, old = old, None
+                            raise InputError(f"cannot write; the previous run is kept at {kept}",
+                                             file=str(out), field="--out") from None
+                        old = None
+                    raise
                 stage = None
         except OSError as e:
             raise write_error(e, out) from None
