@@ -273,6 +273,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
         raise InputError(f"--workers must be >= 1, got {workers}", field="--workers")
     out = check_sweep_out(out_dir)
     with _lock(out):
+        _remove_stale_stages(out)
         write_json(out / "sweep.json", sweep.describe())
         done = [c for c in sweep.cells if is_finished(out, c)]
         todo = [c for c in sweep.cells if not is_finished(out, c)]
@@ -306,6 +307,19 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
             if bar is not None:
                 bar.close()
     return SweepResult(len(sweep.cells), len(done), len(todo), failed, table)
+
+
+def _remove_stale_stages(out: Path) -> None:
+    """Remove the staging directories (``cells/.ID.stage-*``, ``cells/.ID.old-*``) and lock files
+    a SIGKILLed sweep left; called with the sweep's lock held, so no other run is using them."""
+    import shutil
+
+    cells = out / "cells"
+    if not cells.is_dir():
+        return
+    for p in cells.iterdir():
+        if p.name.startswith(".") and (".stage-" in p.name or ".old-" in p.name):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 SWEEP_MARKERS = ("sweep.json", "sweep.csv", "cells")
