@@ -202,3 +202,18 @@ def test_any_cut_of_a_cell_summary_or_sweep_csv_is_one_line_or_reads(sweep_templ
         assert rc == 2
         line = _one_line(err.getvalue())
         assert str(path) in line
+
+
+@pytest.mark.parametrize("command", ["replay", "compare"])
+def test_an_input_inside_out_is_refused_not_deleted_by_force(tmp_path, capsys, command, reliability):
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = out / "t.csv"
+    trace.write_text("submit,gpus,duration\n0,1,100\n10,2,50\n")
+    what = ["--policy", "independent"] if command == "replay" else ["--policies", "independent,mlora"]
+    rc = main([command, *what, "--trace", f"csv:{trace}", "--columns", "submit=submit,gpus=gpus,duration=duration",
+               "--cluster", "1x8xH100", "--no-progress", "--out", str(out), "--force"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and str(trace) in line and "--trace" in line
+    assert trace.is_file() and sorted(p.name for p in out.iterdir()) == ["t.csv"]
+    reliability("bad_inputs")
