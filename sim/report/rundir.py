@@ -278,8 +278,8 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     The lock of ``out`` (taken by :func:`check_out_dir`, or here when the caller did not) is held
     until the swap is done. A write that fails in the sibling (an ``OSError``: no space left, a
     read-only file system, permissions) is raised as one ``InputError`` naming the file as it
-    would have been under ``out``. A :class:`~tlora_sim.sim.core.engine.PolicyError` (a policy
-    that crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect;
+    would have been under ``out``. A ``sim.core.policy_call.PolicyError`` (a policy that
+    crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect;
     the error's ``traceback_file`` names it.
 
     Raises:
@@ -376,10 +376,10 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
 
 
 def _keeps_stage(e: BaseException) -> bool:
-    """True for an error whose staging directory is kept for inspection (a crashed policy)."""
-    from tlora_sim.sim.core.engine import PolicyError
-
-    return isinstance(e, PolicyError) and bool(e.traceback_text)
+    """True for an error whose staging directory is kept for inspection: one that carries a
+    ``traceback_text`` and a ``traceback_file`` slot (``sim.core.policy_call.PolicyError``, a
+    crashed policy; duck-typed: the report layer imports nothing of ``sim/core``)."""
+    return bool(getattr(e, "traceback_text", "")) and hasattr(e, "traceback_file")
 
 
 def _write_traceback(stage: Path, e: BaseException) -> None:
