@@ -97,3 +97,15 @@ def test_a_policy_missing_because_its_entry_point_broke_names_the_entry_point(mo
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "'brk'" in err[0] and "no torch here" in err[0] and "fakeplug" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dotted_policy_module_that_exits_is_one_error_line(tmp_path, monkeypatch, capsys, reliability):
+    pkg = tmp_path / "exitpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "pol.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = main(["policies", "--policy-module", "exitpkg.pol"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "exitpkg.pol" in err[0] and "SystemExit" in err[0]
+    reliability("bad_inputs")

@@ -242,6 +242,8 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
     if out.exists() and not out.is_dir():
         raise InputError(f"--out is an existing file, not a directory", file=str(out), field="--out")
     parent = out.resolve().parent
+    if parent == out.resolve():
+        raise InputError("--out cannot be the root directory", file=str(out), field="--out")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
