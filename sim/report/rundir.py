@@ -281,8 +281,9 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     until the swap is done. A write that fails in the sibling (an ``OSError``: no space left, a
     read-only file system, permissions) is raised as one ``InputError`` naming the file as it
     would have been under ``out``. A ``sim.core.policy_call.PolicyError`` (a policy that
-    crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect;
-    the error's ``traceback_file`` names it.
+    crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect
+    (the error's ``traceback_file`` names it) until the next run into ``out`` completes, which
+    removes such leftovers.
 
     Raises:
         InputError: the sibling cannot be created or written, or another run holds the lock.
@@ -335,6 +336,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
                 stage = None
         except OSError as e:
             raise write_error(e, out) from None
+        _remove_stale_siblings(out)
     finally:
         with _signals_held():
             if stage is not None:
@@ -375,6 +377,23 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
         mapped = under_out(name)
         if mapped is not None or (name is None and getattr(e, "errno", None) in WRITE_ERRNOS):  # not a read
             raise write_error(e, mapped if mapped is not None else out) from None
+
+
+def _remove_stale_siblings(out: Path) -> None:
+    """After a successful swap (the lock of ``out`` held): remove the hidden siblings earlier runs
+    into ``out`` left (``.NAME.stage-*`` kept after a crashed policy or left by SIGKILL,
+    ``.NAME.old-*``); nobody else can be writing them."""
+    import re
+    import shutil
+
+    ours = re.compile(rf"\.{re.escape(out.name)}\.(stage|old)-[A-Za-z0-9_]{{8}}")  # tempfile's 8 characters
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return
+    for p in siblings:
+        if ours.fullmatch(p.name) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _keeps_stage(e: BaseException) -> bool:
