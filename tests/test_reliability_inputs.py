@@ -166,3 +166,54 @@ def test_a_time_zone_that_is_not_a_zone_is_one_line(tmp_path, capsys, tz, reliab
     line = _one_line(err)
     assert rc == 2 and "time zone" in line and not out.exists()
     reliability("bad_inputs")
+
+
+# ---- generated damage to a sweep's files --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sweep_template(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sweep-template")
+    f = base / "s.toml"
+    f.write_text(SWEEP)
+    out = base / "sw"
+    assert main(["-q", "sweep", str(f), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    return f, out
+
+
+@given(data=st.data())
+def test_any_cut_of_a_cell_summary_or_sweep_csv_is_one_line_or_reads(sweep_template, tmp_path_factory, data):
+    import contextlib
+    import io
+    import shutil
+
+    f, template = sweep_template
+    out = tmp_path_factory.mktemp("cut") / "sw"
+    shutil.copytree(template, out)
+    which = data.draw(st.sampled_from(["summary", "sweep.csv"]))
+    path = sorted(out.glob("cells/*/summary.json"))[0] if which == "summary" else out / "sweep.csv"
+    raw = path.read_bytes()
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    path.write_bytes(raw[:cut] + data.draw(st.sampled_from([b"", b"\x00", b"\xff\xfe", b"}", b",,,\n"])))
+    argv = (["-q", "sweep", str(f), "--out", str(out), "--workers", "1", "--no-progress"] if which == "summary"
+            else ["-q", "sweep", "report", str(out)])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(argv)
+    if rc != 0:
+        assert rc == 2
+        line = _one_line(err.getvalue())
+        assert str(path) in line
+
+
+@pytest.mark.parametrize("command", ["replay", "compare"])
+def test_an_input_inside_out_is_refused_not_deleted_by_force(tmp_path, capsys, command, reliability):
+    out = tmp_path / "out"
+    out.mkdir()
+    trace = out / "t.csv"
+    trace.write_text("submit,gpus,duration\n0,1,100\n10,2,50\n")
+    what = ["--policy", "independent"] if command == "replay" else ["--policies", "independent,mlora"]
+    rc = main([command, *what, "--trace", f"csv:{trace}", "--columns", "submit=submit,gpus=gpus,duration=duration",
+               "--cluster", "1x8xH100", "--no-progress", "--out", str(out), "--force"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and str(trace) in line and "--trace" in line
+    assert trace.is_file() and sorted(p.name for p in out.iterdir()) == ["t.csv"]
+    reliability("bad_inputs")

@@ -257,3 +257,42 @@ def test_plot_on_a_full_disk_is_one_line_and_keeps_the_figures(tmp_path, monkeyp
     assert rc == 2 and os.strerror(errno.ENOSPC) in line
     assert _files(out) == before and not [p for p in out.rglob(".*.tmp")]
     reliability("bad_inputs")
+
+
+# ---- fault injection: the k-th write fails -------------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30)
+@given(k=st.integers(0, 8), code=st.sampled_from([errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT]),
+       where=st.sampled_from(["replace", "mkstemp", "mkdtemp"]))
+def test_whichever_write_fails_the_previous_run_stays(tmp_path_factory, k, code, where):
+    import tempfile
+
+    base = tmp_path_factory.mktemp("kth")
+    out = base / "run"
+    argv = ["-q", *_replay(out, "--force")]
+    assert main(argv) == 0
+    before = _files(out)
+    calls = {"n": 0}
+    owner = os if where == "replace" else tempfile
+    real = getattr(owner, where)
+
+    def flaky(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == k + 1:
+            raise OSError(code, os.strerror(code))
+        return real(*a, **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(owner, where, flaky)
+    try:
+        rc = main(argv)
+    finally:
+        mp.undo()
+    if calls["n"] <= k:  # fewer such calls than k: the run went through
+        assert rc == 0
+    else:
+        assert rc == 2
+        assert _files(out) == before
+    assert _leftovers(base) == []

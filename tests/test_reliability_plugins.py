@@ -6,8 +6,6 @@ replaced, even by a class of the same ``__qualname__``."""
 
 from __future__ import annotations
 
-import importlib.metadata as md
-
 import pytest
 
 from tlora_sim.policies import registry
@@ -66,13 +64,14 @@ def test_a_builtin_name_cannot_be_replaced_by_a_user_module(tmp_path, qualname):
 
 
 def _broken_entry_point(monkeypatch, tmp_path, body: str) -> None:
-    mod = tmp_path / "broken_ep_mod.py"
-    mod.write_text(body)
+    """An installed distribution ``fakeplug 1.0`` (a ``.dist-info`` on ``sys.path``) whose entry
+    point ``brk`` in the ``tlora_sim.policies`` group imports a module that fails with ``body``."""
+    (tmp_path / "broken_ep_mod.py").write_text(body)
+    info = tmp_path / "fakeplug-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeplug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\nbrk = broken_ep_mod\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    ep = md.EntryPoint(name="brk", value="broken_ep_mod", group=registry.ENTRY_POINT_GROUP)
-    real = md.entry_points
-    monkeypatch.setattr(md, "entry_points",
-                        lambda **kw: [ep] if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw))
     monkeypatch.setattr(registry, "_loaded", False)
     monkeypatch.setattr(registry, "_BROKEN", {})
 
@@ -88,7 +87,7 @@ def test_a_broken_entry_point_does_not_break_other_commands(monkeypatch, tmp_pat
     io = capsys.readouterr()
     assert "independent" in io.out
     warn = [ln for ln in io.err.splitlines() if "brk" in ln]
-    assert len(warn) == 1 and "SystemExit" in warn[0] and "distribution" in warn[0]
+    assert len(warn) == 1 and "SystemExit" in warn[0] and "distribution fakeplug 1.0" in warn[0]
 
 
 def test_a_policy_missing_because_its_entry_point_broke_names_the_entry_point(monkeypatch, tmp_path, capsys):
@@ -96,5 +95,17 @@ def test_a_policy_missing_because_its_entry_point_broke_names_the_entry_point(mo
     rc = main(["replay", "--policy", "from-plugin", "--trace", "synthetic:jobs=20,seed=1", "--cluster", "1x8xH100",
                "--out", str(tmp_path / "run"), "--no-progress", "--no-plots"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "'brk'" in err[0] and "no torch here" in err[0]
+    assert rc == 2 and len(err) == 1 and "'brk'" in err[0] and "no torch here" in err[0] and "fakeplug" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dotted_policy_module_that_exits_is_one_error_line(tmp_path, monkeypatch, capsys, reliability):
+    pkg = tmp_path / "exitpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "pol.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = main(["policies", "--policy-module", "exitpkg.pol"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "exitpkg.pol" in err[0] and "SystemExit" in err[0]
+    reliability("bad_inputs")

@@ -172,3 +172,12 @@ def test_any_exception_from_decide_becomes_a_policy_error(exc, after):
         eng.run()
     assert e.value.policy == "gen-raises" and type(exc).__name__ in e.value.what
     assert "\n" not in str(e.value) and type(exc).__name__ in e.value.traceback_text
+
+
+def test_the_kept_stage_is_removed_by_the_next_complete_run(tmp_path, crashy, capsys):
+    out = tmp_path / "run"
+    assert main(["replay", "--policy-module", str(crashy), "--policy", "crashy", *TINY, "--out", str(out),
+                 "--no-plots"]) == 3
+    assert [p for p in tmp_path.iterdir() if ".stage-" in p.name]
+    assert main(["replay", "--policy", "independent", *TINY, "--out", str(out), "--no-plots"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]

@@ -218,6 +218,27 @@ def _options(items: list[str], policies: list[str]) -> dict[str, dict]:
     return out
 
 
+def _inputs_outside_out(args) -> None:
+    """Refuse an input file inside ``--out`` (the trace, a LoRA distribution or policy module
+    file): replacing ``--out`` with ``--force`` would delete it with the old run.
+
+    Raises:
+        InputError: naming the input file and ``--out``.
+    """
+    out = Path(args.out).resolve()
+    trace = str(getattr(args, "trace", "") or "")
+    candidates = [("--trace", trace.partition(":")[2] if ":" in trace else trace),
+                  ("--lora-dist", str(getattr(args, "lora_dist", "") or ""))]
+    candidates += [("--policy-module", m) for m in getattr(args, "policy_module", []) or []]
+    for flag, name in candidates:
+        if not name or not os.path.exists(name):
+            continue
+        path = Path(name).resolve()
+        if path == out or out in path.parents:
+            raise InputError(f"is inside --out {args.out}; writing the run there would replace it (choose "
+                             f"another --out)", file=name, field=flag)
+
+
 def _base_config(args, policy: str):
     import math
 
@@ -228,6 +249,7 @@ def _base_config(args, policy: str):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
     if not 0 <= args.seed <= 2**63 - 1:
         raise InputError(f"must be an integer in 0..2^63-1, got {args.seed}", field="--seed")
+    _inputs_outside_out(args)
 
     return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
                         lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,

@@ -10,12 +10,11 @@ Regroup cost: adding members to a running group pauses the whole group for ``reg
 (checkpoint/restore of adapter state); a member leaving on completion costs nothing.
 
 Policy timer: a policy whose ``timer_s`` (the Policy protocol, float s or None) is set is also asked to decide every
-``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning,
-ALTO's early-exit checks).
+``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning, ALTO's early-exit checks).
 
 Invariants (``tlora_sim.sim.core.invariants``) are checked at every state change unless ``check_invariants=False``;
-policy actions the engine cannot apply are always rejected. Both raise :class:`InvariantError`
-(a violation found by the checker carries the recent event history).
+policy actions the engine cannot apply are always rejected, and a ``decide()`` that raises or returns no actions is a
+:class:`PolicyError` (``policy_call.py``). All raise :class:`InvariantError` (a checker's violation carries history).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from tlora_sim.sim.core.gc_scope import frozen_before, no_collections
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
+from tlora_sim.sim.core.policy_call import PolicyError, decide_checked
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
@@ -48,30 +48,6 @@ CPU_SAMPLE-th, counted CPU_SAMPLE times: a read is a system call (1-4 us on the 
 decision ~11% of ``independent``'s CPU on merged ITP, bench/README.md session 15). Wall: every one."""
 
 __all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PolicyError", "SimResult"]
-
-
-class PolicyError(InvariantError):
-    """A policy's ``decide()`` raised, or returned something that is not a sequence of actions
-    (None, a number, a string): reported like an invalid action (the CLI exits with status 3), on
-    one line naming the policy, the simulated time and the exception.
-
-    Attributes:
-        policy: the policy's name.
-        time_s: simulated time of the decision (s).
-        what: ``Type: message`` of the exception, or what was returned.
-        traceback_text: the policy's traceback as formatted where it was caught ("" for a bad
-            return value); travels with the error across processes (``compare --workers``).
-        traceback_file: where the traceback was written (``rundir.staged_dir`` keeps the staging
-            directory with ``error.txt``), or None.
-    """
-
-    def __init__(self, policy: str, time_s: float, what: str, traceback_text: str = "") -> None:
-        self.policy = policy
-        self.time_s = float(time_s)
-        self.what = what
-        self.traceback_text = traceback_text
-        self.traceback_file: str | None = None
-        super().__init__(f"policy {policy!r} failed in decide() at t={self.time_s:.6f}s: {what}")
 
 
 class _Wake:
@@ -214,15 +190,6 @@ class Engine:
             self._obs.fail("action", message)
         raise InvariantError(f"t={self.env.now:.6f}s: {message}")
 
-    def _policy_error(self, e: BaseException) -> PolicyError:
-        """The :class:`PolicyError` for an exception raised by ``policy.decide`` (traceback kept)."""
-        import traceback
-
-        text = " ".join(str(e).split())
-        what = f"{type(e).__name__}: {text}" if text else type(e).__name__
-        return PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now, what,
-                           traceback.format_exc())
-
     # ---- run -------------------------------------------------------------------------------
     def run(self) -> SimResult:
         """Simulate until every job finished; return the raw result."""
@@ -299,16 +266,7 @@ class Engine:
         t0 = time.perf_counter()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
-        try:
-            actions = self.policy.decide(snap)
-        except InvariantError:
-            raise
-        except (Exception, SystemExit, GeneratorExit) as e:  # noqa: BLE001 - the policy's bug (exit 3)
-            raise self._policy_error(e) from None
-        if actions.__class__ is not list and actions.__class__ is not tuple and (  # the common cases: one check
-                actions is None or isinstance(actions, (str, bytes)) or not hasattr(actions, "__iter__")):
-            raise PolicyError(getattr(self.policy, "name", type(self.policy).__name__), self.env.now,
-                              f"returned {actions!r} instead of a sequence of actions")
+        actions = decide_checked(self.policy, snap, self.env.now)  # a policy's crash: PolicyError (exit 3)
         snap.groups.freeze()  # the engine changes from here on
         snap.queue.freeze()
         dt = time.perf_counter() - t0

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.experiments.sweep_dir import check_sweep_out, read_cell_summary, remove_stale_stages
 from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, _EXAMPLES, _list, _no_duplicates, load_sweep, parse_sweep  # noqa: F401
 # ---- one cell --------------------------------------------------------------------------------------
 def _replay_config(cell: Cell):
@@ -152,49 +153,13 @@ def is_finished(out_dir: str | Path, cell: Cell) -> bool:
     return (cell_dir(out_dir, cell) / "summary.json").is_file()
 
 
-def read_cell_summary(out_dir: str | Path, cell: Cell) -> dict:
-    """A finished cell's ``summary.json``, checked: a JSON object whose values are numbers,
-    strings, booleans, None, lists or objects of numbers (as ``replay`` writes it).
-
-    Raises:
-        InputError: the file cannot be read, is not valid JSON (cut short, or edited), is not an
-            object, or a field has a value of the wrong kind; names the file and field, and says
-            how to run the cell again.
-    """
-    path = cell_dir(out_dir, cell) / "summary.json"
-    again = f"delete {path.parent} to run the cell again"
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read the cell's summary ({getattr(e, 'strerror', None) or e}); {again}",
-                         file=str(path)) from None
-    try:
-        summary = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"not valid JSON (cut short?): {e}; {again}", file=str(path)) from None
-    if not isinstance(summary, dict):
-        raise InputError(f"expected a JSON object, got {type(summary).__name__}; {again}", file=str(path))
-    for key, val in summary.items():
-        if isinstance(val, dict):
-            bad = [k for k, v in val.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
-            if bad:
-                raise InputError(f"expected numbers, got {val[bad[0]]!r} at {bad[0]!r}; {again}", file=str(path),
-                                 field=key)
-        elif not (val is None or isinstance(val, (int, float, str, bool, list))):
-            raise InputError(f"unexpected value {val!r}; {again}", file=str(path), field=key)
-    if "skipped" in summary and not isinstance(summary["skipped"], dict):
-        raise InputError(f"expected an object of counts, got {summary['skipped']!r}; {again}", file=str(path),
-                         field="skipped")
-    return summary
-
-
 def cell_row(out_dir: str | Path, cell: Cell) -> dict:
     """``sweep.csv`` row of a finished cell: id, inputs, then the summary metrics.
 
     Raises:
-        InputError: a ``summary.json`` that does not read back (:func:`read_cell_summary`).
+        InputError: a ``summary.json`` that does not read back (``sweep_dir.read_cell_summary``).
     """
-    summary = read_cell_summary(out_dir, cell)
+    summary = read_cell_summary(cell_dir(out_dir, cell) / "summary.json")
     row: dict[str, Any] = {"cell_id": cell.cell_id, **cell.inputs_row()}
     for key, val in summary.items():
         if key in row or key in ("policy", "trace", "cluster", "seed"):
@@ -282,6 +247,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
         raise InputError(f"--workers must be >= 1, got {workers}", field="--workers")
     out = check_sweep_out(out_dir)
     with _lock(out):
+        remove_stale_stages(out)
         write_json(out / "sweep.json", sweep.describe())
         done = [c for c in sweep.cells if is_finished(out, c)]
         todo = [c for c in sweep.cells if not is_finished(out, c)]
@@ -315,54 +281,6 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
             if bar is not None:
                 bar.close()
     return SweepResult(len(sweep.cells), len(done), len(todo), failed, table)
-
-
-SWEEP_MARKERS = ("sweep.json", "sweep.csv", "cells")
-"""Entries of which at least one marks a directory as a sweep's (``sweep.json`` is written first)."""
-
-
-def check_sweep_out(out_dir: str | Path) -> Path:
-    """Check that ``out_dir`` may hold this sweep, and create it: absent, empty, or a sweep
-    directory (it has ``sweep.json``, ``sweep.csv`` or ``cells/``; the sweep resumes there).
-
-    Raises:
-        InputError: ``out_dir`` is a file, a directory of something else (a replay's run directory,
-            a comparison: a sweep never mixes its cells into another run), or cannot be created
-            (a read-only file system, ``/proc``); one line naming it.
-    """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("--out is an existing file, not a directory", file=str(out), field="--out")
-    if out.is_dir():
-        try:
-            names = {p.name for p in out.iterdir()}
-        except OSError as e:
-            raise InputError(f"cannot list the directory ({e.strerror})", file=str(out), field="--out") from None
-        visible = {n for n in names if not n.startswith(".")}
-        if visible and not visible & set(SWEEP_MARKERS):
-            raise InputError("--out holds files that are not a sweep's (no sweep.json); choose another directory",
-                             file=str(out), field="--out")
-        if "sweep.json" in names:
-            _check_sweep_json(out / "sweep.json")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe-", delete=True)
-        probe.close()
-    except OSError as e:
-        raise InputError(f"cannot create or write the directory ({e.strerror or type(e).__name__})",
-                         file=str(out), field="--out") from None
-    return out
-
-
-def _check_sweep_json(path: Path) -> None:
-    """``sweep.json`` of an earlier invocation reads back as a JSON object, or is one line's error."""
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"not a readable sweep description ({e}); delete it to resume, or choose another --out",
-                         file=str(path)) from None
-    if not isinstance(obj, dict):
-        raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=str(path))
 
 
 def _bar(total: int, initial: int, enabled: bool):

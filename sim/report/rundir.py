@@ -242,6 +242,8 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
     if out.exists() and not out.is_dir():
         raise InputError(f"--out is an existing file, not a directory", file=str(out), field="--out")
     parent = out.resolve().parent
+    if parent == out.resolve():
+        raise InputError("--out cannot be the root directory", file=str(out), field="--out")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -278,9 +280,10 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     The lock of ``out`` (taken by :func:`check_out_dir`, or here when the caller did not) is held
     until the swap is done. A write that fails in the sibling (an ``OSError``: no space left, a
     read-only file system, permissions) is raised as one ``InputError`` naming the file as it
-    would have been under ``out``. A :class:`~tlora_sim.sim.core.engine.PolicyError` (a policy
-    that crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect;
-    the error's ``traceback_file`` names it.
+    would have been under ``out``. A ``sim.core.policy_call.PolicyError`` (a policy that
+    crashed) keeps the sibling, with the traceback in ``error.txt``, for the user to inspect
+    (the error's ``traceback_file`` names it) until the next run into ``out`` completes, which
+    removes such leftovers.
 
     Raises:
         InputError: the sibling cannot be created or written, or another run holds the lock.
@@ -288,6 +291,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     import shutil
 
     from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock, write_error
+    from tlora_sim.traces.errors import InputError
 
     out = Path(out)
     stage: str | None = None
@@ -317,10 +321,22 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
                     old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
                     os.rmdir(old)
                     os.replace(out, old)
-                os.replace(stage, out)
+                try:
+                    os.replace(stage, out)
+                except OSError:
+                    if old is not None:  # put the previous run back before anything is removed
+                        try:
+                            os.replace(old, out)
+                        except OSError:  # never delete the only copy: say where it is
+                            kept, old = old, None
+                            raise InputError(f"cannot write; the previous run is kept at {kept}",
+                                             file=str(out), field="--out") from None
+                        old = None
+                    raise
                 stage = None
         except OSError as e:
             raise write_error(e, out) from None
+        _remove_stale_siblings(out)
     finally:
         with _signals_held():
             if stage is not None:
@@ -363,11 +379,28 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
             raise write_error(e, mapped if mapped is not None else out) from None
 
 
-def _keeps_stage(e: BaseException) -> bool:
-    """True for an error whose staging directory is kept for inspection (a crashed policy)."""
-    from tlora_sim.sim.core.engine import PolicyError
+def _remove_stale_siblings(out: Path) -> None:
+    """After a successful swap (the lock of ``out`` held): remove the hidden siblings earlier runs
+    into ``out`` left (``.NAME.stage-*`` kept after a crashed policy or left by SIGKILL,
+    ``.NAME.old-*``); nobody else can be writing them."""
+    import re
+    import shutil
 
-    return isinstance(e, PolicyError) and bool(e.traceback_text)
+    ours = re.compile(rf"\.{re.escape(out.name)}\.(stage|old)-[A-Za-z0-9_]{{8}}")  # tempfile's 8 characters
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return
+    for p in siblings:
+        if ours.fullmatch(p.name) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _keeps_stage(e: BaseException) -> bool:
+    """True for an error whose staging directory is kept for inspection: one that carries a
+    ``traceback_text`` and a ``traceback_file`` slot (``sim.core.policy_call.PolicyError``, a
+    crashed policy; duck-typed: the report layer imports nothing of ``sim/core``)."""
+    return bool(getattr(e, "traceback_text", "")) and hasattr(e, "traceback_file")
 
 
 def _write_traceback(stage: Path, e: BaseException) -> None:

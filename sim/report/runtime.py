@@ -84,7 +84,8 @@ def acquire_out_lock(out: str | Path) -> None:
 
 
 def release_out_lock(out: str | Path) -> None:
-    """Release the lock of ``out`` if this process holds it (the library removes the lock file)."""
+    """Release the lock of ``out`` if this process holds it, removing the lock file first (while
+    still held, so a peer that opened it meanwhile retries on a fresh file: ``filelock`` checks)."""
     lock = _HELD.pop(str(Path(out).resolve()), None)
     if lock is not None:
         try:  # unlinked while still held: a peer that opened it meanwhile sees it gone and retries
@@ -116,8 +117,8 @@ def is_write_error(e: BaseException) -> bool:
 
 def write_error(e: OSError, path: str | Path | None = None) -> WriteError:
     """The one-line ``InputError`` for a failed write: the path (``path`` when given: the file
-    being written, not its temp file; else ``e.filename``) and the OS's reason, e.g. ``/data/out/jobs.csv: cannot write (No space left
-    on device)``."""
+    being written, not its temp file; else ``e.filename``) and the OS's reason, e.g.
+    ``/data/out/jobs.csv, field '--out': cannot write (No space left on device); ...``."""
     where = path if path is not None else getattr(e, "filename", None)
     reason = e.strerror or (os.strerror(e.errno) if getattr(e, "errno", None) else str(e)) or type(e).__name__
     err = WriteError(f"cannot write ({reason}); the previous contents of --out are unchanged",

@@ -26,6 +26,20 @@ GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cos
 _S_PER_H = 3600.0
 
 
+def _check_row_lengths(f: Path, width: int) -> None:
+    """Every data row of ``f`` has ``width`` fields (a cut or edited row has fewer or more)."""
+    import csv
+
+    with open(f, newline="", encoding="utf-8", errors="replace") as fh:
+        try:
+            for i, row in enumerate(csv.reader(fh)):
+                if i and row and len(row) != width:
+                    raise InputError(f"{len(row)} fields, the header has {width} (cut short or edited?)",
+                                     file=str(f), row=i)
+        except csv.Error as e:
+            raise InputError(f"not a readable CSV table ({e})", file=str(f)) from None
+
+
 def read_sweep_table(f: Path) -> pd.DataFrame:
     """``sweep.csv`` read back and checked: a header with ``seed``, ``avg_jct_s`` and ``policy``,
     at least one row, an integer ``seed`` >= 0, a number in ``avg_jct_s`` and a policy name in
@@ -49,6 +63,19 @@ def read_sweep_table(f: Path) -> pd.DataFrame:
             raise InputError("missing column", file=str(f), field=col)
     if cells.empty:
         raise InputError("no finished cells (header only); run the sweep first", file=str(f))
+    _check_row_lengths(f, len(cells.columns))
+    for col in [k for k in GROUP_KEYS if k in cells.columns] + [c for c in ("kept_jobs",) if c in cells.columns]:
+        missing = cells[col].isna().to_numpy()
+        if missing.any():
+            raise InputError("missing value", file=str(f), row=int(missing.nonzero()[0][0]) + 1, field=col)
+    for col in [c for c in ("regroup_pause_s", "kept_jobs") if c in cells.columns]:
+        vals = pd.to_numeric(cells[col], errors="coerce")
+        bad = (vals.isna() | ~np.isfinite(vals.fillna(0))).to_numpy()
+        if bad.any():
+            i = int(bad.nonzero()[0][0])
+            raise InputError(f"expected a finite number, got {cells[col].iloc[i]!r}", file=str(f), row=i + 1,
+                             field=col)
+        cells[col] = vals
     seeds = pd.to_numeric(cells["seed"], errors="coerce")
     jct = pd.to_numeric(cells["avg_jct_s"], errors="coerce")
     for col, bad in (("seed", seeds.isna() | (seeds < 0) | (seeds != seeds.round())),
