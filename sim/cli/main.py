@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(default: UTC)")
     d.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated")
     _add_trace_cuts(d)
-    po = sub.add_parser("policies", help="list registered policies: name and a one-line description, then its "
-                                         "options (--option POLICY.KEY=VALUE) with their defaults")
+    po = sub.add_parser("policies", help="list registered policies, one per line: name, a one-line description "
+                                         "and its options (--option POLICY.KEY=VALUE) with their defaults, "
+                                         "tab-separated")
     po.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
                     help="also list the policies a module registers (repeatable)")
     pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
@@ -273,11 +274,9 @@ def _run(args) -> int:
             load_policy_module(module)
         import dataclasses
 
-        for e in available():
-            print(f"{e.name}\t{e.description}")
+        for e in available():  # name, description, then the --option POLICY.KEY=VALUE keys and their defaults
             opts = [f"{f.name}={getattr(e.config_cls(), f.name)!r}" for f in dataclasses.fields(e.config_cls)]
-            if opts:  # the --option POLICY.KEY=VALUE keys and their defaults
-                print("\toptions: " + ", ".join(opts))
+            print(f"{e.name}\t{e.description}" + (f"\toptions: {', '.join(opts)}" if opts else ""))
     elif args.command == "sweep":
         from tlora_sim.sim.experiments.sweep import run_sweep_command
 
