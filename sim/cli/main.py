@@ -50,7 +50,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="LoRA attribute distribution: a registered name (" + ", ".join(_lora_names()) +
                         ") or a JSON file like docs/examples/lora_70b.json (default: %(default)s)")
     p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
+                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
+                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
     p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
                                                     "(default: UTC), e.g. America/Los_Angeles")
     p.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated "
@@ -136,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")
     d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
     d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
+                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
+                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
     d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
     d.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
                                                     "(default: UTC)")
