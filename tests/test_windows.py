@@ -95,3 +95,7 @@ def test_strict_does_not_refuse_the_cuts_it_was_asked_for(tmp_path):
     assert main(["-q", "replay", "--policy", "tlora", "--trace", "synthetic:jobs=30,seed=1", "--first-jobs", "10",
                  "--window", "0,1e9", "--strict", "--cluster", "2x8xH100", "--out", str(out), "--no-plots"]) == 0
     assert json.loads((out / "summary.json").read_text())["kept_jobs"] == 10
+
+
+def test_window_as_a_pair_from_python(philly):
+    assert read_trace(philly, window=(3600, None)).equals(read_trace(philly, window="3600,"))
