@@ -205,9 +205,12 @@ def _src_sha() -> str:
     return h.hexdigest()[:12]
 
 
-#: summary.json keys left out of ``out_sha``: they count the questions the policy asked the cost
-#: model, not the simulated schedule (a scripted replay of the same decisions asks fewer).
-NOT_HASHED = ("extrapolated_share",)
+#: summary.json keys left out of ``out_sha``: ``extrapolated_share`` counts the questions the policy
+#: asked the cost model, not the simulated schedule (a scripted replay of the same decisions asks
+#: fewer); the fairness figures (issue 44, ``sim/core/fairness.py``) are functions of ``jobs.csv`` and
+#: ``timeline.csv``, which are hashed, so rows from before they existed keep comparable hashes.
+NOT_HASHED = ("extrapolated_share", "tenants", "jain_slowdown", "jain_tenant_slowdown", "ftf_rho_mean",
+              "ftf_rho_max", "ftf_share_rho_le_1")
 
 
 def output_sha(run_dir: Path) -> str:

@@ -176,3 +176,32 @@ def test_live_export_skips_are_counted_once_each(tmp_path_factory, rows):
     assert len(t) == len(rows) - pending - running
     assert t.attrs["skipped"].get("never_started", 0) == pending
     assert t.attrs["skipped"].get("state_running", 0) == running
+
+
+def test_a_huge_one_line_file_fails_before_it_is_read_whole(tmp_path, monkeypatch):
+    from tlora_sim.traces import tableio
+
+    p = tmp_path / "line.csv"
+    p.write_bytes(b"a," * (4 << 20))  # 8 MiB, no line break
+    reads = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def read(self, n):
+            b = self.fh.read(n)
+            reads.append(len(b))
+            return b
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.fh.close()
+
+    monkeypatch.setattr(tableio, "open", lambda f, mode="r", *a, **k: Counting(real_open(f, mode)), raising=False)
+    with pytest.raises(InputError, match="header line is longer than"):
+        tableio.read_bytes(p)
+    assert sum(reads) <= 2 * tableio.READ_CHUNK  # stopped after the header's limit, not at the end

@@ -88,3 +88,14 @@ def test_describe_gives_demand_and_cluster_sizes(philly, capsys):
     text = capsys.readouterr().out
     assert "starts     2017-10-01T00:00:00-05:00" in text and "load 0.7 on" in text
     assert main(["traces", "describe", philly, "--time-zone", "America"]) == 2
+
+
+def test_strict_does_not_refuse_the_cuts_it_was_asked_for(tmp_path):
+    out = tmp_path / "r"
+    assert main(["-q", "replay", "--policy", "tlora", "--trace", "synthetic:jobs=30,seed=1", "--first-jobs", "10",
+                 "--window", "0,1e9", "--strict", "--cluster", "2x8xH100", "--out", str(out), "--no-plots"]) == 0
+    assert json.loads((out / "summary.json").read_text())["kept_jobs"] == 10
+
+
+def test_window_as_a_pair_from_python(philly):
+    assert read_trace(philly, window=(3600, None)).equals(read_trace(philly, window="3600,"))

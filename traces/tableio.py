@@ -68,11 +68,12 @@ def read_bytes(path: str | Path) -> bytes:
     so a FIFO or ``<(cat file)`` works and a file is never opened twice.
 
     A NUL byte is not text: a plain file fails at the first chunk that holds one (a 2 GiB sparse file
-    of NULs fails after 1 MiB); a compressed one after decompression.
+    of NULs fails after 1 MiB); a compressed one after decompression. A plain file whose first line
+    runs past :data:`MAX_HEADER_BYTES` fails there too, before the rest is read.
 
     Raises:
-        InputError: missing file, directory, unreadable file, NUL byte (binary file or UTF-16),
-            truncated or corrupt compressed file.
+        InputError: missing file, directory, unreadable file, NUL byte (binary file or UTF-16), a first
+            line longer than :data:`MAX_HEADER_BYTES`, truncated or corrupt compressed file.
     """
     p = existing_path(path)
     file = str(path)
@@ -87,6 +88,8 @@ def read_bytes(path: str | Path) -> bytes:
                     break
                 if kind is None:
                     _no_nul(block, offset, file)
+                    if offset <= MAX_HEADER_BYTES < offset + len(block) and b"\n" not in b"".join(chunks + [block]):
+                        _header_too_long(file)  # before reading the rest of a huge one-line file
                 chunks.append(block)
                 offset += len(block)
     except OSError as e:
@@ -96,6 +99,11 @@ def read_bytes(path: str | Path) -> bytes:
         data = _decompress(data, kind, file)
         _no_nul(data, 0, file)
     return data
+
+
+def _header_too_long(file: str) -> None:
+    raise InputError(f"header line is longer than {MAX_HEADER_BYTES:,} bytes; a trace has a few "
+                     f"columns (at most {MAX_HEADER_COLUMNS:,} are read)", file=file)
 
 
 def _no_nul(block: bytes, offset: int, file: str) -> None:
@@ -136,8 +144,7 @@ def header_names(data: bytes, *, sep: str, quote: int, file: str) -> list[str]:
     end = data.find(b"\n", 0, MAX_HEADER_BYTES + 1)
     if end < 0:
         if len(data) > MAX_HEADER_BYTES:
-            raise InputError(f"header line is longer than {MAX_HEADER_BYTES:,} bytes; a trace has a few "
-                             f"columns (at most {MAX_HEADER_COLUMNS:,} are read)", file=file)
+            _header_too_long(file)
         end = len(data)
     line = data[:end]
     width = line.count(sep.encode()) + 1

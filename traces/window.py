@@ -29,12 +29,15 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.traces.frame import Origin
 
 
-def parse_window(text: str | None) -> tuple[str, str] | None:
-    """``"START,END"`` -> (start, end) strings (either may be ``""``: open); None/empty -> None.
+def parse_window(text: str | tuple | None) -> tuple[str, str] | None:
+    """``"START,END"`` (or a ``(start, end)`` pair, None = open) -> (start, end) strings (either may be
+    ``""``: open); None/empty -> None.
 
     Raises:
         InputError (field ``window``): not two comma-separated bounds, or both empty.
     """
+    if isinstance(text, (tuple, list)) and len(text) == 2:  # (start, end) from Python
+        text = ",".join("" if v is None else str(v) for v in text)
     if text is None or not str(text).strip():
         return None
     parts = str(text).split(",")

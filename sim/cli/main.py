@@ -65,7 +65,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="LoRA attribute distribution: a registered name (" + ", ".join(_lora_names()) +
                         ") or a JSON file like docs/examples/lora_70b.json (default: %(default)s)")
     p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
+                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
+                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
     p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
                                                     "(default: UTC), e.g. America/Los_Angeles")
     p.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated "
@@ -159,14 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")
     d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
     d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL]")
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
+                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
+                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
     d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
     d.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
                                                     "(default: UTC)")
     d.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated")
     _add_trace_cuts(d)
-    po = sub.add_parser("policies", help="list registered policies: name and a one-line description, then its "
-                                         "options (--option POLICY.KEY=VALUE) with their defaults")
+    po = sub.add_parser("policies", help="list registered policies, one per line: name, a one-line description "
+                                         "and its options (--option POLICY.KEY=VALUE) with their defaults, "
+                                         "tab-separated")
     po.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
                     help="also list the policies a module registers (repeatable)")
     pl = sub.add_parser("plot", help="redraw every figure of a run or comparison directory from its files")
@@ -385,11 +390,9 @@ def _run(args) -> int:
             load_policy_module(module)
         import dataclasses
 
-        for e in available():
-            print(f"{e.name}\t{e.description}")
+        for e in available():  # name, description, then the --option POLICY.KEY=VALUE keys and their defaults
             opts = [f"{f.name}={getattr(e.config_cls(), f.name)!r}" for f in dataclasses.fields(e.config_cls)]
-            if opts:  # the --option POLICY.KEY=VALUE keys and their defaults
-                print("\toptions: " + ", ".join(opts))
+            print(f"{e.name}\t{e.description}" + (f"\toptions: {', '.join(opts)}" if opts else ""))
         for line in broken_entry_points():  # listed, not fatal: the other policies work
             print(f"tlora-sim: warning: {line}", file=sys.stderr)
     elif args.command == "sweep":
