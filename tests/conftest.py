@@ -40,10 +40,19 @@ HEAVY_MODULES = ("torch", "triton", "ray", "nbclient")
 _HEAVY_LINE = re.compile(r"^(?:import|from)\s+(?:%s)\b|^from tlora_sim\.profiler\.kernels\b|^\w+\s*=\s*pytest\.importorskip\(\"(?:%s)\"\)"
                          % ("|".join(HEAVY_MODULES), "|".join(HEAVY_MODULES)), re.MULTILINE)
 if FAST_LANE:
+    import importlib.abc
     import sys
 
-    for _name in HEAVY_MODULES:
-        sys.modules.setdefault(_name, None)  # type: ignore[arg-type]  # a None entry makes `import` fail
+    class _HideHeavy(importlib.abc.MetaPathFinder):
+        """Makes ``import torch`` (etc.) raise ModuleNotFoundError, without a ``sys.modules`` entry
+        (scipy and others look there and would take a placeholder for the real module)."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in HEAVY_MODULES:
+                raise ModuleNotFoundError(f"{name} is hidden in the fast lane (TLORA_TEST_FAST=1)", name=name)
+            return None
+
+    sys.meta_path.insert(0, _HideHeavy())
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -87,11 +87,11 @@ def test_bad_dataframe_names_row_and_column(change, row, field):
 
 def test_compare_has_speedup_columns_and_writes_only_when_saved(tmp_path):
     os.chdir(tmp_path)
-    c = ts.compare(SPEC, "independent,tlora", "1x8xH100", seed=1)
+    c = ts.compare(SPEC, "independent-backfill,tlora", "1x8xH100", seed=1)
     assert list(tmp_path.iterdir()) == []
     s = c.summary.set_index("policy")
-    assert s.loc["independent", "avg_jct_speedup"] == 1.0
-    assert s.loc["tlora", "avg_jct_speedup"] == pytest.approx(s.loc["independent", "avg_jct_s"] /
+    assert s.loc["independent-backfill", "avg_jct_speedup"] == 1.0
+    assert s.loc["tlora", "avg_jct_speedup"] == pytest.approx(s.loc["independent-backfill", "avg_jct_s"] /
                                                               s.loc["tlora", "avg_jct_s"])
     assert s.loc["tlora", "avg_jct_s"] == ts.replay(SPEC, "tlora", "1x8xH100", seed=1).summary["avg_jct_s"]
     out = c.save(tmp_path / "cmp", plots=False)

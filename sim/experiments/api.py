@@ -124,11 +124,11 @@ class Comparison:
     """Several policies on one workload.
 
     Attributes:
-        runs: policy -> :class:`Run`, in the order given.
+        runs: policy -> :class:`Run`, the reference first, then in the order given.
         summary: one row per policy (``policy`` and ``summary.json``'s scalar figures, as ``summary.csv``),
-            plus the speed-up columns against ``independent`` when it is one of the policies:
-            ``throughput_x``, ``avg_jct_speedup``, ``p90_jct_speedup``, ``alloc_util_x``, ``compute_util_x``
-            (``tlora_sim.sim.report.plots.relative_table``: above 1 is better).
+            plus the speed-up columns against the reference (``sim/report/tables.py``
+            ``SPEEDUP_COLUMNS``: ``avg_jct_speedup``, ``p90_jct_speedup``, ``throughput_x``,
+            ``makespan_speedup``; above 1 is better, 1.0 for the reference) and ``reference``.
     """
 
     runs: dict[str, Run]
@@ -146,8 +146,7 @@ class Comparison:
             for policy, run in self.runs.items():
                 (stage / policy).mkdir()
                 write_run(stage / policy, run._result(), plots=plots)
-            base = [c for c in self.summary.columns if c not in _SPEEDUPS]
-            write_csv(RunDir(stage).compare_summary, self.summary[base])
+            write_csv(RunDir(stage).compare_summary, self.summary)
             if plots:
                 from tlora_sim.sim.report.plots import plot_compare
 
@@ -157,9 +156,6 @@ class Comparison:
     def plot(self):
         """A matplotlib Figure with every policy's JCT CDF and GPU allocation over time."""
         return plot_runs(self.runs)
-
-
-_SPEEDUPS = ("throughput_x", "avg_jct_speedup", "p90_jct_speedup", "alloc_util_x", "compute_util_x")
 
 
 def _config(trace: str | pd.DataFrame, policy: str, cluster: str, seed: int, options: Mapping[str, Any]):
@@ -216,12 +212,19 @@ def replay(trace: str | pd.DataFrame, policy: str, cluster: str = "16x8xH100", s
 
 def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: str = "16x8xH100", seed: int = 0,
             *, policy_options: Mapping[str, Mapping[str, Any]] | None = None, progress: bool = False,
-            check_invariants: bool = True, **options: Any) -> Comparison:
+            check_invariants: bool = True, reference: str | None = None, discipline: str = "default",
+            **options: Any) -> Comparison:
     """Replay one workload under each policy (in this process, one after another); nothing is written.
+
+    As ``tlora-sim compare``: the reference baseline (``independent-backfill`` unless
+    ``reference`` names another) runs too when absent, first, and every policy runs under
+    ``discipline`` (``policies/discipline.py``: ``default``, ``shared``, ``native``).
 
     Args:
         policies: names, or ``"independent,mlora,tlora"``.
-        policy_options: policy -> its option overrides.
+        policy_options: policy -> its option overrides (they win over the discipline's).
+        reference: the reference policy of the speed-up columns (``avg_jct_speedup``, ...).
+        discipline: the comparison's queue discipline.
         Others: as for :func:`replay`.
 
     Raises:
@@ -230,13 +233,17 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
     """
     from tlora_sim.policies.registry import load_policy_module, make_policy
     from tlora_sim.sim.core import metrics
-    from tlora_sim.sim.experiments.replay import simulate
+    from tlora_sim.sim.experiments.replay import (REFERENCE, policy_options_with_discipline, simulate,
+                                                  with_reference)
+    from tlora_sim.sim.report.tables import speedups
 
     names = [p.strip() for p in (policies.split(",") if isinstance(policies, str) else policies) if p.strip()]
     if not names:
         raise InputError("no policies given", field="policies")
     if len(set(names)) != len(names):
         raise InputError(f"a policy is given twice: {names}", field="policies")
+    reference = reference or REFERENCE
+    names, _ = with_reference(names, reference)
     cfg, frame = _config(trace, names[0], cluster, seed, options)
     for module in cfg.policy_modules:
         load_policy_module(module)
@@ -244,20 +251,24 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
     for p in opts:
         if p not in names:
             raise InputError(f"policy_options names {p!r}, which is not being run", field="policy_options")
+    opts = {p: policy_options_with_discipline(p, discipline, opts.get(p)) for p in names}
     for p in names:
-        make_policy(p, opts.get(p))
+        make_policy(p, opts[p])
     runs = {}
     for p in names:
-        one = dataclasses.replace(cfg, policy=p, policy_options=dict(opts.get(p, {})))
+        one = dataclasses.replace(cfg, policy=p, policy_options=dict(opts[p]), discipline=discipline,
+                                  reference=reference)
         runs[p] = Run(**simulate(one, frame=frame, progress=progress, check_invariants=check_invariants))
-    table = pd.DataFrame([{k: v for k, v in r.summary.items() if k != "skipped"}
+    table = pd.DataFrame([{k: v for k, v in r.summary.items() if not isinstance(v, (dict, list))}
                           | {"skipped": sum(r.summary["skipped"].values())} for r in runs.values()])
+    table = speedups(table, reference)
     first = ["policy"] + metrics.SUMMARY_KEYS
     table = table[first + [c for c in table.columns if c not in first]]
-    if "independent" in names:
-        from tlora_sim.sim.report.plots import relative_table
+    from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS
 
-        table = table.merge(relative_table(table), on="policy", how="left")
+    for row in table.to_dict("records"):  # each run's summary: its speed-ups, as compare's summary.json
+        runs[row["policy"]].summary.update({"reference": reference,
+                                            **{c: row[c] for c in SPEEDUP_COLUMNS if c in row}})
     return Comparison(runs=runs, summary=table)
 
 

@@ -17,9 +17,14 @@ from pathlib import Path
 from tlora_sim.traces.errors import InputError
 
 
+NUMBER_MAPS = ("skipped", "extrapolated_gpu_time_share")
+"""Fields of a cell's ``summary.json`` that map names to numbers (counts, shares)."""
+
+
 def read_cell_summary(path: str | Path) -> dict:
     """A finished cell's ``summary.json``, checked: a JSON object whose values are numbers,
-    strings, booleans, None, lists or objects of numbers (as ``replay`` writes it).
+    strings, booleans, None, lists or objects (as ``replay`` writes it); the fields of
+    :data:`NUMBER_MAPS` map names to numbers.
 
     Raises:
         InputError: the file cannot be read, is not valid JSON (cut short, or edited), is not an
@@ -40,12 +45,12 @@ def read_cell_summary(path: str | Path) -> dict:
     if not isinstance(summary, dict):
         raise InputError(f"expected a JSON object, got {type(summary).__name__}; {again}", file=str(path))
     for key, val in summary.items():
-        if isinstance(val, dict):
+        if isinstance(val, dict) and key in NUMBER_MAPS:
             bad = [k for k, v in val.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
             if bad:
                 raise InputError(f"expected numbers, got {val[bad[0]]!r} at {bad[0]!r}; {again}", file=str(path),
                                  field=key)
-        elif not (val is None or isinstance(val, (int, float, str, bool, list))):
+        elif not (val is None or isinstance(val, (int, float, str, bool, list, dict))):
             raise InputError(f"unexpected value {val!r}; {again}", file=str(path), field=key)
     if "skipped" in summary and not isinstance(summary["skipped"], dict):
         raise InputError(f"expected an object of counts, got {summary['skipped']!r}; {again}", file=str(path),
