@@ -46,6 +46,17 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def comparisons(tmp_path_factory):
+    """Two complete comparisons of independent and mlora, on two traces (made once: figures cost)."""
+    base = tmp_path_factory.mktemp("comparisons")
+    a, b = base / "a", base / "b"
+    assert main(["-q", "compare", "--policies", "independent,mlora", *TINY, "--out", str(a)]) == 0
+    assert main(["-q", "compare", "--policies", "independent,mlora", "--trace", "synthetic:jobs=20,seed=2",
+                 "--cluster", "1x8xH100", "--no-progress", "--out", str(b)]) == 0
+    return a, b
+
+
 # ---- one owner -------------------------------------------------------------------------------------
 def test_a_run_into_a_locked_out_fails_at_once_with_one_line(tmp_path, reliability):
     from filelock import FileLock
@@ -88,9 +99,9 @@ def test_the_lock_is_released_after_a_run_and_after_a_refusal(tmp_path, capsys):
     assert not runtime._HELD and _leftovers(tmp_path) == []
 
 
-def test_force_leaves_nothing_of_the_replaced_run(tmp_path):
+def test_force_leaves_nothing_of_the_replaced_run(tmp_path, comparisons):
     out = tmp_path / "run"
-    assert main(["compare", "--policies", "independent,mlora", *TINY, "--out", str(out)]) == 0
+    shutil.copytree(comparisons[0], out)
     assert (out / "figures").is_dir() and (out / "mlora").is_dir()
     assert main(_replay(out, "--force")) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "jobs.csv", "perf.json", "summary.json",
@@ -142,13 +153,11 @@ def test_sweep_out_that_is_not_a_sweep_is_one_line(tmp_path, capsys, kind, relia
     reliability("bad_inputs")
 
 
-def test_plot_refuses_a_comparison_whose_policy_dir_comes_from_another(tmp_path, capsys, reliability):
-    a, b = tmp_path / "a", tmp_path / "b"
-    assert main(["compare", "--policies", "independent,mlora", *TINY, "--out", str(a)]) == 0
-    assert main(["compare", "--policies", "independent,mlora", "--trace", "synthetic:jobs=20,seed=2",
-                 "--cluster", "1x8xH100", "--no-progress", "--out", str(b)]) == 0
+def test_plot_refuses_a_comparison_whose_policy_dir_comes_from_another(tmp_path, comparisons, capsys, reliability):
+    a = tmp_path / "a"
+    shutil.copytree(comparisons[0], a)
     shutil.rmtree(a / "mlora")
-    shutil.copytree(b / "mlora", a / "mlora")
+    shutil.copytree(comparisons[1] / "mlora", a / "mlora")
     capsys.readouterr()
     assert main(["plot", str(a)]) == 2
     line = _one_line(capsys.readouterr().err)
@@ -156,9 +165,9 @@ def test_plot_refuses_a_comparison_whose_policy_dir_comes_from_another(tmp_path,
     reliability("bad_inputs")
 
 
-def test_plot_refuses_a_comparison_whose_summary_row_is_from_another_run(tmp_path, capsys):
+def test_plot_refuses_a_comparison_whose_summary_row_is_from_another_run(tmp_path, comparisons, capsys):
     a = tmp_path / "a"
-    assert main(["compare", "--policies", "independent,mlora", *TINY, "--out", str(a)]) == 0
+    shutil.copytree(comparisons[0], a)
     summary = json.loads((a / "mlora" / "summary.json").read_text())
     summary["avg_jct_s"] *= 1.5
     (a / "mlora" / "summary.json").write_text(json.dumps(summary))
@@ -178,26 +187,29 @@ def _disk_full(monkeypatch, code: int = errno.ENOSPC) -> None:
     monkeypatch.setattr(pa_csv, "write_csv", full)
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
-@pytest.mark.parametrize("command", ["replay", "compare", "compare --seeds", "sweep"])
-def test_a_write_error_is_one_line_and_the_previous_run_stays(tmp_path, monkeypatch, capsys, code, command,
-                                                              reliability):
+WRITE_CASES = [("replay", errno.ENOSPC), ("replay", errno.EROFS), ("replay", errno.EACCES),
+               ("compare", errno.ENOSPC), ("compare", errno.EROFS), ("compare --seeds", errno.ENOSPC),
+               ("sweep", errno.ENOSPC), ("sweep", errno.EACCES)]
+
+
+@pytest.mark.parametrize("command,code", WRITE_CASES, ids=[f"{c}-{errno.errorcode[e]}" for c, e in WRITE_CASES])
+def test_a_write_error_is_one_line_and_the_previous_run_stays(tmp_path, comparisons, monkeypatch, capsys, code,
+                                                              command, reliability):
     out = tmp_path / "out"
     if command == "replay":
         argv = _replay(out, "--force")
-    elif command.startswith("compare"):
+        assert main(argv) == 0
+    elif command.startswith("compare"):  # the previous run: a complete comparison
         argv = ["compare", "--policies", "independent,mlora", *TINY, "--workers", "1", "--out", str(out), "--force"]
         if command.endswith("--seeds"):
             argv += ["--seeds", "0-1"]
+        shutil.copytree(comparisons[0], out)
     else:
         f = tmp_path / "s.toml"
         f.write_text(SWEEP)
         argv = ["sweep", str(f), "--out", str(out), "--workers", "1", "--no-progress"]
-    if command == "sweep":
         assert main(argv) == 0
         f.write_text(SWEEP.replace('["independent"]', '["independent", "mlora"]'))
-    else:
-        assert main(argv) == 0
     before = _files(out)
     capsys.readouterr()
     _disk_full(monkeypatch, code)
@@ -210,7 +222,7 @@ def test_a_write_error_is_one_line_and_the_previous_run_stays(tmp_path, monkeypa
         assert all(after[k] == v for k, v in before.items() if k != "sweep.json")
     else:
         assert after == before
-    assert _leftovers(tmp_path) == [] or command == "sweep"
+        assert _leftovers(tmp_path) == []
     reliability("bad_inputs")
 
 
