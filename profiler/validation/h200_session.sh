@@ -12,9 +12,8 @@
 #       B:POLICY[,POLICY]    workload B: ITP cluster03 (B_TRACE), the first B_JOBS (12) one-GPU jobs,
 #                            --lora-dist tlora (llama3-8b and qwen3-8b, ranks 2-16, 1-8 sequences of
 #                            512-2048 tokens), --time-scale B_SCALE (300), 5-B_MAX (30) steps
-# The executions plan with ARTIFACT (default: WORK/calibrated_h200.json from a calibrate step of
-# this call, else profiler/data/validation/h200_calibrated/calibrated_h200.json, else the shipped
-# one). Validation (validate-run, CPU only) runs afterwards on any machine: see
+# The executions plan with ARTIFACT (default "shipped": the shipped H200 artifact, so that every
+# policy of a workload runs the same jobs and steps whatever a calibration gave; a file otherwise). Validation (validate-run, CPU only) runs afterwards on any machine: see
 # profiler/data/validation/README.md.
 # Traces: ../shared/traces/msr-itp-elasticflow/ if present, else .device_carry/ (carry it); simpy
 # (the one dependency the device image lacks) installs from .device_carry/wheels/.
@@ -50,11 +49,8 @@ for step in "$@"; do
       echo "calibrate rc=$? $(( $(date +%s) - t0 )) s" >> "$LOG"; tail -4 "$WORK/calibrate.log" >> "$LOG" ;;
     A:*|B:*)
       w=${step%%:*}; pols=${step#*:}
-      art=${ARTIFACT:-}
-      [ -z "$art" ] && [ -f "$WORK/calibrated_h200.json" ] && art=$WORK/calibrated_h200.json
-      [ -z "$art" ] && [ -f profiler/data/validation/h200_calibrated/calibrated_h200.json ] && \
-        art=profiler/data/validation/h200_calibrated/calibrated_h200.json
-      aopt=(); [ -n "$art" ] && aopt=(--artifact "$art")
+      art=${ARTIFACT:-shipped}
+      aopt=(); [ "$art" != shipped ] && aopt=(--artifact "$art")
       if [ "$w" = A ]; then
         wopt=(--trace "$(trace cluster02.csv.gz)" --lora-dist profiler/validation/lora_validation.json
               --time-scale 300 --jobs 24 --min-steps 5 --max-steps 50 --seed 0)
