@@ -54,9 +54,10 @@ MODELS = ("llama3-8b", "qwen3-8b")
 #: host-scale groups: plan family -> scale name
 HOST_GROUP = {"loop": "loop", "fused": "fused", "lorafusion": "fused", "grouped": "fused"}
 HOST_FIELDS = ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone")
-PARAMS = ("host_loop", "host_fused", "gpu_scale", "step_ms")
+PARAMS = ("host_loop", "host_fused", "nano_host", "gpu_scale", "step_ms")
 #: bounds of the fitted parameters (scales are multiplicative; step_ms in ms)
-BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "gpu_scale": (0.5, 2.0), "step_ms": (0.0, 100.0)}
+BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
+          "step_ms": (0.0, 100.0)}
 POINT_COLUMNS = ["model", "plan", "nano", "members", "adapters", "tokens", "role", "reps", "measured_ms",
                  "p10_ms", "p90_ms"]
 
@@ -167,15 +168,28 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
 
 
 # ----------------------------------------------------------------------------------- deriving
+def host_scale(params: dict, group: str, model: str) -> float:
+    """The host scale of ``group`` (``loop`` / ``fused``) for ``model``: its own
+    (``host_<group>:<model>``) where it was measured, else ``host_<group>`` (the geometric mean
+    of the measured models', or 1)."""
+    own = params.get(f"host_{group}:{model}")
+    if own is not None:
+        return float(own)
+    got = [float(v) for k, v in params.items() if k.startswith(f"host_{group}:")]
+    if got:
+        return float(math.exp(np.mean(np.log(got))))
+    return float(params.get(f"host_{group}", 1.0))
+
+
 def derive(art: dict, params: dict) -> dict:
-    """The artifact ``art`` with calibration ``params`` (``PARAMS``) applied to its fields (see
-    the module docstring); ``art`` is not changed. The result keeps ``art``'s ``id`` (``build``
-    sets the calibrated one) and gets a ``_sha256`` unique to ``params`` (the cost model's cache
-    key), so it can be passed to ``ProfiledCostModel`` directly."""
-    g = float(params["gpu_scale"])
+    """The artifact ``art`` with calibration ``params`` applied to its fields (see the module
+    docstring; host scales per base model, ``host_scale``); ``art`` is not changed. The result
+    keeps ``art``'s ``id`` (``build`` sets the calibrated one) and gets a ``_sha256`` unique to
+    ``params`` (the cost model's cache key), so it can be passed to ``ProfiledCostModel``."""
+    g = float(params.get("gpu_scale", 1.0))
     out = {k: v for k, v in art.items() if not k.startswith("_")}
     out["optimizer"] = copy.deepcopy(art["optimizer"])
-    out["optimizer"]["coef"]["const"] = out["optimizer"]["coef"].get("const", 0.0) + float(params["step_ms"])
+    out["optimizer"]["coef"]["const"] = out["optimizer"]["coef"].get("const", 0.0) + float(params.get("step_ms", 0.0))
     out["models"] = {}
     for name, e in art["models"].items():
         e2 = dict(e)
@@ -184,21 +198,23 @@ def derive(art: dict, params: dict) -> dict:
         e2["attn"] = {s: {**v, "ms": [g * x for x in v["ms"]]} for s, v in e["attn"].items()}
         plans = {}
         for fam, pe in e["plans"].items():
-            h = float(params["host_" + HOST_GROUP.get(fam, "fused")])
+            h = host_scale(params, HOST_GROUP.get(fam, "fused"), name)
             pe2 = dict(pe)
             pe2["coef"] = {k: g * v for k, v in pe["coef"].items()}
             for f in HOST_FIELDS:
                 if f in pe:
                     pe2[f] = h * pe[f]
+            if fam != "loop":  # nano-batches run with the fused kernels only
+                pe2["nano_host"] = float(params.get("nano_host", 1.0)) * pe.get("nano_host", 1.0)
             plans[fam] = pe2
         e2["plans"] = plans
         out["models"][name] = e2
     out["_sha256"] = hashlib.sha256((str(art.get("_sha256", art["id"])) + json.dumps(
-        {k: float(params[k]) for k in PARAMS}, sort_keys=True)).encode()).hexdigest()
+        {k: float(v) for k, v in params.items()}, sort_keys=True)).encode()).hexdigest()
     return out
 
 
-IDENTITY = {"host_loop": 1.0, "host_fused": 1.0, "gpu_scale": 1.0, "step_ms": 0.0}
+IDENTITY = {"host_loop": 1.0, "host_fused": 1.0, "nano_host": 1.0, "gpu_scale": 1.0, "step_ms": 0.0}
 
 
 def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarray:
@@ -229,12 +245,17 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
     if fp.empty:
         raise InputError("no calibration points to fit (budget too small?)", field="--budget-s")
     meas = fp.measured_ms.to_numpy(dtype=float)
-    has = {"host_loop": bool(fp.plan.isin(["alone", "loop"]).any()),
-           "host_fused": bool((~fp.plan.isin(["alone", "loop"])).any())}
-    free = [p for p in PARAMS if has.get(p, True)]
+    free = []
+    for m in sorted(set(fp.model)):
+        d = fp[fp.model == m]
+        if d.plan.isin(["alone", "loop"]).any():
+            free.append(f"host_loop:{m}")
+        if (~d.plan.isin(["alone", "loop"])).any():
+            free.append(f"host_fused:{m}")
+    free += (["nano_host"] if (fp.nano > 1).any() else []) + ["gpu_scale", "step_ms"]
 
     def unpack(x):
-        params = dict(IDENTITY)
+        params = {k: v for k, v in IDENTITY.items() if not k.startswith("host_")}
         for name, v in zip(free, x):
             params[name] = float(math.exp(v)) if name != "step_ms" else float(v)
         return params
@@ -242,11 +263,11 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
     def resid(x):
         return np.log(predict_ms(derive(art, unpack(x)), fp) / meas)
 
-    lo = [math.log(BOUNDS[p][0]) if p != "step_ms" else BOUNDS[p][0] for p in free]
-    hi = [math.log(BOUNDS[p][1]) if p != "step_ms" else BOUNDS[p][1] for p in free]
+    lo = [math.log(BOUNDS[p.split(":")[0]][0]) if p != "step_ms" else BOUNDS[p][0] for p in free]
+    hi = [math.log(BOUNDS[p.split(":")[0]][1]) if p != "step_ms" else BOUNDS[p][1] for p in free]
     x0 = np.array([0.0 if p != "step_ms" else 1.0 for p in free])
     r = least_squares(resid, x0, bounds=(lo, hi), x_scale=[0.1 if p != "step_ms" else 5.0 for p in free],
-                      diff_step=1e-3, max_nfev=400)
+                      diff_step=1e-2, max_nfev=400, loss="soft_l1", f_scale=0.05)
     return unpack(r.x), {"cost": float(r.cost), "nfev": int(r.nfev), "status": int(r.status), "free": free}
 
 

@@ -270,8 +270,7 @@ def _calibrate(args) -> int:
     cb.write_artifact(cal, args.out)
     p = cal["calibration"]["params"]
     print(cb.error_table(pts))
-    print(f"params: host_scale loop {p['host_loop']:.3f}, fused {p['host_fused']:.3f}; gpu_scale "
-          f"{p['gpu_scale']:.3f}; step_ms {p['step_ms']:.2f}")
+    print("params: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     print(f"wrote {args.out} ({cal['id']}, over {art['id']})")
     e = cal["calibration"]["error"]
     print(f"heldout_median_ape_shipped={e['shipped']['heldout']['median_ape']:.4f} "
