@@ -17,8 +17,8 @@ and fitted shape of the shipped artifact and fits four numbers on this machine:
   of the executed step that the layer profile does not see (``zero_grad``, the loss, the sync).
 
 They are fitted by least squares on log(predicted / measured) over the *fit* points of a designed
-set of full-model training steps (``design``), measured through the same ``GroupTrainer.step``
-that ``tlora-sim execute`` runs: per base model, jobs ``alone`` from 512 to 16,384 tokens (the
+set of full-model training steps (``design``), measured (``sim/executor/calibration.py``'s
+``measure``) through the same ``GroupTrainer.step`` that ``tlora-sim execute`` runs: per base model, jobs ``alone`` from 512 to 16,384 tokens (the
 host-bound floor and the GPU-bound curve), ``loop`` mixes, ``fused`` mixes of 1-6 adapters and
 fused mixes in 2-4 nano-batches. Every third point of each plan is held out (``role`` =
 ``heldout``): its error under the shipped and under the calibrated artifact is printed and stored.
@@ -28,8 +28,10 @@ and a ``calibration`` section: the base artifact's id and sha256, the parameters
 (GPU, CPU model, driver, versions, date, commit), every measured point with its predictions and
 the fit's residuals.
 
-Times are milliseconds unless a name ends in ``_s``. Needs torch and a GPU for ``measure``
-(``--device cpu --tiny`` for a dry run of the machinery); ``fit`` and ``derive`` need neither.
+Host scales are per base model (``host_loop:<model>``, ``host_fused:<model>``; a model not
+measured takes the geometric mean of the measured ones), and ``nano_host`` scales the host time of
+one nano-batch (``profiled_tables.layer_ms``). Times are milliseconds unless a name ends in
+``_s``. Nothing here needs torch or a GPU.
 """
 
 from __future__ import annotations
@@ -41,12 +43,10 @@ import json
 import math
 import platform
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from tlora_sim.traces.errors import InputError
 
 #: base models calibrated by default (the families the shipped ``tlora`` LoRA distribution uses)
@@ -109,62 +109,6 @@ def members_str(members) -> str:
 def parse_members(text: str) -> tuple:
     """Inverse of ``members_str``."""
     return tuple(tuple(int(x) for x in part.split(":")) for part in str(text).split(","))
-
-
-# ----------------------------------------------------------------------------------- measuring
-def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
-            log=print) -> pd.DataFrame:
-    """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.
-
-    Each point builds a group with ``sim/executor/trainer.py``'s ``GroupTrainer`` (what
-    ``tlora-sim execute`` trains), runs 2 warm-up steps (the first carries the build's one-off
-    costs), then times steps until 3 of them and 1.5 s have passed (at most 8); ``measured_ms`` is
-    their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their spread. Points are
-    measured in order until ``budget_s`` seconds of wall time (base-model builds included) are
-    spent; the rest are left out (logged).
-
-    Returns:
-        One row per measured point (``POINT_COLUMNS``).
-    """
-    from tlora_sim.sim.executor.trainer import DeviceTrainer
-
-    t_start = time.perf_counter()
-    trainer = DeviceTrainer(device, tiny=tiny)
-    rows, job = [], 0
-    for k, p in enumerate(points):
-        if time.perf_counter() - t_start > budget_s:
-            log(f"calibrate: budget of {budget_s:.0f} s spent; {len(points) - k} of {len(points)} points left out")
-            break
-        trainer.base(p["model"])
-        members = [(-1 - job - i, r, b, s) for i, (r, b, s) in enumerate(p["members"])]
-        job += len(members)
-        times, g = [], None
-        try:
-            g = trainer.group(p["model"], p["plan"], members)
-            for _ in range(2):
-                g.step(p["nano"])
-            t0 = time.perf_counter()
-            while len(times) < 8 and (len(times) < 3 or time.perf_counter() - t0 < 1.5):
-                times.append(g.step(p["nano"]))
-        except RuntimeError as e:  # torch.OutOfMemoryError is one: the point is left out
-            if "out of memory" not in str(e).lower():
-                raise
-            log(f"  {p['model']} {p['plan']} {members_str(p['members'])}: out of memory, left out")
-            times = []
-        del g
-        trainer.states.clear()
-        trainer.release()
-        if not times:
-            continue
-        t = np.asarray(times)
-        rows.append({"model": p["model"], "plan": p["plan"], "nano": int(p["nano"]),
-                     "members": members_str(p["members"]), "adapters": len(p["members"]),
-                     "tokens": int(sum(b * s for _, b, s in p["members"])), "role": p["role"], "reps": len(t),
-                     "measured_ms": float(t.mean()), "p10_ms": float(np.quantile(t, 0.1)),
-                     "p90_ms": float(np.quantile(t, 0.9))})
-        log(f"  {p['model']:10s} {p['plan']:6s} nano {p['nano']} {rows[-1]['members']:40s} "
-            f"{rows[-1]['measured_ms']:9.2f} ms ({p['role']})")
-    return pd.DataFrame(rows, columns=POINT_COLUMNS)
 
 
 # ----------------------------------------------------------------------------------- deriving
@@ -328,7 +272,7 @@ def summarize(pts: pd.DataFrame, col: str) -> dict:
     for role in ("all", "fit", "heldout"):
         d = pts if role == "all" else pts[pts.role == role]
         e = (d[col] / d.measured_ms - 1).abs()
-        out[role] = {"points": int(len(d)), "median_ape": float(e.median()) if len(d) else float("nan"),
+        out[role] = {"points": len(d), "median_ape": float(e.median()) if len(d) else float("nan"),
                      "p90_ape": float(e.quantile(0.9)) if len(d) else float("nan"),
                      "max_ape": float(e.max()) if len(d) else float("nan")}
     return out

@@ -9,10 +9,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from tlora_sim.profiler import calibrate as cb
-from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
 from tlora_sim.sim.cli.main import main
+from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
 
 
 @pytest.fixture(scope="module")

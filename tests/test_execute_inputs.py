@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 
+import pytest
 from tlora_sim.sim.cli.main import main
 
 LORA = str(Path(__file__).resolve().parents[1] / "profiler" / "validation" / "lora_validation.json")

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from tlora_sim.sim.cli.main import main
 from tlora_sim.sim.executor.validate import add_ratios, check_inputs
 from tlora_sim.traces.errors import InputError

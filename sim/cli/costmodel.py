@@ -118,7 +118,12 @@ def run(args) -> int:
         return run_profile(args)
     if args.command != "costmodel":
         raise InputError(f"not a cost-model command: {args.command}")
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, data_dir, load_artifact
+    from tlora_sim.sim.costmodel.profiled import (
+        ProfiledCostModel,
+        artifact_path,
+        data_dir,
+        load_artifact,
+    )
 
     cmd = args.costmodel_command
     if cmd == "show":
@@ -151,8 +156,14 @@ def run(args) -> int:
         return predict_command(args)
     # validate
     import pandas as pd
-
-    from tlora_sim.profiler.fit import e2e_table, error_table, predict_rows, read_rows, summarize, validate
+    from tlora_sim.profiler.fit import (
+        e2e_table,
+        error_table,
+        predict_rows,
+        read_rows,
+        summarize,
+        validate,
+    )
 
     data = args.data or [data_dir() / f"profile_{args.gpu.lower()}.csv"]
     df = read_rows([str(p) for p in data])
@@ -211,7 +222,6 @@ def _calibrate(args) -> int:
     import time
 
     import pandas as pd
-
     from tlora_sim.profiler import calibrate as cb
     from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
 
@@ -257,7 +267,9 @@ def _calibrate(args) -> int:
         machine = {"points": str(args.points)}
     else:
         t0 = time.perf_counter()
-        pts = cb.measure(cb.design(models), args.device, args.tiny, args.budget_s)
+        from tlora_sim.sim.executor.calibration import measure
+
+        pts = measure(cb.design(models), args.device, args.tiny, args.budget_s)
         measured_s = time.perf_counter() - t0
         machine = cb.machine_info(args.device)
         print(f"measured {len(pts)} points in {measured_s:.1f} s")
