@@ -20,17 +20,17 @@ from pathlib import Path
 import pandas as pd
 
 
-def ratios(run_dir: Path) -> pd.DataFrame:
+def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
     """Per steady step of ``run_dir``: plan, nano_batches, members, measured s, predicted s, ratio."""
     from tlora_sim.sim.executor.steptable import predicted_s, step_rows
-    from tlora_sim.sim.executor.validate import _load
+    from tlora_sim.sim.executor.validate import load_run
     from tlora_sim.sim.executor.workload import executor_cost_model
 
-    cfg, jobs, steps, _ = _load(run_dir)
+    cfg, jobs, steps, _ = load_run(run_dir)
     gpu = cfg["gpu"]["name"] if isinstance(cfg.get("gpu"), dict) and "name" in cfg["gpu"] else "H100"
     st = step_rows(steps)
     st = st[st.event == "step"].copy()
-    st["predicted_s"] = predicted_s(executor_cost_model(gpu), gpu, jobs, st)
+    st["predicted_s"] = predicted_s(executor_cost_model(gpu, str(artifact) if artifact else None), gpu, jobs, st)
     st["measured_s"] = st.end_s - st.start_s
     st["members"] = st.jobs.astype(str).str.count(";") + 1
     st["ratio"] = st.measured_s / st.predicted_s
@@ -42,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="executed run directories (tlora-sim execute --out)")
+    ap.add_argument("--artifact", type=Path, default=None, help="cost-model artifact (default: the shipped one)")
     ap.add_argument("--csv", type=Path, default=None, help="also write every step's row here")
     args = ap.parse_args(argv)
     rows = []
     for d in args.runs:
         if not (d / "steps.csv").is_file():
             ap.error(f"{d}: no steps.csv (not an executed run directory)")
-        st = ratios(d)
+        st = ratios(d, args.artifact)
         rows.append(st)
         print(f"{d}:")
         for by in (["plan", "nano_batches"], ["members"]):

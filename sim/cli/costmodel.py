@@ -77,6 +77,27 @@ def add_parsers(sub) -> None:
     fm.add_argument("--gpu", default="H200")
     fm.add_argument("--data", action="append", type=Path, required=True, metavar="CSV_OR_DIR")
     fm.add_argument("--out", type=Path, default=None, help="directory (default: profiler/data)")
+    cal = cs.add_parser("calibrate", help="fit this machine's host and GPU terms over the shipped artifact (GPU, minutes)",
+                        description="Measure a designed set of full-model training steps (plans alone, loop, fused, "
+                                    "nano-batches; both 8B base-model families) through the executor's training step, "
+                                    "fit host scales per plan family, a GPU scale and a per-step constant over the "
+                                    "shipped artifact, print the held-out points' error under the shipped and the "
+                                    "calibrated artifact, and write the calibrated artifact (with its provenance and "
+                                    "every measured point) to --out (profiler/calibrate.py).")
+    cal.add_argument("--gpu-name", default="auto",
+                     help="GPU type whose shipped artifact is calibrated (auto: this CUDA device's; default: %(default)s)")
+    cal.add_argument("--out", type=Path, required=True, metavar="FILE", help="the calibrated artifact (JSON) to write")
+    cal.add_argument("--budget-s", type=float, default=150.0, metavar="S",
+                     help="wall-clock seconds of measurement, model builds included (default: %(default)s)")
+    cal.add_argument("--artifact", type=Path, help="the artifact to calibrate (default: the shipped one of the GPU)")
+    cal.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to measure (default: cuda)")
+    cal.add_argument("--tiny", action="store_true", help="train the tiny shape (a dry run of the machinery, on the CPU)")
+    cal.add_argument("--models", default=",".join(("llama3-8b", "qwen3-8b")), metavar="M[,M...]",
+                     help="base models to measure (default: %(default)s)")
+    cal.add_argument("--points", type=Path, metavar="CSV",
+                     help="fit these measured points (a previous run's --points-out) instead of measuring: no GPU")
+    cal.add_argument("--points-out", type=Path, metavar="CSV", help="also write the measured points here")
+    cal.add_argument("--force", action="store_true", help="replace an existing --out")
     f = cs.add_parser("fit", help="fit an artifact from profile CSVs (validates first)")
     f.add_argument("--gpu", default="H100")
     f.add_argument("--data", action="append", type=Path, required=True, metavar="CSV_OR_DIR")
@@ -97,13 +118,20 @@ def run(args) -> int:
         return run_profile(args)
     if args.command != "costmodel":
         raise InputError(f"not a cost-model command: {args.command}")
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, data_dir, load_artifact
+    from tlora_sim.sim.costmodel.profiled import (
+        ProfiledCostModel,
+        artifact_path,
+        data_dir,
+        load_artifact,
+    )
 
     cmd = args.costmodel_command
     if cmd == "show":
         art = load_artifact(args.artifact or artifact_path(args.gpu))
         print(json.dumps(_meta(art), indent=1) if args.json else _show(art))
         return 0
+    if cmd == "calibrate":
+        return _calibrate(args)
     if cmd == "fit":
         from tlora_sim.profiler.fit import build
 
@@ -128,8 +156,14 @@ def run(args) -> int:
         return predict_command(args)
     # validate
     import pandas as pd
-
-    from tlora_sim.profiler.fit import e2e_table, error_table, predict_rows, read_rows, summarize, validate
+    from tlora_sim.profiler.fit import (
+        e2e_table,
+        error_table,
+        predict_rows,
+        read_rows,
+        summarize,
+        validate,
+    )
 
     data = args.data or [data_dir() / f"profile_{args.gpu.lower()}.csv"]
     df = read_rows([str(p) for p in data])
@@ -182,6 +216,103 @@ def run(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    """``costmodel calibrate`` (``profiler/calibrate.py``)."""
+    import math
+    import time
+
+    import pandas as pd
+    from tlora_sim.profiler import calibrate as cb
+    from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
+
+    if args.out.exists() and not args.force:
+        raise InputError("exists; pass --force to replace it", file=str(args.out))
+    if not (math.isfinite(args.budget_s) and 0 < args.budget_s <= 3600):
+        raise InputError(f"--budget-s must be in (0, 3600], got {args.budget_s}", field="--budget-s")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.points is None:
+        try:
+            import torch
+        except ImportError:
+            raise InputError("`costmodel calibrate` measures with torch: pip install 'tlora-sim[profiler]' "
+                             "(or fit earlier points with --points)") from None
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise InputError("--device cuda but torch sees no GPU; use --device cpu --tiny for a dry run",
+                             field="--device")
+        if args.device == "cpu" and not args.tiny:
+            raise InputError("--device cpu measures the CPU: add --tiny (a dry run of the machinery)", field="--tiny")
+    gpu = args.gpu_name
+    if gpu == "auto":
+        if args.device == "cuda" and args.points is None:
+            from tlora_sim.profiler.provenance import short_gpu_name
+
+            gpu = short_gpu_name(torch.cuda.get_device_name(0))
+        elif args.artifact is None:
+            raise InputError("--gpu-name auto needs a CUDA device; name the GPU type (e.g. H200)", field="--gpu-name")
+    art = load_artifact(args.artifact or artifact_path(gpu))
+    missing = [m for m in models if m not in art["models"]]
+    if missing:
+        raise InputError(f"models {missing} are not in artifact {art['id']} ({', '.join(art['models'])})",
+                         field="--models")
+    if args.points is not None:
+        try:
+            pts = pd.read_csv(args.points, dtype={"members": str})
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot read calibration points ({e})", file=str(args.points)) from None
+        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns]
+        if lacking:
+            raise InputError(f"lacks column(s) {lacking}", file=str(args.points))
+        pts = pts[cb.POINT_COLUMNS]
+        measured_s = None
+        machine = {"points": str(args.points)}
+    else:
+        t0 = time.perf_counter()
+        from tlora_sim.sim.executor.calibration import measure
+
+        pts = measure(cb.design(models), args.device, args.tiny, args.budget_s)
+        measured_s = time.perf_counter() - t0
+        machine = cb.machine_info(args.device)
+        print(f"measured {len(pts)} points in {measured_s:.1f} s")
+        if args.points_out:
+            pts.to_csv(args.points_out, index=False)
+    if (pts.measured_ms <= 0).any() or pts.measured_ms.isna().any():
+        raise InputError("measured step times must be > 0", file=str(args.points or "measurement"),
+                         field="measured_ms")
+    cal, pts = cb.build(art, pts, machine, measured_s)
+    cb.write_artifact(cal, args.out)
+    p = cal["calibration"]["params"]
+    print(cb.error_table(pts))
+    print("params: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
+    print(f"wrote {args.out} ({cal['id']}, over {art['id']})")
+    e = cal["calibration"]["error"]
+    print(f"heldout_median_ape_shipped={e['shipped']['heldout']['median_ape']:.4f} "
+          f"heldout_median_ape_calibrated={e['calibrated']['heldout']['median_ape']:.4f}")
+    return 0
+
+
+def host_floor(art: dict) -> list[tuple]:
+    """Per model: (model, the smallest job's tokens, its ``alone`` step ms, the host-bound part ms:
+    layers x the loop family's in-model host time of one adapter and one sequence length).
+    The smallest job: the lowest rank, one sequence of the shortest measured attention length."""
+    from tlora_sim.sim.costmodel.interface import Member
+    from tlora_sim.sim.costmodel.models import get_model
+    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+
+    cm = ProfiledCostModel(art, checkpointing=False)
+    out = []
+    for name, e in sorted(art["models"].items()):
+        pe = e["plans"].get("loop")
+        if pe is None:
+            continue
+        s = min(int(x) for x in e["attn"])
+        r = int(pe.get("coverage", {}).get("rank_min", 2))
+        step = 1e3 * cm.step_time_s(name, art["gpu"], (Member(r, 1, s),), 1, "alone")
+        host = pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) + pe.get("cpu_g", 0.0)
+        call = pe.get("call_ms_alone", pe.get("call_ms", 0.0))
+        out.append((name, s, step, get_model(name).layers * max(host - call, 0.5 * host)))
+    return out
+
+
 def _meta(art: dict) -> dict:
     cov = {}
     for m, e in art["models"].items():
@@ -210,6 +341,18 @@ def _show(art: dict) -> str:
     if m.get("ceilings"):
         out.append("  ceilings " + ", ".join(f"{k} {v:.0f}" for k, v in m["ceilings"].items())
                    + " (TFLOP/s, GB/s)")
+    cal = art.get("calibration")
+    if isinstance(cal, dict):
+        p, mach = cal.get("params", {}), cal.get("machine", {})
+        out.append(f"  calibrated over {cal.get('base_artifact')} on {mach.get('gpu_name', '?')} / {mach.get('cpu', '?')}: "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
+    try:
+        floor = host_floor(art)
+    except Exception as e:  # noqa: BLE001 - a display line; the artifact itself was checked on load
+        floor, out = [], out + [f"  host floor: not computed ({type(e).__name__}: {e})"]
+    for name, s_len, step, host in floor:
+        out.append(f"  host floor {name:12s} smallest job (1 x {s_len} tokens, alone): step {step:.1f} ms, of which "
+                   f"host-bound launches {host:.1f} ms (calibrate on another host or software stack)")
     if h:
         out.append(f"  held-out {h.get('rows')} rows / {h.get('mixes')} mixes: median APE {h['median_ape']:.2%}, "
                    f"p90 {h['p90_ape']:.2%}, mean {h['mape']:.2%}, max {h['max_ape']:.2%}")

@@ -29,6 +29,16 @@ def add_parsers(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--trace", required=True, metavar="SPEC", help="trace spec, as for replay (e.g. itp:PATH)")
     e.add_argument("--policy", required=True, help="policy name (see `tlora-sim policies`)")
+    e.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
+                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL] (as for replay)")
+    e.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
+                                                    "(default: UTC)")
+    e.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated")
+    e.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"],
+                   help="csv format only: unit of the submit and duration columns")
+    e.add_argument("--artifact", type=Path, metavar="FILE",
+                   help="cost-model artifact the policies plan with (e.g. from `tlora-sim costmodel calibrate`); "
+                        "default: the shipped one of the GPU type")
     e.add_argument("--gpus", type=int, default=1, metavar="N",
                    help="devices; also keeps only jobs asking for at most N GPUs. cuda: 1 in this process, N > 1 "
                         "one worker process per GPU (NCCL, wall clock). cpu: 1 on the wall clock, or N devices "
@@ -72,6 +82,12 @@ def add_parsers(sub) -> None:
     v.add_argument("--step-times", choices=("auto", "profiled", "measured"), default="auto",
                    help="the engine's step times: the profiled model of the run's GPU type, or a table of the "
                         "run's own measured steps (auto: profiled for a cuda run, measured for a cpu run)")
+    v.add_argument("--artifact", type=Path, metavar="FILE",
+                   help="cost-model artifact of the replays' planning and step times (e.g. from `tlora-sim costmodel "
+                        "calibrate`); default: the shipped one of the runs' GPU type")
+    v.add_argument("--reference", default=None, metavar="POLICY",
+                   help="the policy whose avg JCT the others' are divided by (ratio columns; default: independent if "
+                        "given, else the first run)")
     v.add_argument("--force", action="store_true", help="replace a non-empty --out")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -82,28 +98,58 @@ def run(args) -> int:
         from tlora_sim.sim.executor.validate import validate_runs
 
         table = validate_runs(args.real_dirs, args.out, force=args.force, step_times=args.step_times,
-                              progress=not args.no_progress)
-        print(table[["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "jct_abs_error_p50",
-                     "jct_abs_error_p90", "step_times"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+                              progress=not args.no_progress, artifact=args.artifact, reference=args.reference)
+        print(table[["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "avg_jct_error", "jct_abs_error_p50",
+                     "jct_abs_error_p90", "real_ratio", "sim_ratio", "ratio_error", "step_times"]].to_string(
+            index=False, float_format=lambda x: f"{x:.4g}"))
+        print(f"ranking kept: {'yes' if bool(table.ranking_kept.iloc[0]) else 'no'} (real "
+              f"{table.real_rank_order.iloc[0]}; simulated {table.sim_rank_order.iloc[0]})")
         print(f"wrote {args.out / 'validation.csv'}")
         return 0
+    import math
+
+    if not math.isfinite(args.time_scale) or not 1e-6 <= args.time_scale <= 1e9:
+        raise InputError(f"--time-scale must be a finite number in [1e-6, 1e9], got {args.time_scale}",
+                         field="--time-scale")
+    if not math.isfinite(args.memory_fraction):
+        raise InputError(f"--memory-fraction must be finite, got {args.memory_fraction}", field="--memory-fraction")
     try:
         import torch  # noqa: F401
     except ImportError:
         raise InputError("`tlora-sim execute` needs torch: pip install 'tlora-sim[profiler]'") from None
-    from tlora_sim.sim.executor.execute import ExecuteConfig, execute
+    from tlora_sim.sim.executor.execute import ExecuteConfig, check_kernels, execute
 
+    topts = {"time_unit": args.time_unit}
+    if args.columns:
+        from tlora_sim.traces.generic_csv import parse_column_mapping
+
+        topts["csv_columns"] = parse_column_mapping(args.columns)
+    if args.time_zone:
+        topts["time_zone"] = args.time_zone
+    if args.slurm_states:
+        topts["slurm_states"] = args.slurm_states
+    if args.artifact is not None:
+        from tlora_sim.sim.costmodel.profiled import load_artifact
+
+        load_artifact(args.artifact)  # checked before any model is built
     opts = {}
     for item in args.option:
         if "=" not in item:
             raise InputError(f"expected KEY=VALUE, got {item!r}", field="--option")
         k, val = item.split("=", 1)
-        opts[k.split(".", 1)[-1]] = val
+        if "." in k:
+            pol, k = k.split(".", 1)
+            if pol != args.policy:
+                raise InputError(f"option {item!r} names policy {pol!r}, but the policy run is {args.policy!r}",
+                                 field="--option")
+        opts[k] = val
     cfg = ExecuteConfig(trace=args.trace, policy=args.policy, gpus=args.gpus, time_scale=args.time_scale,
                         device=args.device, tiny=args.tiny, jobs=args.jobs, min_steps=args.min_steps,
                         max_steps=args.max_steps, seed=args.seed, lora_dist=args.lora_dist, gpu_type=args.gpu_type,
                         policy_options=opts, warmup=not args.no_warmup,
-                        memory_fraction=args.memory_fraction, processes=args.processes, skip_jobs=args.skip_jobs)
+                        memory_fraction=args.memory_fraction, processes=args.processes, skip_jobs=args.skip_jobs,
+                        artifact=str(args.artifact) if args.artifact else None, trace_options=topts)
+    check_kernels(cfg)
     s = execute(cfg, args.out, force=args.force, progress=not args.no_progress, plots=not args.no_plots)
     print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s']:.1f} s, makespan {s['makespan_s']:.1f} s, "
           f"{s['steps_measured']} steps, {s['regroups']} regroups (median pause {s['regroup_pause_median_s']:.3f} s) "

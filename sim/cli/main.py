@@ -86,6 +86,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
     p.add_argument("--cost-model", default="auto", choices=list(COST_MODELS),
                    help="; ".join(f"{k}: {v}" for k, v in COST_MODELS.items()) + " (default: %(default)s)")
+    p.add_argument("--artifact", type=Path, metavar="FILE",
+                   help="profiled cost-model artifact to use instead of the shipped one of the GPU type (e.g. from "
+                        "`tlora-sim costmodel calibrate`); recorded in config.json's cost_model")
     p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
                    help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
                         "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")
@@ -263,7 +266,8 @@ def _base_config(args, policy: str):
                         cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)),
                         early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states,
                         keep_states=args.keep_states, window=args.window, first_jobs=args.first_jobs,
-                        arrival_scale=args.arrival_scale)
+                        arrival_scale=args.arrival_scale,
+                        artifact=str(args.artifact) if getattr(args, "artifact", None) else None)
 
 
 def _coverage(args, line: str) -> None:

@@ -82,6 +82,7 @@ class FusedBatch:
         self._c_max = coef.get("max_rank_tokens", 0.0)
         pe, c = self.pe, self.opt
         self._host = (pe.get("cpu0", 0.0), pe.get("cpu_n", 0.0), pe.get("cpu_g", 0.0), pe.get("call_ms", 0.0))
+        self._nano_host = float(pe.get("nano_host", 1.0))  # host time of one nano-batch / a step's
         self._p = pe.get("p", 64.0)
         self._opt = (c["const"] + c["per_tensor"] * (2 * LINEARS_PER_LAYER * self.m.layers), c["per_mparam"])
         # inputs inside every table edge take the plain log-log path (``_l0g``, ``_head_ms``)
@@ -211,6 +212,9 @@ class FusedBatch:
         gpu = gpu_ms + term
         if not (isinstance(gpu_scale, float) and gpu_scale == 1.0):
             gpu = gpu_scale * gpu
+        if self._nano_host != 1.0:
+            N = np.where(N > 1, N * self._nano_host, N) if isinstance(N, np.ndarray) else (
+                N * self._nano_host if N > 1 else N)
         return _smoothmax(gpu, host_scale * N * host, self._p)
 
     def _gemm_rate(self, t: np.ndarray) -> np.ndarray:

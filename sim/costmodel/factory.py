@@ -26,12 +26,25 @@ COST_MODELS: dict[str, str] = {
 COST_MODEL_CHOICES = tuple(COST_MODELS)
 
 
-def make_cost_model(name: str, gpu_name: str) -> CostModel:
-    """The cost model called ``name`` (a key of ``COST_MODELS``) for GPU type ``gpu_name``.
+def make_cost_model(name: str, gpu_name: str, artifact: str | Path | None = None) -> CostModel:
+    """The cost model called ``name`` (a key of ``COST_MODELS``) for GPU type ``gpu_name``;
+    ``artifact``: a profiled artifact file to use instead of the shipped one (``auto`` or
+    ``profiled`` only; e.g. one written by ``tlora-sim costmodel calibrate``).
 
     Raises:
-        InputError: unknown name, or ``profiled`` for a GPU type with no shipped artifact.
+        InputError: unknown name, ``profiled`` for a GPU type with no shipped artifact, or an
+            ``artifact`` that cannot be read, is malformed, is of another GPU type, or is given
+            with ``roofline``.
     """
+    if artifact:
+        if name == "roofline":
+            raise InputError("--artifact is a profiled model's; it does not go with --cost-model roofline",
+                             field="--artifact")
+        art = load_artifact(artifact)
+        if str(art["gpu"]).upper() != str(gpu_name).upper():
+            raise InputError(f"artifact {art['id']} is of GPU type {art['gpu']}, the cluster's is {gpu_name}",
+                             file=str(artifact), field="gpu")
+        return ProfiledCostModel(art)
     if name == "auto":
         return default_cost_model(gpu_name)
     if name == "roofline":

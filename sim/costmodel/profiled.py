@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -102,11 +103,23 @@ def load_artifact(path: str | Path) -> dict:
     """Read and check an artifact. Raises InputError on a missing file or wrong schema."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        if not p.is_file():
+            raise InputError("cost-model artifact is not a regular file" if p.exists()
+                             else "cost-model artifact: no such file", file=str(p))
+        if p.stat().st_size > MAX_ARTIFACT_BYTES:
+            raise InputError(f"cost-model artifact is larger than {MAX_ARTIFACT_BYTES >> 20} MiB: not an artifact",
+                             file=str(p))
+        with p.open("rb") as f:
+            raw = f.read(MAX_ARTIFACT_BYTES + 1)
     except OSError as e:
         raise InputError(f"cannot read cost-model artifact: {e.strerror}", file=str(p)) from None
+    if len(raw) > MAX_ARTIFACT_BYTES:
+        raise InputError(f"cost-model artifact is larger than {MAX_ARTIFACT_BYTES >> 20} MiB: not an artifact",
+                         file=str(p))
     try:
         art = json.loads(raw)
+    except UnicodeDecodeError:
+        raise InputError("cost-model artifact is not JSON (not UTF-8 text)", file=str(p)) from None
     except json.JSONDecodeError as e:
         raise InputError(f"cost-model artifact is not JSON ({e.msg})", file=str(p), row=e.lineno) from None
     if not isinstance(art, dict) or art.get("schema") != SCHEMA:
@@ -116,6 +129,10 @@ def load_artifact(path: str | Path) -> dict:
     art["_path"], art["_sha256"] = str(p), hashlib.sha256(raw).hexdigest()
     return art
 
+
+#: artifacts are small (the shipped ones 40-60 kB; a calibrated one adds its points): a file
+#: larger than this is refused before it is read (e.g. ``--artifact /dev/zero``)
+MAX_ARTIFACT_BYTES = 32 << 20
 
 #: (path, type) pairs every artifact must have; ``*`` stands for every model / plan key.
 _SHAPE = ((("id",), str), (("gpu",), str), (("models",), dict), (("optimizer", "coef"), dict),
@@ -147,6 +164,61 @@ def check_artifact(art: dict, file: str) -> None:
             if not isinstance(value, typ):
                 raise InputError(f"expected {typ.__name__}, got {type(value).__name__}", file=file,
                                  field=".".join(where))
+    _check_numbers(art, file)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _curve(node, field: str, file: str, x: str, need_positive: bool = True) -> None:
+    """``node`` holds lists ``x`` and ``ms`` of one length >= 1, finite, x ascending, > 0."""
+    if not isinstance(node, dict):
+        raise InputError(f"expected an object, got {type(node).__name__}", file=file, field=field)
+    for key in (x, "ms"):
+        v = node.get(key)
+        if not isinstance(v, list) or not v:
+            raise InputError("missing or not a non-empty list", file=file, field=f"{field}.{key}")
+        for k, e in enumerate(v):
+            if not _finite(e) or (need_positive and e <= 0):
+                raise InputError(f"expected a finite number > 0, got {e!r}", file=file, field=f"{field}.{key}[{k}]")
+    if len(node[x]) != len(node["ms"]):
+        raise InputError(f"{x} and ms differ in length", file=file, field=f"{field}.ms")
+    if any(b <= a for a, b in zip(node[x], node[x][1:])):
+        raise InputError("not strictly ascending", file=file, field=f"{field}.{x}")
+
+
+def _check_numbers(art: dict, file: str) -> None:
+    """The artifact's numbers the model computes with: finite (no NaN or infinity), the measured
+    curves well formed (``_curve``). Raises InputError naming the field (a dotted path)."""
+    for k, v in art["optimizer"]["coef"].items():
+        if not _finite(v):
+            raise InputError(f"expected a finite number, got {v!r}", file=file, field=f"optimizer.coef.{k}")
+    for m, e in art["models"].items():
+        _curve(e["l0"], f"models.{m}.l0", file, "tokens")
+        _curve(e["head"], f"models.{m}.head", file, "tokens")
+        if not e["attn"]:
+            raise InputError("expected a non-empty object", file=file, field=f"models.{m}.attn")
+        for s, v in e["attn"].items():
+            if not str(s).isdigit() or int(s) < 1:
+                raise InputError(f"expected a sequence length, got {s!r}", file=file, field=f"models.{m}.attn")
+            _curve(v, f"models.{m}.attn.{s}", file, "seqs")
+        for fam, pe in e["plans"].items():
+            where = f"models.{m}.plans.{fam}"
+            for k, v in pe["coef"].items():
+                if not _finite(v):
+                    raise InputError(f"expected a finite number, got {v!r}", file=file, field=f"{where}.coef.{k}")
+            for k in ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone", "p", "nano_host"):
+                if k in pe and (not _finite(pe[k]) or pe[k] < 0):
+                    raise InputError(f"expected a finite number >= 0, got {pe[k]!r}", file=file, field=f"{where}.{k}")
+            for part in ("peak", "saved"):
+                mem = pe["memory"].get(part, {})
+                if not isinstance(mem, dict):
+                    raise InputError("expected an object", file=file, field=f"{where}.memory.{part}")
+                for k, v in mem.items():
+                    if not _finite(v):
+                        raise InputError(f"expected a finite number, got {v!r}", file=file,
+                                         field=f"{where}.memory.{part}.{k}")
 
 
 

@@ -278,7 +278,9 @@ def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = Tru
 
     ``nano`` > 1: the base curve runs ``nano`` times at tokens / nano, the adapter term (all but
     its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline) and the host time is
-    paid ``nano`` times (eager launches)."""
+    paid ``nano`` times (eager launches), each nano-batch's times ``pe["nano_host"]`` where the
+    artifact has it (``tlora-sim costmodel calibrate``: a nano-batch launches for fewer members and
+    sequence lengths than the whole step; 1 otherwise)."""
     T = sum(b * s for _, b, s in members)
     if nano > 1:
         l0, e0 = tab.l0g(T / nano)
@@ -294,6 +296,8 @@ def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = Tru
     if in_model:
         call = pe.get("call_ms_alone", pe.get("call_ms", 0.0)) if plan == "alone" else pe.get("call_ms", 0.0)
         host = max(host - call, 0.5 * host)
+    if nano > 1:  # the host time of one nano-batch, relative to a whole step's (calibrated; default 1)
+        host *= pe.get("nano_host", 1.0)
     val = smoothmax(gpu_scale * (l0 + at + term), host_scale * nano * host, pe.get("p", 64.0))
     cov = pe.get("coverage", {})
     fewest = cov.get("adapters_min", ADAPTERS_MIN_DEFAULT.get(PLAN_FAMILY.get(plan, ""), 1))

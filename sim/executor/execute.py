@@ -67,6 +67,11 @@ class ExecuteConfig:
             multi-GPU code path).
         skip_jobs: trace jobs that fit ``gpus`` passed over before the first kept one (choose a
             stretch of the trace with multi-GPU jobs).
+        artifact: a cost-model artifact file the policies plan with (e.g. from ``tlora-sim
+            costmodel calibrate``) instead of the shipped one of the GPU type; its identity is
+            recorded in ``config.json``'s ``cost_model``.
+        trace_options: the trace reader's options, as ``replay`` takes them (``columns``,
+            ``time_zone``, ``time_unit``, ``slurm_states``; None for a reader's default).
     """
 
     trace: str
@@ -86,6 +91,8 @@ class ExecuteConfig:
     memory_fraction: float = 0.85
     processes: bool = False
     skip_jobs: int = 0
+    artifact: str | None = None
+    trace_options: dict[str, Any] = field(default_factory=dict)
 
 
 def uses_workers(cfg: "ExecuteConfig") -> bool:
@@ -121,6 +128,25 @@ def _warmup(trainer, jobs: list, plan: str) -> None:
         ranks = sorted({j.rank for j in jobs if j.model == model})
         trainer.group(model, plan, [(-1 - k, r, 1, 64) for k, r in enumerate(ranks)]).step()
     trainer.states.clear()
+
+
+def check_kernels(cfg: ExecuteConfig) -> None:
+    """Refuse a policy whose plan runs the Triton kernels (``fused``, ``lorafusion``, ``grouped``:
+    ``trainer.IMPL``) on the CPU without ``TRITON_INTERPRET=1``, before anything is built (Triton
+    compiles for a GPU only; its interpreter runs the kernels on the CPU).
+
+    Raises:
+        InputError: unknown policy, or that case.
+    """
+    import os
+
+    from tlora_sim.policies.registry import make_policy
+    from tlora_sim.sim.executor.trainer import IMPL
+
+    plan = make_policy(cfg.policy, cfg.policy_options).plan
+    if cfg.device == "cpu" and IMPL.get(plan) == "fused" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InputError(f"policy {cfg.policy} runs the Triton kernels (plan {plan}); on the CPU set "
+                         f"TRITON_INTERPRET=1 (and use --tiny)", field="--device")
 
 
 def check_devices(cfg: ExecuteConfig) -> None:

@@ -41,6 +41,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv
@@ -48,14 +49,57 @@ from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 COLUMNS = ["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "real_makespan_s", "sim_makespan_s",
-           "jct_abs_error_p50", "jct_abs_error_p90"]
+           "jct_abs_error_p50", "jct_abs_error_p90", "avg_jct_error", "real_ratio", "sim_ratio", "ratio_error",
+           "ranking_kept"]
 STEP_TIMES = ("auto", "profiled", "measured")
 GROUPS = "groups.csv"  # sim/<policy>/: the replay's membership changes (time_s, group_id, jobs)
 DIVERGENCE = "divergence.csv"  # per job: real against simulated placements (sim/executor/divergence.py)
 
 
-def _load(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
-    from tlora_sim.sim.executor.workload import read_workload
+#: the workload.csv columns that make two runs' workloads the same (steps and isolated times
+#: depend on the cost model the run planned with; these do not)
+SAME_WORKLOAD = ["job_id", "submit_time_s", "num_gpus", "model", "rank", "batch_size", "seq_len"]
+
+
+def _read_csv(path: Path, what: str, need: list[str]) -> pd.DataFrame:
+    """A CSV of a run directory with at least the columns ``need``.
+
+    Raises:
+        InputError: unreadable, not CSV, or a missing column (naming the file).
+    """
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{what} is empty", file=str(path)) from None
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise InputError(f"cannot read {what} ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                         file=str(path)) from None
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise InputError(f"{what} lacks column(s) {missing}", file=str(path))
+    return df
+
+
+def _numeric(df: pd.DataFrame, cols: list[str], path: Path) -> None:
+    """Raise InputError naming the first row and field of ``cols`` that is not a finite number."""
+    for c in cols:
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = v.isna() | ~np.isfinite(v.fillna(0))
+        if bad.any():
+            k = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"not a finite number: {df[c].iloc[k]!r}", file=str(path), row=k + 2, field=c)
+
+
+def load_run(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
+    """(config, workload jobs, steps.csv, jobs.csv) of an executed run directory, checked: every
+    file present and readable, ``config.json`` an execute run's, ``jobs.csv`` the jobs of
+    ``workload.csv`` (the same job ids), every job finished.
+
+    Raises:
+        InputError: naming the file (and row and field where one is wrong).
+    """
+    from tlora_sim.sim.executor.runtime import STEP_COLUMNS
+    from tlora_sim.sim.executor.workload import WORKLOAD_COLUMNS, read_workload
 
     files = RunDir(real)
     if not real.is_dir():
@@ -64,23 +108,84 @@ def _load(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
         if not p.is_file():
             raise InputError(f"not an executed run directory (missing {p.name}); make one with tlora-sim execute",
                              file=str(real))
-    cfg = json.loads(files.config.read_text())
-    if "executor" not in cfg:
+    try:
+        cfg = json.loads(files.config.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read config.json ({e})", file=str(files.config)) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"config.json is not JSON ({e.msg})", file=str(files.config), row=e.lineno) from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("executor"), dict):
         raise InputError("config.json has no 'executor' section: not a tlora-sim execute run", file=str(files.config))
+    for key in ("cluster", "gpu", "policy", "inputs"):
+        if key not in cfg:
+            raise InputError("missing in config.json", file=str(files.config), field=key)
+    if not isinstance(cfg["gpu"], dict) or "memory_bytes" not in cfg["gpu"]:
+        raise InputError("missing in config.json", file=str(files.config), field="gpu.memory_bytes")
+    wl = _read_csv(files.workload, "workload.csv", WORKLOAD_COLUMNS)
+    if wl.empty:
+        raise InputError("workload.csv has no jobs", file=str(files.workload))
+    _numeric(wl, ["index", "submit_time_s", "num_gpus", "rank", "batch_size", "seq_len", "total_steps",
+                  "trace_duration_s", "isolated_step_time_s", "max_slowdown"], files.workload)
     jobs = read_workload(files.workload)
-    real_jobs = pd.read_csv(files.jobs)
+    real_jobs = _read_csv(files.jobs, "jobs.csv", ["job_id", "jct_s", "submit_time_s", "finish_time_s"])
+    if real_jobs.empty:
+        raise InputError("jobs.csv has no jobs", file=str(files.jobs))
+    if sorted(map(str, real_jobs.job_id)) != sorted(str(j.job_id) for j in jobs):
+        raise InputError("jobs.csv does not hold the jobs of workload.csv (another run's file?)", file=str(files.jobs))
     if real_jobs.finish_time_s.isna().any():
         raise InputError("jobs.csv has unfinished jobs: the run did not complete", file=str(files.jobs))
-    return cfg, jobs, pd.read_csv(files.steps), real_jobs
+    _numeric(real_jobs, ["jct_s", "submit_time_s", "finish_time_s"], files.jobs)
+    steps = _read_csv(files.steps, "steps.csv", [c for c in STEP_COLUMNS if c not in ("micro_batches", "n_gpus")])
+    _numeric(steps, ["start_s", "end_s", "ms", "nano_batches"], files.steps)
+    bad = ~steps.jobs.astype(str).str.fullmatch(r"\d+(;\d+)*")
+    if bad.any() or (len(steps) and steps.jobs.astype(str).str.split(";").explode().astype(int).max() >= len(jobs)):
+        k = int(np.flatnonzero(bad.to_numpy())[0]) if bad.any() else 0
+        raise InputError("not job indices of workload.csv", file=str(files.steps), row=k + 2, field="jobs")
+    return cfg, jobs, steps, real_jobs
 
 
-def simulate(real: str | Path, out: Path | None = None,
-             step_times: str = "auto") -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
-    rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
+def _workload_key(real: Path) -> pd.DataFrame:
+    """The ``SAME_WORKLOAD`` columns of a run's workload.csv (compared across validate-run's inputs)."""
+    return pd.read_csv(RunDir(real).workload)[SAME_WORKLOAD].astype(str).reset_index(drop=True)
+
+
+def check_inputs(dirs: list[Path]) -> None:
+    """Refuse inputs that cannot be compared as one validation: a policy given twice, runs of
+    different workloads (``SAME_WORKLOAD``), GPU types or devices (cuda and cpu).
 
     Raises:
-        InputError: not an executed run directory, or an unknown ``step_times``.
+        InputError: naming the directory that differs from the first.
+    """
+    first, seen = None, {}
+    for d in dirs:
+        cfg, _jobs, _steps, _real = load_run(d)
+        pol = str(cfg["policy"])
+        if pol in seen:
+            raise InputError(f"policy {pol} is given twice ({seen[pol]} and {d}): its replays would overwrite each "
+                             f"other; validate them separately", file=str(d))
+        seen[pol] = d
+        ident = (_workload_key(d), str(cfg["cluster"]), str(cfg["executor"].get("device", "cuda")).split(":")[0])
+        if first is None:
+            first = (d, ident)
+            continue
+        d0, (w0, c0, dev0) = first
+        if not ident[0].equals(w0):
+            raise InputError(f"not the workload of {d0} (workload.csv differs in jobs, arrivals or LoRA attributes): "
+                             f"validate runs of one workload together", file=str(d))
+        if ident[1] != c0 or ident[2] != dev0:
+            raise InputError(f"cluster/device {ident[1]}/{ident[2]} differs from {d0}'s {c0}/{dev0}", file=str(d))
+
+
+def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto",
+             artifact: str | Path | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
+    rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
+    ``artifact``: the cost-model artifact file of the replay's planning and profiled step times
+    (default: the shipped one of the run's GPU type).
+
+    Raises:
+        InputError: not an executed run directory, an unknown ``step_times``, or measured step
+            times from a run with no measured step.
         InvariantError: the replay broke an invariant.
     """
     from tlora_sim.policies.registry import make_policy
@@ -98,14 +203,17 @@ def simulate(real: str | Path, out: Path | None = None,
         raise InputError(f"--step-times must be one of {', '.join(STEP_TIMES)}, got {step_times!r}",
                          field="--step-times")
     real = Path(real)
-    cfg, jobs, steps, real_jobs = _load(real)
+    cfg, jobs, steps, real_jobs = load_run(real)
     cluster = parse_cluster(cfg["cluster"])
     cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=float(cfg["gpu"]["memory_bytes"])))
     gpu = cluster.gpu.name
-    planning = executor_cost_model(gpu)
+    planning = executor_cost_model(gpu, str(artifact) if artifact else None)
     on_gpu = str(cfg["executor"].get("device", "cuda")).startswith("cuda")
     mode = step_times if step_times != "auto" else ("profiled" if on_gpu else "measured")
     scale = 1.0 if on_gpu else pace(steps, jobs, planning, gpu)
+    if mode == "measured" and not (steps.event == "step").any():
+        raise InputError("steps.csv has no measured step: a measured-steps validation has nothing to use",
+                         file=str(RunDir(real).steps))
     if mode == "measured":
         cm = MeasuredStepTable.from_run(steps, jobs, planning, gpu)
     elif on_gpu:
@@ -154,23 +262,66 @@ def simulate(real: str | Path, out: Path | None = None,
            "regroup_pause_by_size_s": ";".join(f"{k}:{v:.3f}" for k, v in sorted(by_size.items())),
            "serial_pauses": engine.serial_pause_count, "first_divergence_s": float(div.diverged_at_s.min()),
            "same_groups_share": float(div.same_groups.mean()),
+           "cost_model": planning.artifact["id"], "cost_model_sha256": planning.artifact.get("_sha256"),
            "real_dir": str(real)}
     return row, both, div
 
 
-def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bool = False,
-                  step_times: str = "auto", progress: bool = False) -> pd.DataFrame:
-    """Validate every run in ``real_dirs``; write the validation directory (as a unit); return its table.
+def add_ratios(table: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
+    """Add what a user takes away from a comparison: per policy its avg JCT over the reference
+    policy's, real (``real_ratio``) and simulated (``sim_ratio``), ``ratio_error`` = sim_ratio /
+    real_ratio - 1, the ``reference``, and whether the policies' order by avg JCT is the same
+    real and simulated (``ranking_kept``, with ``real_rank_order`` / ``sim_rank_order``:
+    policies fastest first, ``<``-separated).
+
+    Args:
+        table: ``validation.csv`` rows (``policy``, ``real_avg_jct_s``, ``sim_avg_jct_s``).
+        reference: the reference policy (default: ``independent`` if present, else the first row's).
 
     Raises:
-        InputError: a directory that is not an executed run, or an ``out_dir`` that may not be written.
+        InputError: a reference that is not one of the table's policies.
+    """
+    pols = list(table.policy)
+    ref = reference or ("independent" if "independent" in pols else pols[0])
+    if ref not in pols:
+        raise InputError(f"reference policy {ref!r} is not among the runs ({', '.join(pols)})", field="--reference")
+    r = table[table.policy == ref].iloc[0]
+    t = table.copy()
+    t["reference"] = ref
+    t["real_ratio"] = t.real_avg_jct_s / float(r.real_avg_jct_s)
+    t["sim_ratio"] = t.sim_avg_jct_s / float(r.sim_avg_jct_s)
+    t["ratio_error"] = t.sim_ratio / t.real_ratio - 1
+    real_order = "<".join(t.sort_values(["real_avg_jct_s", "policy"], kind="stable").policy)
+    sim_order = "<".join(t.sort_values(["sim_avg_jct_s", "policy"], kind="stable").policy)
+    t["real_rank_order"], t["sim_rank_order"] = real_order, sim_order
+    t["ranking_kept"] = real_order == sim_order
+    return t
+
+
+def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bool = False,
+                  step_times: str = "auto", progress: bool = False, artifact: str | Path | None = None,
+                  reference: str | None = None) -> pd.DataFrame:
+    """Validate every run in ``real_dirs``; write the validation directory (as a unit); return its
+    table (``add_ratios``' columns included). ``artifact``: see ``simulate``.
+
+    Raises:
+        InputError: a directory that is not an executed run, inputs of different workloads or a
+            policy given twice (``check_inputs``), an unknown ``reference``, or an ``out_dir``
+            that may not be written (nothing is written then).
     """
     from tlora_sim.sim.executor.figure import plot_validation
 
     if not real_dirs:
         raise InputError("validate-run needs at least one executed run directory")
-    out = check_out_dir(out_dir, force=force, what="validation")
     dirs = [Path(d) for d in real_dirs]
+    check_inputs(dirs)
+    if reference is not None and reference not in {load_run(d)[0]["policy"] for d in dirs}:
+        raise InputError(f"reference policy {reference!r} is not among the runs", field="--reference")
+    if artifact is not None:
+        from tlora_sim.sim.costmodel.profiled import load_artifact
+
+        load_artifact(artifact)
+    out = check_out_dir(out_dir, force=force, what="validation")
     with staged_dir(out) as stage:
         rows, per_job, divs = [], [], []
         it = dirs
@@ -179,11 +330,11 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
 
             it = tqdm(dirs, desc="validate-run", unit="run")
         for d in it:
-            row, both, div = simulate(d, stage, step_times)
+            row, both, div = simulate(d, stage, step_times, artifact)
             rows.append(row)
             per_job.append(both)
             divs.append(div)
-        table = pd.DataFrame(rows)
+        table = add_ratios(pd.DataFrame(rows), reference)
         table = table[COLUMNS + [c for c in table.columns if c not in COLUMNS]]
         write_csv(RunDir(stage).validation, table)
         jobs = pd.concat(per_job, ignore_index=True)

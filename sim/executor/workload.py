@@ -37,15 +37,24 @@ WORKLOAD_COLUMNS = ["index", "job_id", "submit_time_s", "num_gpus", "model", "ra
                     "loss_floor", "loss_tau", "micro_batch_per_gpu", "grad_accum", "parallelism"]
 
 
-def executor_cost_model(gpu_type: str):
+def executor_cost_model(gpu_type: str, artifact: str | None = None):
     """The profiled model of ``gpu_type`` with the no-checkpointing memory convention (how the
-    executor trains: every layer's activations kept).
+    executor trains: every layer's activations kept): the shipped artifact, or ``artifact`` (a
+    file, e.g. one written by ``tlora-sim costmodel calibrate``), whose GPU type must be
+    ``gpu_type``.
 
     Raises:
-        InputError: no shipped profile for that GPU type.
+        InputError: no shipped profile for that GPU type; an unreadable or malformed artifact
+            file, or one of another GPU type.
     """
     from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
 
+    if artifact:
+        art = load_artifact(artifact)
+        if str(art["gpu"]).upper() != str(gpu_type).upper():
+            raise InputError(f"artifact {art['id']} is of GPU type {art['gpu']}, the run's is {gpu_type}",
+                             file=str(artifact), field="gpu")
+        return ProfiledCostModel(art, checkpointing=False)
     p = artifact_path(gpu_type)
     if not p.is_file():
         raise InputError(f"no profiled cost model for {gpu_type} ({p}); the executor needs one", field="--gpu-type")
@@ -88,10 +97,14 @@ def scaled_workload(cfg, gpu_type: str):
         raise InputError(f"memory fraction must be in (0, 1], got {cfg.memory_fraction}", field="--memory-fraction")
     cluster = parse_cluster(f"1x{cfg.gpus}x{gpu_type}")
     cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=cluster.gpu.memory_bytes * cfg.memory_fraction))
-    cm = executor_cost_model(gpu_type)
-    frame = read_trace(cfg.trace)
+    cm = executor_cost_model(gpu_type, getattr(cfg, "artifact", None))
+    frame = read_trace(cfg.trace, **(getattr(cfg, "trace_options", None) or {}))
     skip = int(getattr(cfg, "skip_jobs", 0))
-    frame = frame[frame.num_gpus <= cfg.gpus].iloc[skip:skip + cfg.jobs * 4].reset_index(drop=True)
+    fits = frame[frame.num_gpus <= cfg.gpus]
+    if skip and len(fits) <= skip:
+        raise InputError(f"--skip-jobs {skip} passes over every job: {cfg.trace} has {len(fits)} job(s) asking for at "
+                         f"most {cfg.gpus} GPU(s)", field="--skip-jobs")
+    frame = fits.iloc[skip:skip + cfg.jobs * 4].reset_index(drop=True)
     dist = load_distribution(cfg.lora_dist)
     frame = assign_lora(frame, dist, np.random.default_rng(cfg.seed))
     jobs, skipped = build_jobs(frame, cluster, cm)

@@ -53,6 +53,7 @@ class ReplayConfig:
         cost_model: ``auto``, ``profiled`` or ``roofline``.
         time_zone: IANA zone of naive timestamps (``csv`` and ``slurm`` formats; None: UTC).
         slurm_states: job states kept from a ``slurm`` export (None: ``traces.slurm.DEFAULT_STATES``).
+        artifact: a profiled cost-model artifact file (``--artifact``) instead of the shipped one.
         early_exit: run the shared early-exit rule on sweep families with the policy
             (``policies/early_exit.py``); stopped configurations are reported apart.
         policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
@@ -90,6 +91,7 @@ class ReplayConfig:
     arrival_scale: float | None = None
     discipline: str = "default"
     reference: str | None = None
+    artifact: str | None = None  # a profiled artifact file (``--artifact``), else the shipped one
 
 
 REFERENCE = REFERENCE_POLICY
@@ -193,7 +195,7 @@ def load_workload(cfg: ReplayConfig, frame: pd.DataFrame | None = None):
     sweeps = parse_sweeps(cfg.sweeps)
     if sweeps is not None:
         frame = expand_sweeps(frame, rng, sweeps[0], sweeps[1], dist.ranks)
-    cost_model = make_cost_model(cfg.cost_model, cluster.gpu.name)
+    cost_model = make_cost_model(cfg.cost_model, cluster.gpu.name, getattr(cfg, "artifact", None))
     jobs, skipped = build_jobs(frame, cluster, cost_model, strict=cfg.strict)
     skipped = {**dict(frame.attrs.get("skipped", {})), **skipped}
     return jobs, cluster, cost_model, frame, dist, skipped

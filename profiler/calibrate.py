@@ -1,0 +1,330 @@
+"""``tlora-sim costmodel calibrate``: a few-minute calibration of the profiled step model to the
+machine at hand (issue 43).
+
+The shipped artifact (``profiler/data/costmodel_<gpu>.json``) was profiled on one machine; the
+host-bound floor of the eager training step (kernel launches, Python) depends on the host CPU and
+the software stack, and GPUs of one kind differ by a few percent. Calibration keeps every table
+and fitted shape of the shipped artifact and fits four numbers on this machine:
+
+* ``host_scale.loop``: multiplies the host terms (``cpu0``, ``cpu_n``, ``cpu_g``, ``call_ms``,
+  ``call_ms_alone``) of the ``loop`` family (plans ``alone`` and ``loop``: the eager per-adapter
+  loop);
+* ``host_scale.fused``: the same for ``fused`` (and ``lorafusion`` / ``grouped``, which the
+  executor runs with the fused kernel too: ``sim/executor/trainer.py``'s ``IMPL``);
+* ``gpu_scale``: multiplies every GPU table and term (``l0``, ``attn``, ``head`` ms, every plan's
+  ``coef``);
+* ``step_ms``: a constant added to every optimizer step (``optimizer.coef.const``): per-step work
+  of the executed step that the layer profile does not see (``zero_grad``, the loss, the sync).
+
+They are fitted by least squares on log(predicted / measured) over the *fit* points of a designed
+set of full-model training steps (``design``), measured (``sim/executor/calibration.py``'s
+``measure``) through the same ``GroupTrainer.step`` that ``tlora-sim execute`` runs: per base model, jobs ``alone`` from 512 to 16,384 tokens (the
+host-bound floor and the GPU-bound curve), ``loop`` mixes, ``fused`` mixes of 1-6 adapters and
+fused mixes in 2-4 nano-batches. Every third point of each plan is held out (``role`` =
+``heldout``): its error under the shipped and under the calibrated artifact is printed and stored.
+The derived artifact (``derive``) is the shipped one with those numbers applied to its fields (so
+every code path of the cost model, scalar, vectorised and multi-GPU, reads them), a new ``id``
+and a ``calibration`` section: the base artifact's id and sha256, the parameters, the machine
+(GPU, CPU model, driver, versions, date, commit), every measured point with its predictions and
+the fit's residuals.
+
+Host scales are per base model (``host_loop:<model>``, ``host_fused:<model>``; a model not
+measured takes the geometric mean of the measured ones), and ``nano_host`` scales the host time of
+one nano-batch (``profiled_tables.layer_ms``). Times are milliseconds unless a name ends in
+``_s``. Nothing here needs torch or a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import hashlib
+import json
+import math
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tlora_sim.traces.errors import InputError
+
+#: base models calibrated by default (the families the shipped ``tlora`` LoRA distribution uses)
+MODELS = ("llama3-8b", "qwen3-8b")
+#: host-scale groups: plan family -> scale name
+HOST_GROUP = {"loop": "loop", "fused": "fused", "lorafusion": "fused", "grouped": "fused"}
+HOST_FIELDS = ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone")
+PARAMS = ("host_loop", "host_fused", "nano_host", "gpu_scale", "step_ms")
+#: bounds of the fitted parameters (scales are multiplicative; step_ms in ms)
+BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
+          "step_ms": (0.0, 100.0)}
+POINT_COLUMNS = ["model", "plan", "nano", "members", "adapters", "tokens", "role", "reps", "measured_ms",
+                 "p10_ms", "p90_ms"]
+
+# The designed set, per model: (plan, nano, members as (rank, sequences, seq_len)), 512 to 8,192
+# tokens per step (the executor keeps every layer's activations: on one H200 with both 8B bases
+# resident, a 12,288-token step ran out of memory). Held out: every third point of each plan (in
+# this order), so each plan has fit and held-out points from small (host-bound) to large
+# (GPU-bound) steps.
+_DESIGN = (
+    ("alone", 1, ((8, 1, 512),)), ("alone", 1, ((4, 2, 512),)), ("alone", 1, ((16, 1, 1024),)),
+    ("alone", 1, ((2, 1, 2048),)), ("alone", 1, ((8, 2, 1024),)), ("alone", 1, ((16, 2, 2048),)),
+    ("alone", 1, ((4, 4, 2048),)), ("alone", 1, ((2, 4, 1024),)), ("alone", 1, ((8, 8, 1024),)),
+    ("loop", 1, ((8, 1, 512), (16, 1, 1024))), ("loop", 1, ((4, 2, 1024), (8, 1, 2048), (16, 4, 512))),
+    ("loop", 1, ((2, 2, 2048), (16, 1, 2048))),
+    ("fused", 1, ((16, 1, 512),)), ("fused", 1, ((4, 1, 512), (8, 2, 1024))),
+    ("fused", 1, ((2, 1, 512), (4, 2, 1024), (8, 1, 2048), (16, 2, 512))),
+    ("fused", 1, ((8, 2, 2048), (16, 4, 1024))),
+    ("fused", 1, ((2, 2, 512), (4, 1, 1024), (8, 2, 1024), (16, 1, 2048), (8, 2, 512), (4, 2, 512))),
+    ("fused", 1, ((4, 2, 2048), (8, 1, 2048), (16, 1, 2048))),
+    ("fused", 2, ((4, 2, 1024), (8, 2, 512), (16, 1, 2048))),
+    ("fused", 2, ((8, 2, 2048), (2, 4, 1024))),
+    ("fused", 4, ((2, 4, 512), (4, 2, 1024), (16, 1, 2048))),
+)
+
+
+def design(models=MODELS) -> list[dict]:
+    """The designed configurations: one dict per point (``model``, ``plan``, ``nano``,
+    ``members``: tuple of (rank, sequences, seq_len), ``role``: ``fit`` or ``heldout``), in
+    measurement order: round-robin over the plan groups (alone, loop, fused, nano-batched fused)
+    and the models, so that a budget cut short leaves every plan and model some points."""
+    groups: dict[str, list] = {}
+    for plan, nano, members in _DESIGN:
+        key = plan if nano == 1 else "nano"
+        g = groups.setdefault(key, [])
+        g.append({"plan": plan, "nano": nano, "members": members, "role": "heldout" if len(g) % 3 == 2 else "fit"})
+    out = []
+    for k in range(max(len(g) for g in groups.values())):
+        for g in groups.values():
+            if k < len(g):
+                out.extend({"model": m, **g[k]} for m in models)
+    return out
+
+
+def members_str(members) -> str:
+    """``r:b:s`` per member, ``,``-separated (the ``costmodel predict --members`` syntax)."""
+    return ",".join(f"{r}:{b}:{s}" for r, b, s in members)
+
+
+def parse_members(text: str) -> tuple:
+    """Inverse of ``members_str``."""
+    return tuple(tuple(int(x) for x in part.split(":")) for part in str(text).split(","))
+
+
+# ----------------------------------------------------------------------------------- deriving
+def host_scale(params: dict, group: str, model: str) -> float:
+    """The host scale of ``group`` (``loop`` / ``fused``) for ``model``: its own
+    (``host_<group>:<model>``) where it was measured, else ``host_<group>`` (the geometric mean
+    of the measured models', or 1)."""
+    own = params.get(f"host_{group}:{model}")
+    if own is not None:
+        return float(own)
+    got = [float(v) for k, v in params.items() if k.startswith(f"host_{group}:")]
+    if got:
+        return float(math.exp(np.mean(np.log(got))))
+    return float(params.get(f"host_{group}", 1.0))
+
+
+def derive(art: dict, params: dict) -> dict:
+    """The artifact ``art`` with calibration ``params`` applied to its fields (see the module
+    docstring; host scales per base model, ``host_scale``); ``art`` is not changed. The result
+    keeps ``art``'s ``id`` (``build`` sets the calibrated one) and gets a ``_sha256`` unique to
+    ``params`` (the cost model's cache key), so it can be passed to ``ProfiledCostModel``."""
+    g = float(params.get("gpu_scale", 1.0))
+    out = {k: v for k, v in art.items() if not k.startswith("_")}
+    out["optimizer"] = copy.deepcopy(art["optimizer"])
+    out["optimizer"]["coef"]["const"] = out["optimizer"]["coef"].get("const", 0.0) + float(params.get("step_ms", 0.0))
+    out["models"] = {}
+    for name, e in art["models"].items():
+        e2 = dict(e)
+        e2["l0"] = {**e["l0"], "ms": [g * v for v in e["l0"]["ms"]]}
+        e2["head"] = {**e["head"], "ms": [g * v for v in e["head"]["ms"]]}
+        e2["attn"] = {s: {**v, "ms": [g * x for x in v["ms"]]} for s, v in e["attn"].items()}
+        plans = {}
+        for fam, pe in e["plans"].items():
+            h = host_scale(params, HOST_GROUP.get(fam, "fused"), name)
+            pe2 = dict(pe)
+            pe2["coef"] = {k: g * v for k, v in pe["coef"].items()}
+            for f in HOST_FIELDS:
+                if f in pe:
+                    pe2[f] = h * pe[f]
+            if fam != "loop":  # nano-batches run with the fused kernels only
+                pe2["nano_host"] = float(params.get("nano_host", 1.0)) * pe.get("nano_host", 1.0)
+            plans[fam] = pe2
+        e2["plans"] = plans
+        out["models"][name] = e2
+    out["_sha256"] = hashlib.sha256((str(art.get("_sha256", art["id"])) + json.dumps(
+        {k: float(v) for k, v in params.items()}, sort_keys=True)).encode()).hexdigest()
+    return out
+
+
+IDENTITY = {"host_loop": 1.0, "host_fused": 1.0, "nano_host": 1.0, "gpu_scale": 1.0, "step_ms": 0.0}
+
+
+def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarray:
+    """The step time (ms) ``art`` predicts for every row of ``pts`` (one GPU, the executor's
+    no-checkpointing convention; memory does not enter step times)."""
+    from tlora_sim.sim.costmodel.interface import Member
+    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+
+    cm = ProfiledCostModel(art, checkpointing=False)
+    gpu = gpu or art["gpu"]
+    return np.array([1e3 * cm.step_time_s(m, gpu, tuple(Member(*x) for x in parse_members(mem)), 1, plan, int(nano))
+                     for m, mem, plan, nano in zip(pts.model, pts.members, pts.plan, pts.nano)], dtype=float)
+
+
+def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
+    """Fit ``PARAMS`` to the ``role == "fit"`` rows of ``pts`` (least squares on log(predicted /
+    measured), bounded by ``BOUNDS``; scipy's ``least_squares``, trust-region reflective).
+
+    Returns:
+        (params, info): the fitted parameters and ``{"cost": ..., "nfev": ..., "status": ...}``.
+
+    Raises:
+        InputError: no fit points.
+    """
+    from scipy.optimize import least_squares
+
+    fp = pts[pts.role == "fit"]
+    if fp.empty:
+        raise InputError("no calibration points to fit (budget too small?)", field="--budget-s")
+    meas = fp.measured_ms.to_numpy(dtype=float)
+    free = []
+    for m in sorted(set(fp.model)):
+        d = fp[fp.model == m]
+        if d.plan.isin(["alone", "loop"]).any():
+            free.append(f"host_loop:{m}")
+        if (~d.plan.isin(["alone", "loop"])).any():
+            free.append(f"host_fused:{m}")
+    free += (["nano_host"] if (fp.nano > 1).any() else []) + ["gpu_scale", "step_ms"]
+
+    def unpack(x):
+        params = {k: v for k, v in IDENTITY.items() if not k.startswith("host_")}
+        for name, v in zip(free, x):
+            params[name] = float(math.exp(v)) if name != "step_ms" else float(v)
+        return params
+
+    def resid(x):
+        return np.log(predict_ms(derive(art, unpack(x)), fp) / meas)
+
+    lo = [math.log(BOUNDS[p.split(":")[0]][0]) if p != "step_ms" else BOUNDS[p][0] for p in free]
+    hi = [math.log(BOUNDS[p.split(":")[0]][1]) if p != "step_ms" else BOUNDS[p][1] for p in free]
+    x0 = np.array([0.0 if p != "step_ms" else 1.0 for p in free])
+    r = least_squares(resid, x0, bounds=(lo, hi), x_scale=[0.1 if p != "step_ms" else 5.0 for p in free],
+                      diff_step=1e-2, max_nfev=400, loss="soft_l1", f_scale=0.05)
+    return unpack(r.x), {"cost": float(r.cost), "nfev": int(r.nfev), "status": int(r.status), "free": free}
+
+
+# ----------------------------------------------------------------------------------- provenance
+def machine_info(device: str) -> dict:
+    """GPU, CPU model, driver and software versions of this machine (what is known)."""
+    info = {"python": platform.python_version(), "machine": platform.machine(), "cpu": _cpu_model(),
+            "cpu_count": _cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.version.cuda
+        if device.startswith("cuda") and torch.cuda.is_available():
+            info["gpu_name"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = "none"
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        info["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        info["driver"] = "unknown"
+    from tlora_sim.profiler.provenance import git_commit
+
+    info["git_commit"], info["git_dirty"] = git_commit()
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_count() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 0
+
+
+def summarize(pts: pd.DataFrame, col: str) -> dict:
+    """Median / p90 / max of |``col`` / measured - 1| over all, fit and held-out rows."""
+    out = {}
+    for role in ("all", "fit", "heldout"):
+        d = pts if role == "all" else pts[pts.role == role]
+        e = (d[col] / d.measured_ms - 1).abs()
+        out[role] = {"points": len(d), "median_ape": float(e.median()) if len(d) else float("nan"),
+                     "p90_ape": float(e.quantile(0.9)) if len(d) else float("nan"),
+                     "max_ape": float(e.max()) if len(d) else float("nan")}
+    return out
+
+
+def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None = None,
+          created: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """Fit ``pts`` over ``art`` and return (calibrated artifact, points with ``shipped_ms``,
+    ``calibrated_ms`` and their errors). The artifact's ``id`` is ``<gpu>-cal-<date>-<8 hex>``
+    (the hash of the base id and the parameters)."""
+    params, info = fit(art, pts)
+    cal = derive(art, params)
+    pts = pts.copy()
+    pts["shipped_ms"] = predict_ms(art, pts)
+    pts["calibrated_ms"] = predict_ms(cal, pts)
+    pts["shipped_error"] = pts.shipped_ms / pts.measured_ms - 1
+    pts["calibrated_error"] = pts.calibrated_ms / pts.measured_ms - 1
+    created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    digest = hashlib.sha256((art["id"] + json.dumps(params, sort_keys=True)).encode()).hexdigest()[:8]
+    cal.pop("_sha256", None)
+    cal["id"] = f"{str(art['gpu']).lower()}-cal-{created[:10]}-{digest}"
+    cal["created"] = created
+    cal["calibration"] = {
+        "base_artifact": art["id"], "base_sha256": art.get("_sha256"), "params": params, "fit": info,
+        "form": "host terms x host_scale[family] (loop: alone, loop; fused: fused, lorafusion, grouped); "
+                "GPU tables and terms x gpu_scale; optimizer const + step_ms",
+        "machine": machine, "measured_s": measured_s,
+        "error": {"shipped": summarize(pts, "shipped_ms"), "calibrated": summarize(pts, "calibrated_ms")},
+        "points": json.loads(pts.to_json(orient="records", double_precision=6)),
+        "tool": "tlora-sim costmodel calibrate (profiler/calibrate.py)"}
+    return cal, pts
+
+
+def error_table(pts: pd.DataFrame) -> str:
+    """The held-out points' shipped and calibrated errors, then the summary lines."""
+    h = pts[pts.role == "heldout"]
+    cols = ["model", "plan", "nano", "members", "tokens", "measured_ms", "shipped_ms", "calibrated_ms",
+            "shipped_error", "calibrated_error"]
+    lines = ["held-out points (measured, not fitted):",
+             h[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}") if len(h) else "  (none)"]
+    for name in ("shipped", "calibrated"):
+        s = summarize(pts, f"{name}_ms")
+        lines.append(f"{name:10s} held-out median |error| {s['heldout']['median_ape']:.2%} p90 "
+                     f"{s['heldout']['p90_ape']:.2%} max {s['heldout']['max_ape']:.2%} ({s['heldout']['points']} "
+                     f"points); fit points median {s['fit']['median_ape']:.2%}")
+    return "\n".join(lines)
+
+
+def write_artifact(cal: dict, path: Path) -> None:
+    """Write ``cal`` to ``path`` (JSON) atomically: a temporary file beside it, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cal, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,67 @@
+"""The measuring half of ``tlora-sim costmodel calibrate`` (the fitting half, torch-free, is
+``profiler/calibrate.py``): full-model training steps of the designed points timed through the
+executor's own ``GroupTrainer.step`` (``trainer.py``), so the calibration sees what ``execute``
+runs. Needs torch (a GPU, or the CPU with ``tiny`` for a dry run)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+from tlora_sim.profiler.calibrate import POINT_COLUMNS, members_str
+
+
+def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
+            log=print) -> pd.DataFrame:
+    """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.
+
+    Each point builds a group with ``sim/executor/trainer.py``'s ``GroupTrainer`` (what
+    ``tlora-sim execute`` trains), runs 2 warm-up steps (the first carries the build's one-off
+    costs), then times steps until 3 of them and 1.5 s have passed (at most 8); ``measured_ms`` is
+    their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their spread. Points are
+    measured in order until ``budget_s`` seconds of wall time (base-model builds included) are
+    spent; the rest are left out (logged).
+
+    Returns:
+        One row per measured point (``POINT_COLUMNS``).
+    """
+    from tlora_sim.sim.executor.trainer import DeviceTrainer  # torch
+
+    t_start = time.perf_counter()
+    trainer = DeviceTrainer(device, tiny=tiny)
+    rows, job = [], 0
+    for k, p in enumerate(points):
+        if time.perf_counter() - t_start > budget_s:
+            log(f"calibrate: budget of {budget_s:.0f} s spent; {len(points) - k} of {len(points)} points left out")
+            break
+        trainer.base(p["model"])
+        members = [(-1 - job - i, r, b, s) for i, (r, b, s) in enumerate(p["members"])]
+        job += len(members)
+        times, g = [], None
+        try:
+            g = trainer.group(p["model"], p["plan"], members)
+            for _ in range(2):
+                g.step(p["nano"])
+            t0 = time.perf_counter()
+            while len(times) < 8 and (len(times) < 3 or time.perf_counter() - t0 < 1.5):
+                times.append(g.step(p["nano"]))
+        except RuntimeError as e:  # torch.OutOfMemoryError is one: the point is left out
+            if "out of memory" not in str(e).lower():
+                raise
+            log(f"  {p['model']} {p['plan']} {members_str(p['members'])}: out of memory, left out")
+            times = []
+        del g
+        trainer.states.clear()
+        trainer.release()
+        if not times:
+            continue
+        t = np.asarray(times)
+        rows.append({"model": p["model"], "plan": p["plan"], "nano": int(p["nano"]),
+                     "members": members_str(p["members"]), "adapters": len(p["members"]),
+                     "tokens": int(sum(b * s for _, b, s in p["members"])), "role": p["role"], "reps": len(t),
+                     "measured_ms": float(t.mean()), "p10_ms": float(np.quantile(t, 0.1)),
+                     "p90_ms": float(np.quantile(t, 0.9))})
+        log(f"  {p['model']:10s} {p['plan']:6s} nano {p['nano']} {rows[-1]['members']:40s} "
+            f"{rows[-1]['measured_ms']:9.2f} ms ({p['role']})")
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
