@@ -76,6 +76,8 @@ def _replay_config(cell: Cell):
                               time_unit=cell.time_unit, strict=cell.strict,
                               policy_modules=cell.policy_modules, time_zone=cell.time_zone,
                               slurm_states=cell.slurm_states)
+    if getattr(cell, "artifact_run", None) and "artifact" in names:
+        kw["artifact"] = cell.artifact_run
     if "cost_model" in names:
         kw["cost_model"] = cell.cost_model
     elif cell.cost_model != "roofline":
