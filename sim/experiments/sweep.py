@@ -11,6 +11,7 @@ SWEEP.toml (every key is checked; an unknown key is an error)::
     regroup_pause_s = [30.0]            # optional, default [30.0]
     cost_models = ["auto"]              # optional, default ["auto"] (see COST_MODELS)
     # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "..."
+    # artifact = "calibrated_h200.json"  # optional: a cost-model artifact file (costmodel calibrate)
 
     [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
     max_group_size = 8
