@@ -257,6 +257,7 @@ def _calibrate(args) -> int:
     if missing:
         raise InputError(f"models {missing} are not in artifact {art['id']} ({', '.join(art['models'])})",
                          field="--models")
+    created = None
     if args.points is not None and args.points.suffix == ".json":  # a calibrated artifact: its points and machine
         prev = load_artifact(args.points).get("calibration")
         if not isinstance(prev, dict) or not isinstance(prev.get("points"), list):
@@ -268,6 +269,7 @@ def _calibrate(args) -> int:
         pts = pts[cb.POINT_COLUMNS]
         machine = {**prev.get("machine", {}), "refit_of": str(args.points)}
         measured_s = prev.get("measured_s")
+        created = load_artifact(args.points).get("created")  # a refit of the same points is byte-identical
     elif args.points is not None:
         try:
             pts = pd.read_csv(args.points, dtype={"members": str})
@@ -292,7 +294,7 @@ def _calibrate(args) -> int:
     if (pts.measured_ms <= 0).any() or pts.measured_ms.isna().any():
         raise InputError("measured step times must be > 0", file=str(args.points or "measurement"),
                          field="measured_ms")
-    cal, pts = cb.build(art, pts, machine, measured_s)
+    cal, pts = cb.build(art, pts, machine, measured_s, created=created)
     cb.write_artifact(cal, args.out)
     p = cal["calibration"]["params"]
     print(cb.error_table(pts))
