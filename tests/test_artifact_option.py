@@ -81,3 +81,17 @@ def test_replay_with_an_artifact_file_records_its_identity(tmp_path):
     assert main([*base[:7], "1x8xH100", *base[8:], "--artifact", str(p), "--out", str(tmp_path / "t")]) == 2
     assert main(base + ["--artifact", str(p), "--cost-model", "roofline", "--out", str(tmp_path / "u")]) == 2
     assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "u")
+
+
+def test_sweep_key_artifact(tmp_path):
+    a = _raw()
+    a["id"] = "h200-sweep-artifact"
+    _write(tmp_path, a, "cal.json")
+    toml = tmp_path / "s.toml"
+    toml.write_text('traces = ["synthetic:jobs=20"]\npolicies = ["independent"]\nclusters = ["1x8xH200"]\n'
+                    'artifact = "cal.json"\n')
+    assert main(["-q", "sweep", str(toml), "--out", str(tmp_path / "sw"), "--no-progress"]) == 0
+    cfgs = list((tmp_path / "sw").rglob("config.json"))
+    assert cfgs and all(json.loads(c.read_text())["cost_model"]["artifact"] == "h200-sweep-artifact" for c in cfgs)
+    toml.write_text(toml.read_text().replace("cal.json", "missing.json"))
+    assert main(["-q", "sweep", str(toml), "--out", str(tmp_path / "sw2"), "--no-progress"]) == 2

@@ -88,3 +88,19 @@ def test_cli_from_points_writes_a_loadable_artifact(art, tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "calibrated over " + art["id"] in shown and "host floor llama3-8b" in shown
     assert json.loads(out.read_text())["id"] == cal["id"]
+
+
+def test_refit_from_a_calibrated_artifact_keeps_points_and_machine(art, tmp_path):
+    pts = _points()
+    pts["measured_ms"] = cb.predict_ms(cb.derive(art, {**cb.IDENTITY, "host_fused": 0.8}), pts)
+    cal, _ = cb.build(art, pts, {"gpu_name": "NVIDIA H200", "cpu": "test cpu"})
+    cb.write_artifact(cal, tmp_path / "a.json")
+    assert main(["costmodel", "calibrate", "--gpu-name", "H200", "--points", str(tmp_path / "a.json"), "--out",
+                 str(tmp_path / "b.json")]) == 0
+    again = load_artifact(tmp_path / "b.json")["calibration"]
+    assert again["machine"]["cpu"] == "test cpu" and again["machine"]["refit_of"] == str(tmp_path / "a.json")
+    assert again["params"]["host_fused:llama3-8b"] == pytest.approx(cal["calibration"]["params"]["host_fused:llama3-8b"],
+                                                                    rel=1e-3)
+    # the shipped artifact has no points to refit
+    assert main(["costmodel", "calibrate", "--gpu-name", "H200", "--points", str(artifact_path("H200")), "--out",
+                 str(tmp_path / "c.json")]) == 2

@@ -31,7 +31,7 @@ def planned_as_executed(monkeypatch):
     art = json.loads((THIRD / "tlora" / "config.json").read_text())["cost_model"]["artifact"]
     path = THIRD / f"costmodel_h100_{art.rsplit('-', 1)[1]}.json"
     monkeypatch.setattr("tlora_sim.sim.executor.workload.executor_cost_model",
-                        lambda gpu: ProfiledCostModel(load_artifact(path), checkpointing=False))
+                        lambda gpu, artifact=None: ProfiledCostModel(load_artifact(path), checkpointing=False))
 
 
 LORA = str(ROOT / "profiler" / "validation" / "lora_validation.json")

@@ -9,6 +9,8 @@
 # STEP: calibrate            costmodel calibrate --gpu-name auto (BUDGET_S, default 150 s)
 #       A:POLICY[,POLICY]    workload A: ITP cluster02, the first 24 one-GPU jobs,
 #                            profiler/validation/lora_validation.json, --time-scale 300, 5-50 steps
+#       validate:W           validate-run W's runs with the shipped and the calibrated artifact and
+#                            with their measured steps (CPU only: run it here or on any machine)
 #       B:POLICY[,POLICY]    workload B: ITP cluster03 (B_TRACE), the first B_JOBS (12) one-GPU jobs,
 #                            --lora-dist tlora (llama3-8b and qwen3-8b, ranks 2-16, 1-8 sequences of
 #                            512-2048 tokens), --time-scale B_SCALE (300), 5-B_MAX (30) steps
@@ -65,6 +67,14 @@ for step in "$@"; do
         echo "$w $pol rc=$? $(( $(date +%s) - t1 )) s" >> "$LOG"; tail -2 "$WORK/$w-$pol.log" >> "$LOG"
         save
       done ;;
+    validate:*)  # on any machine: validate-run with the shipped and the calibrated artifact, and measured steps
+      w=${step#*:}; dirs=$(for pol in independent mlora tlora; do [ -f "$WORK/$w/$pol/summary.json" ] && echo "$WORK/$w/$pol"; done)
+      run $CLI validate-run $dirs --out "$WORK/$w/validation_shipped" --force --no-progress > "$WORK/$w-validation.log" 2>&1
+      [ -f "$WORK/calibrated_h200.json" ] && run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated" \
+        --artifact "$WORK/calibrated_h200.json" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
+      run $CLI validate-run $dirs --out "$WORK/$w/validation_measured" --step-times measured --force --no-progress \
+        >> "$WORK/$w-validation.log" 2>&1
+      echo "$w validation rc=$?" >> "$LOG"; grep -E "^ *(independent|mlora|tlora) |ranking" "$WORK/$w-validation.log" >> "$LOG" ;;
     *) echo "unknown step $step" >> "$LOG" ;;
   esac
   save

@@ -94,8 +94,11 @@ def add_parsers(sub) -> None:
     cal.add_argument("--tiny", action="store_true", help="train the tiny shape (a dry run of the machinery, on the CPU)")
     cal.add_argument("--models", default=",".join(("llama3-8b", "qwen3-8b")), metavar="M[,M...]",
                      help="base models to measure (default: %(default)s)")
-    cal.add_argument("--points", type=Path, metavar="CSV",
-                     help="fit these measured points (a previous run's --points-out) instead of measuring: no GPU")
+    cal.add_argument("--points", type=Path, metavar="CSV|JSON",
+                     help="fit these measured points instead of measuring (no GPU): a previous run's --points-out "
+                          "CSV, or a calibrated artifact (its points and machine provenance)")
+    cal.add_argument("--machine-note", default=None, metavar="TEXT",
+                     help="with --points CSV: what is known of the machine that measured them (provenance)")
     cal.add_argument("--points-out", type=Path, metavar="CSV", help="also write the measured points here")
     cal.add_argument("--force", action="store_true", help="replace an existing --out")
     f = cs.add_parser("fit", help="fit an artifact from profile CSVs (validates first)")
@@ -254,7 +257,20 @@ def _calibrate(args) -> int:
     if missing:
         raise InputError(f"models {missing} are not in artifact {art['id']} ({', '.join(art['models'])})",
                          field="--models")
-    if args.points is not None:
+    created = None
+    if args.points is not None and args.points.suffix == ".json":  # a calibrated artifact: its points and machine
+        prev = load_artifact(args.points).get("calibration")
+        if not isinstance(prev, dict) or not isinstance(prev.get("points"), list):
+            raise InputError("not a calibrated artifact (no calibration.points)", file=str(args.points))
+        pts = pd.DataFrame(prev["points"])
+        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns]
+        if lacking:
+            raise InputError(f"calibration.points lacks {lacking}", file=str(args.points))
+        pts = pts[cb.POINT_COLUMNS]
+        machine = {**prev.get("machine", {}), "refit_of": str(args.points)}
+        measured_s = prev.get("measured_s")
+        created = load_artifact(args.points).get("created")  # a refit of the same points is byte-identical
+    elif args.points is not None:
         try:
             pts = pd.read_csv(args.points, dtype={"members": str})
         except (OSError, ValueError) as e:
@@ -264,7 +280,7 @@ def _calibrate(args) -> int:
             raise InputError(f"lacks column(s) {lacking}", file=str(args.points))
         pts = pts[cb.POINT_COLUMNS]
         measured_s = None
-        machine = {"points": str(args.points)}
+        machine = {"points": str(args.points), "machine": args.machine_note or "not recorded"}
     else:
         t0 = time.perf_counter()
         from tlora_sim.sim.executor.calibration import measure
@@ -278,7 +294,7 @@ def _calibrate(args) -> int:
     if (pts.measured_ms <= 0).any() or pts.measured_ms.isna().any():
         raise InputError("measured step times must be > 0", file=str(args.points or "measurement"),
                          field="measured_ms")
-    cal, pts = cb.build(art, pts, machine, measured_s)
+    cal, pts = cb.build(art, pts, machine, measured_s, created=created)
     cb.write_artifact(cal, args.out)
     p = cal["calibration"]["params"]
     print(cb.error_table(pts))
@@ -323,7 +339,9 @@ def _meta(art: dict) -> dict:
                   "variants": e.get("variants", {})}
     return {"id": art["id"], "version": art.get("version"), "gpu": art["gpu"], "created": art.get("created"),
             "path": art.get("_path"), "sha256": art.get("_sha256"), "source": art.get("source"),
-            "heldout": art.get("heldout"), "ceilings": art.get("ceilings"), "coverage": cov}
+            "heldout": art.get("heldout"), "ceilings": art.get("ceilings"),
+            "calibration": ({k: v for k, v in art["calibration"].items() if k != "points"}
+                            if isinstance(art.get("calibration"), dict) else None), "coverage": cov}
 
 
 def _show(art: dict) -> str:

@@ -70,8 +70,8 @@ class ExecuteConfig:
         artifact: a cost-model artifact file the policies plan with (e.g. from ``tlora-sim
             costmodel calibrate``) instead of the shipped one of the GPU type; its identity is
             recorded in ``config.json``'s ``cost_model``.
-        trace_options: the trace reader's options, as ``replay`` takes them (``columns``,
-            ``time_zone``, ``time_unit``, ``slurm_states``; None for a reader's default).
+        trace_options: keyword arguments of ``traces.read_trace`` (``csv_columns``,
+            ``time_unit``, ``time_zone``, ``slurm_states``), as ``replay`` takes them.
     """
 
     trace: str

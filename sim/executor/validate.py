@@ -27,9 +27,15 @@ them (``Engine(serial_pauses=True, pause_by_size=...)``): a change during a rebu
 earlier instant pays its own pause after it (the executor decides between steps), and a change's
 pause is the run's mean rebuild for the group's new size (``steptable.pauses_by_size``).
 
+Inputs are checked first (``load_run``, ``check_inputs``): execute run directories whose files
+are whole and agree, of one workload, one cluster and device kind, no policy twice. The replay's
+planning and profiled step times come from the shipped artifact of the run's GPU type or from
+``artifact`` (``--artifact``, e.g. ``tlora-sim costmodel calibrate``'s).
+
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
-|sim - real| / real, then context columns), ``validation_jobs.csv`` (per job) and
+|sim - real| / real, ``avg_jct_error``, ``real_ratio``, ``sim_ratio``, ``ratio_error``,
+``ranking_kept`` (``add_ratios``), then context columns), ``validation_jobs.csv`` (per job) and
 ``validation.png``/``.pdf`` (``sim/executor/figure.py``), ``divergence.csv`` (per job: real against
 simulated placements, the first point where the schedules part; ``sim/executor/divergence.py``),
 and each simulated run's ``jobs.csv`` and ``groups.csv`` (membership changes) under ``sim/<policy>/``.

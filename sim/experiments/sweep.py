@@ -15,6 +15,7 @@ SWEEP.toml (every key is checked; an unknown key is an error)::
     # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "...",
     # time_zone = "...", slurm_states = "..." -- reader options reach only the traces whose format takes
     # them (traces/registry.py); one that fits no trace of the sweep is refused before any cell runs
+    # artifact = "calibrated_h200.json"  # optional: a cost-model artifact file (costmodel calibrate)
 
     [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
     max_group_size = 8
@@ -86,6 +87,8 @@ def _replay_config(cell: Cell):
                               time_unit=cell.time_unit, strict=cell.strict,
                               policy_modules=cell.policy_modules, time_zone=cell.time_zone,
                               slurm_states=cell.slurm_states)
+    if getattr(cell, "artifact_run", None) and "artifact" in names:
+        kw["artifact"] = cell.artifact_run
     if "cost_model" in names:
         kw["cost_model"] = cell.cost_model
     elif cell.cost_model != "roofline":

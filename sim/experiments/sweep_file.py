@@ -17,7 +17,8 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402 - the one list of names
 
 LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models", "disciplines")
-SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states", "reference")
+SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states", "reference",
+               "artifact")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
                              "regroup_pause_s": [30.0], "cost_models": ["auto"], "disciplines": ["default"]}
@@ -66,6 +67,8 @@ class Cell:
     slurm_states: str | None = None
     discipline: str = "default"
     reference: str | None = None
+    artifact: str | None = None  # a profiled artifact file, as written (``--artifact``)
+    artifact_run: str | None = None  # ... resolved against the sweep file's folder
 
     def identity(self) -> dict:
         """The canonical inputs the id hashes (paths as written, not as resolved)."""
@@ -77,7 +80,8 @@ class Cell:
                 # reader options enter the id only when set, so older sweeps keep their cell ids
                 **({"time_zone": self.time_zone} if self.time_zone else {}),
                 **({"slurm_states": self.slurm_states} if self.slurm_states else {}),
-                **({"discipline": self.discipline} if self.discipline != "default" else {})}
+                **({"discipline": self.discipline} if self.discipline != "default" else {}),
+                **({"artifact": self.artifact} if self.artifact else {})}
 
     @property
     def cell_id(self) -> str:
@@ -183,6 +187,16 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
         if v is not None and not (isinstance(v, str) and v.strip()):
             raise err(key, f"expected a non-empty string, got {v!r}")
         reader_opts[key] = v
+    artifact = data.get("artifact")
+    if artifact is not None:
+        if not (isinstance(artifact, str) and artifact.strip()):
+            raise err("artifact", f"expected the path of a cost-model artifact file, got {artifact!r}")
+        from tlora_sim.sim.costmodel.profiled import load_artifact
+
+        try:
+            load_artifact(base / artifact)
+        except InputError as e:
+            raise err("artifact", e.message) from None
     modules = data.get("policy_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise err("policy_modules", 'expected a list of .py paths or module names, e.g. ["my_policy.py"]')
@@ -328,7 +342,8 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
     cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(combo.items())), trace_run[t], dist_run[d],
                   reader(t, "csv_columns", csv_items), time_unit if "time_unit" in format_options(trace_formats[t])
                   else "s", strict, tuple(modules), reader(t, "time_zone", reader_opts["time_zone"]),
-                  reader(t, "slurm_states", reader_opts["slurm_states"]), disc, reference)
+                  reader(t, "slurm_states", reader_opts["slurm_states"]), disc, reference,
+                  artifact, str((base / artifact).resolve()) if artifact else None)
              for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for combo in combos[p]
              for disc in lists["disciplines"] for s in lists["seeds"]
              for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
