@@ -21,9 +21,9 @@ from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
 
 @dataclass(frozen=True)
 class LookaheadConfig(TLoRAConfig):
-    """tLoRA's options with SRPT ordering and the throughput join rule by default."""
+    """tLoRA's options with SRPT order and the throughput join rule by default."""
 
-    ordering: str = "srpt"
+    order: str = "srpt"
     join_rule: str = "throughput"
 
 
