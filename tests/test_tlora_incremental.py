@@ -167,9 +167,9 @@ class LookaheadReference(Lookahead):
 def test_memoised_lookahead_joins_match_the_brute_force_search(trace, spec, cost_model, array_min, monkeypatch):
     """``lookahead`` keeps each unchanged group's gain per job shape and, on large kinds, lets the
     batch screen pass over refused groups; its joins are those of asking every group."""
-    ref = LookaheadReference(LookaheadConfig(tick_s=300.0))
+    ref = LookaheadReference(LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0))
     screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "lookahead",
-                                Lookahead(LookaheadConfig(tick_s=300.0)), ref)
+                                Lookahead(LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0)), ref)
     assert ref.joins > 0, "the workload must exercise joins into running groups"
     if array_min == 1:
         assert screened > 0, "the batch screen must refuse candidates for the comparison to test it"
@@ -196,7 +196,7 @@ def test_lookahead_joins_on_hand_built_snapshots_match_the_brute_force_search():
             i += n
         queue = [job(i + k) for k in range(rng.randint(1, 6))]
         spec = f"1x{len(groups) + rng.randint(0, 3)}xH100"
-        fast, slow = Lookahead(), LookaheadReference()
+        fast, slow = Lookahead(LookaheadConfig(regroup_pause_s=0.0)), LookaheadReference(LookaheadConfig(regroup_pause_s=0.0))
         for now in (0.0, 1.0):
             snap = snapshot(queue, spec=spec, groups=groups, now=now)
             acts = fast.decide(snap)

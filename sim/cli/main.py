@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "and 95%% confidence half-width (<metric>_ci95)")
     c.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="policies simulated in parallel processes")
+    c.add_argument("--decompose", action="store_true",
+                   help="run each grouping policy's ladder eager-alone (independent-backfill) -> fused-alone "
+                        "(independent-fused) -> + its order (POLICY-nogroup) -> + grouping (POLICY); "
+                        "summary.csv and decompose.csv give each step's speed-up")
     _add_common(c)
     t = sub.add_parser("traces", help="inspect traces")
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
@@ -218,6 +222,16 @@ def _run(args) -> int:
             raise InputError("no policies given", field="--policies")
         kw = dict(workers=args.workers, progress=not args.no_progress, policy_options=_options(args.option, policies),
                   check_invariants=not args.no_invariants, force=args.force)
+        if args.decompose:
+            from tlora_sim.sim.experiments import decompose
+            from tlora_sim.sim.experiments.seeds import parse_seeds
+
+            kw["policy_options"] = _options(args.option, decompose.ladder_runs(policies))
+            ladder = decompose.compare_decomposed(_base_config(args, policies[0]), policies, args.out,
+                                                  seeds=parse_seeds(args.seeds) if args.seeds else None, **kw)
+            print(decompose.format_ladder(ladder))
+            print(f"wrote {args.out / 'summary.csv'} and {args.out / decompose.LADDER_FILE}")
+            return 0
         if args.seeds:
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 
