@@ -9,10 +9,10 @@ it starts a new group on free GPUs; the first job that can do neither gets an EA
 (``backfill="easy"``, the default; ``none``: it blocks the rest, strict FIFO as mLoRA's own
 dispatcher does).
 
-``concurrency_num`` defaults to 2: the default of mLoRA's ``--concurrency_num`` argument in its
-repository (TUDB-Labs/mLoRA, ``mlora/config/`` / ``mlora_server`` CLI: ``default=2``, "the number
-of concurrent training jobs"). The study of issue 40 measured 18.63 h at 2 vs 20.54 h at 4 on ITP
-cluster02.
+``concurrency_num`` defaults to 2: the value of the ``dispatcher: concurrency_num`` key in the
+configurations mLoRA's repository ships (TUDB-Labs/mLoRA, ``demo/lora/lora_case_1.yaml`` and the
+other ``demo/*`` cases; ``mlora/config/dispatcher.py`` reads it, with no default of its own). The
+study of issue 40 measured 18.63 h at 2 vs 20.54 h at 4 on ITP cluster02.
 
 Plans: groups run ``plan_group`` (``loop``). A group may grow at any decision, so every start
 of the grouping policy is in ``plan_group``; ``plan_alone`` is the plan of lone jobs when grouping
