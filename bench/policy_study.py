@@ -38,10 +38,10 @@ FUSED = "independent-fused"
 LADDERS = ["tlora", "lookahead"]
 POLICIES = [BASELINE, FUSED, "mlora", "lorafusion", "alto"] + [p for g in LADDERS for p in (f"{g}-nogroup", g)]
 # name -> (trace spec, cluster, extra CLI args); cluster sizes hold ~60-80% of the mean GPU demand
+ITP_CLUSTERS = {"itp02": ("cluster02.csv.gz", "16x8xH100"), "itp05": ("cluster05.csv.gz", "2x8xH100"),
+                "itp09": ("cluster09.csv.gz", "5x8xH100")}
 WORKLOADS = {
-    "itp02": (f"itp:{ITP}/cluster02.csv.gz", "16x8xH100", []),
-    "itp05": (f"itp:{ITP}/cluster05.csv.gz", "2x8xH100", []),
-    "itp09": (f"itp:{ITP}/cluster09.csv.gz", "5x8xH100", []),
+    **{name: (f"itp:{ITP}/{f}", cluster, []) for name, (f, cluster) in ITP_CLUSTERS.items()},
     "llm-synthetic": ("synthetic:jobs=3000,load=0.8,gpus=64,max_gpus=16", "8x8xH100",
                       ["--lora-dist", "llm-cluster", "--sweeps", "0.25:4,8"]),
     "load-2.0": ("synthetic:jobs=2000,load=2.0,gpus=64,max_gpus=16", "8x8xH100", ["--lora-dist", "llm-cluster"]),
@@ -116,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0-4", help="seeds (default 0-4)")
     ap.add_argument("--disciplines", default="default", help="comma-separated: default, shared")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--itp", type=Path, default=ITP, help="directory of the ITP cluster traces (default: %(default)s)")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "policy_study.csv")
     args = ap.parse_args(argv)
-    table = QUICK if args.quick else WORKLOADS
+    table = QUICK if args.quick else {**WORKLOADS, **{n: (f"itp:{args.itp}/{f}", c, [])
+                                                      for n, (f, c) in ITP_CLUSTERS.items()}}
     names = args.workloads.split(",") if args.workloads else list(table)
     parts = []
     for name in names:

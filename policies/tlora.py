@@ -263,14 +263,14 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
                     if i not in started:
                         started[i] = now
 
-    def budget_ok(self, snap: Snapshot, members: list[Job], step_s: float) -> bool:
+    def budget_ok(self, snap: Snapshot, members: list[Job], step_s: float, pause_s: float) -> bool:
         """Whether every one of ``members`` keeps its promise through a regroup now: its elapsed
-        running time, plus the pause (``regroup_pause_s``), plus its remaining steps at ``step_s``,
+        running time, plus the pause ``pause_s`` (s), plus its remaining steps at ``step_s`` (s),
         within max_slowdown x its reference runtime (total steps x ``reference_step_s``). A queued
         job has run 0 s and has all its steps left; a running one's remaining steps are read from
         its group in ``snap``. This prices the pause a join or merge costs (issue 40): the per-step
         test alone lets short jobs break their bound by the pause."""
-        pause, now = self.config.regroup_pause_s, snap.now_s
+        pause, now = pause_s, snap.now_s
         for j in members:
             t0 = self._started.get(j.index)
             if t0 is None:
@@ -322,7 +322,9 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
             return False
         if self.collective_rate(members, step) <= apart_rate + self.config.min_gain:
             return False
-        return not self._pause_priced or self.budget_ok(snap, members, step)
+        # a group planned in this decision starts with its members: no regroup pause
+        return not self._pause_priced or self.budget_ok(snap, members, step,
+                                                        0.0 if g.group_id is None else self.config.regroup_pause_s)
 
     def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
                 bound_s: float = float("inf"), key: tuple | None = None) -> tuple[float, bool]:
