@@ -203,10 +203,9 @@ class Engine:
             left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
                        f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
-        ref = reference_steps(self.jobs, self.cost_model, self.gpu, reference_plan_of(self.policy))
-        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
-                         self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started,
-                         self._by_queue, ref)
+        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events, self._decisions,
+                         self._decision_time, time.perf_counter() - t0, self._groups_started, self._by_queue,
+                         reference_steps(self.jobs, self.cost_model, self.gpu, reference_plan_of(self.policy)))
 
     def _start_arrivals(self) -> None:
         """Queue the jobs submitted by now, or wake at the first submit time."""
