@@ -53,15 +53,15 @@ STEPS = {BASELINE: "eager-alone", FUSED: "fused-alone"}
 
 
 def run(name: str, spec: str, cluster: str, extra: list[str], discipline: str, seeds: str, out: Path,
-        workers: int) -> pd.DataFrame:
-    """One ``compare --seeds``; returns its per-seed table."""
+        workers: int, policies: list[str] = POLICIES) -> pd.DataFrame:
+    """One ``compare --seeds`` of ``policies``; returns its per-seed table."""
     opts = []
     if discipline == "shared":
-        for p in POLICIES:
+        for p in policies:
             if p not in (BASELINE, FUSED):
                 opts += ["--option", f"{p}.order=fifo"]
     cmd = [sys.executable, "-m", "tlora_sim.sim.cli.main", "compare", "--trace", spec, "--cluster", cluster,
-           "--policies", ",".join(POLICIES), "--seeds", seeds, "--workers", str(workers), "--out", str(out),
+           "--policies", ",".join(policies), "--seeds", seeds, "--workers", str(workers), "--out", str(out),
            "--no-progress", "--no-invariants", "--force", *opts, *extra]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -98,7 +98,8 @@ def ratios(by_seed: pd.DataFrame) -> pd.DataFrame:
                 prev[f"{g}-nogroup"], prev[g] = FUSED, f"{g}-nogroup"
             if pol in prev:
                 row["ladder_step"] = STEPS.get(pol, "+order" if pol.endswith("-nogroup") else "+grouping")
-                step = jct[prev[pol]] / mine.avg_jct_s if prev[pol] in jct else pd.Series([1.0])
+                step = (jct[prev[pol]] / mine.avg_jct_s if prev[pol] in jct else pd.Series([np.nan])) \
+                    if prev[pol] else pd.Series([1.0])
                 row["step_speedup"], row["step_speedup_ci95"] = step.mean(), ci95(step)
             ng = part[part.policy == f"{pol}-nogroup"].set_index("seed")
             if len(ng) and abs(math.log(max(s_avg.mean(), 1e-9))) > 1e-3:
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(WORKLOADS))
     ap.add_argument("--seeds", default="0-4", help="seeds (default 0-4)")
     ap.add_argument("--disciplines", default="default", help="comma-separated: default, shared")
+    ap.add_argument("--policies", help="comma-separated subset of the policies (default: all; keep "
+                                       f"{BASELINE} for the ratios)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--itp", type=Path, default=ITP, help="directory of the ITP cluster traces (default: %(default)s)")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "policy_study.csv")
@@ -126,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         spec, cluster, extra = table[name]
         for d in args.disciplines.split(","):
-            parts.append(run(name, spec, cluster, extra, d, args.seeds, args.out / name / d, args.workers))
+            parts.append(run(name, spec, cluster, extra, d, args.seeds, args.out / name / d, args.workers,
+                             args.policies.split(",") if args.policies else POLICIES))
     result = ratios(pd.concat(parts, ignore_index=True))
     if not args.quick:
         args.results.parent.mkdir(parents=True, exist_ok=True)
