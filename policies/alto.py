@@ -6,11 +6,13 @@ ALTO's other mechanism, early exit of weak configurations, is shared by every po
 
 Each decision:
 
-1. **Co-location**: FIFO admission (or the configured ``ordering``); when the queue head belongs to a family, the family's
+1. **Co-location**: admission in priority order (``order``, FIFO by default) with EASY
+   backfilling (``backfill``, default ``easy``; ``none``: strict FIFO); when the queue head belongs to a family, the family's
    queued configurations start together in one group on the head's GPUs (up to
    ``max_group_size``, within memory), executed with grouped GEMMs and rank-local adapter
-   parallelism (plan ``grouped``); other jobs run alone (plan ``alone``: a grouped GEMM over one
-   adapter is plain LoRA, and the ``grouped`` plan was profiled on two or more adapters only).
+   parallelism (plan ``plan_group``, ``grouped``); other jobs run alone (plan ``plan_alone``,
+   ``alone``: a grouped GEMM over one adapter is plain LoRA, and the ``grouped`` plan was profiled
+   on two or more adapters only).
 
 With ``grouping=False`` every configuration runs alone; so do the jobs EASY backfilling starts.
 """
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
+from tlora_sim.policies.ordering import backfill_starts, ordered, resolve_discipline
 from tlora_sim.policies.registry import register
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.snapshot import Action, Snapshot, StartGroup
+from tlora_sim.sim.costmodel.interface import check_plan
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,25 @@ class ALTOConfig:
     Attributes:
         max_group_size: most configurations per group.
         grouping: co-locate families (False = the ordering-only ablation).
-        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
+        order: priority order (``fifo``, ``urgency``, ``srpt``, ``sjf``).
+        backfill: ``easy`` (default), ``conservative`` or ``none`` (strict head-of-line).
+        ordering: legacy single option, mapped by ``discipline.LEGACY_ORDERING`` (overrides; None: unused).
+        plan_alone: plan of a configuration that runs alone (``alone``).
+        plan_group: plan of a family's group (``grouped``).
     """
 
     max_group_size: int = 16
     grouping: bool = True
-    ordering: str = "fifo"
+    order: str = "fifo"
+    backfill: str = "easy"
+    ordering: str | None = None
+    plan_alone: str = "alone"
+    plan_group: str = "grouped"
 
     def __post_init__(self) -> None:
-        check_ordering(self.ordering)
+        resolve_discipline(self.order, self.backfill, self.ordering)
+        check_plan(self.plan_alone)
+        check_plan(self.plan_group)
 
 
 @register("alto", ALTOConfig, "ALTO: sweep families co-located with grouped GEMMs (early exit: --early-exit, "
@@ -49,19 +62,22 @@ class ALTO:
     """Family co-location (see module docstring)."""
 
     name = "alto"
-    plan = "grouped"
 
     def __init__(self, config: ALTOConfig | None = None) -> None:
         self.config = config or ALTOConfig()
+        self.order, self.backfill = resolve_discipline(self.config.order, self.config.backfill, self.config.ordering)
+        self.plan = self.config.plan_group
+        self.plan_alone = self.config.plan_alone
         if self.config.max_group_size < 1:
             raise InputError("alto needs max_group_size >= 1", field="alto")
         self.timer_s = None
 
     def decide(self, snap: Snapshot) -> list[Action]:
-        """FIFO (or ``ordering``) admission with family co-location."""
-        out = self._admit(ordered(snap, self.config.ordering))
-        if self.config.ordering == "backfill":
-            out += backfill_starts(snap, out, "alone")
+        """Admission in priority order with family co-location, then backfilling."""
+        view = ordered(snap, self.order)
+        out = self._admit(view)
+        if self.backfill != "none":
+            out += backfill_starts(snap, out, self.plan_alone, queue=view.queue, rule=self.backfill)
         return out
 
     def _admit(self, snap: Snapshot) -> list[Action]:
@@ -86,5 +102,5 @@ class ALTO:
             free.take(head.num_gpus)
             taken.update(j.index for j in members)
             out.append(StartGroup(tuple(j.index for j in members), placement,
-                                  self.plan if len(members) > 1 else "alone"))
+                                  self.plan if len(members) > 1 else self.plan_alone))
         return out

@@ -35,13 +35,15 @@ Load it with ``tlora-sim replay --policy-module my_fifo.py --policy my-fifo ...`
 a distribution with an entry point in the group ``tlora_sim.policies``. Check it against the
 contract with :func:`check_policy` before running a trace. :class:`Planner` (a scratch pad of one
 decision: free GPUs and planned groups, :class:`PlannedGroup`, kept consistent; ``actions()`` at the
-end) removes the bookkeeping of several starts and joins per decision.
+end) removes the bookkeeping of several starts and joins per decision. ``order_queue``,
+``backfill_starts`` and ``resolve_discipline`` give a policy the shared queue discipline (priority
+order x backfilling, docs/policies.md).
 """
 
 from __future__ import annotations
 
 from tlora_sim.policies.contract import Violation, check_policy
-from tlora_sim.policies.ordering import ORDERINGS, order_queue
+from tlora_sim.policies.ordering import ORDERINGS, backfill_starts, order_queue, resolve_discipline
 from tlora_sim.policies.planner import PlannedGroup, Planner
 from tlora_sim.policies.registry import Policy, available, load_policy_module, make_policy, register
 from tlora_sim.sim.core.jobs import Job
@@ -51,6 +53,6 @@ from tlora_sim.sim.core.snapshot import (Action, AddMembers, GroupView, RemoveMe
 from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member
 
 __all__ = ["Action", "AddMembers", "CostModel", "FreeGpus", "GroupView", "Job", "Member", "ORDERINGS", "PLANS",
-           "Placement", "PlannedGroup", "Planner", "Policy", "RemoveMembers", "SetExecution", "Snapshot", "StartGroup", "StopMembers",
-           "Violation", "available", "check_policy", "load_policy_module", "make_policy", "order_queue",
-           "register"]
+           "Placement", "PlannedGroup", "Planner", "Policy", "RemoveMembers", "SetExecution", "Snapshot",
+           "StartGroup", "StopMembers", "Violation", "available", "backfill_starts", "check_policy",
+           "load_policy_module", "make_policy", "order_queue", "register", "resolve_discipline"]

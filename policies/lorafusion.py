@@ -8,7 +8,9 @@ group's sequences are bin-packed into as few micro-batches of at most ``microbat
 tokens per GPU as possible (``tlora_sim.policies.binpack``: HiGHS MILP with a time limit, greedy
 first-fit-decreasing fallback, the better kept). The micro-batch count goes to the cost model.
 
-As a cluster policy: strict FIFO admission; when the queue head's GPUs are free, it forms a group
+As a cluster policy: admission in priority order (``order``, arrival by default) with EASY
+backfilling (``backfill="easy"``, the default; ``none``: strict FIFO, as LoRAFusion's own
+scheduler takes its job list in order); when the queue head's GPUs are free, it forms a group
 with the head and up to ``group_size - 1`` queued jobs of the same base model and GPU count from
 the next ``window``: the candidates are sorted by sequence length and paired head-to-tail
 (longest with shortest); pairs are added, the head's pair first, while the group fits in memory.
@@ -17,6 +19,12 @@ not: LoRAFusion's scheduler packs each training step's samples from the adapters
 so when a member finishes the policy re-packs the remaining members' sequences and sets the new
 micro-batch count (``SetExecution``, no pause). Samples are never split across micro-batches; one
 longer than a micro-batch's token capacity fills a micro-batch alone.
+
+Plans: groups of two or more run ``plan_group`` (``lorafusion``); a job that starts alone (no
+partner, grouping off, or backfilled) runs ``plan_alone``, by default ``lorafusion`` too (its
+kernels over one adapter: the cost model extrapolates them, since they were profiled with two or
+more adapters; ``--option lorafusion.plan_alone=fused`` or ``alone`` changes it). Groups are fixed
+once started, so a lone job never receives members.
 """
 
 from __future__ import annotations
@@ -25,11 +33,12 @@ from dataclasses import dataclass
 from itertools import islice
 
 from tlora_sim.policies.binpack import pack_micro_batches
-from tlora_sim.policies.ordering import backfill_starts, check_ordering, ordered
+from tlora_sim.policies.ordering import backfill_starts, ordered, resolve_discipline
 from tlora_sim.policies.registry import register
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot, StartGroup
+from tlora_sim.sim.costmodel.interface import check_plan
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,11 @@ class LoRAFusionConfig:
         microbatch_tokens: token capacity of a micro-batch per GPU.
         milp_time_limit_s: HiGHS time limit per packing (s).
         grouping: co-locate at all (False = the ordering-only ablation).
-        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
+        order: priority order (``fifo``, ``urgency``, ``srpt``, ``sjf``).
+        backfill: ``easy`` (default), ``conservative`` or ``none`` (strict head-of-line).
+        ordering: legacy single option, mapped by ``discipline.LEGACY_ORDERING`` (overrides; None: unused).
+        plan_alone: plan of a job that starts alone (``lorafusion``).
+        plan_group: plan of groups of two or more (``lorafusion``).
     """
 
     group_size: int = 4
@@ -50,10 +63,16 @@ class LoRAFusionConfig:
     microbatch_tokens: int = 8192
     milp_time_limit_s: float = 0.5
     grouping: bool = True
-    ordering: str = "fifo"
+    order: str = "fifo"
+    backfill: str = "easy"
+    ordering: str | None = None
+    plan_alone: str = "lorafusion"
+    plan_group: str = "lorafusion"
 
     def __post_init__(self) -> None:
-        check_ordering(self.ordering)
+        resolve_discipline(self.order, self.backfill, self.ordering)
+        check_plan(self.plan_alone)
+        check_plan(self.plan_group)
 
 
 def head_tail_pairs(jobs: list[Job]) -> list[list[Job]]:
@@ -74,11 +93,13 @@ class LoRAFusion:
     """Grouping by head-tail pairing plus micro-batch bin packing (see module docstring)."""
 
     name = "lorafusion"
-    plan = "lorafusion"
     timer_s = None  # no timer decisions
 
     def __init__(self, config: LoRAFusionConfig | None = None) -> None:
         self.config = config or LoRAFusionConfig()
+        self.order, self.backfill = resolve_discipline(self.config.order, self.config.backfill, self.config.ordering)
+        self.plan = self.config.plan_group
+        self.plan_alone = self.config.plan_alone
         if self.config.group_size < 1 or self.config.microbatch_tokens < 1:
             raise InputError("lorafusion needs group_size >= 1 and microbatch_tokens >= 1", field="lorafusion")
         self.packings = {"milp": 0, "greedy": 0}
@@ -110,7 +131,7 @@ class LoRAFusion:
         free = snap.free.copy()
         out: list[Action] = self.repack(snap)
         taken: set[int] = set()
-        queue = ordered(snap, self.config.ordering).queue  # read in place: no copy per decision
+        queue = ordered(snap, self.order).queue  # read in place: no copy per decision
         for pos, head in enumerate(queue):
             if head.index in taken:
                 continue
@@ -135,8 +156,9 @@ class LoRAFusion:
                     members = [head]
             placement = free.take(head.num_gpus)
             taken.update(j.index for j in members)
-            out.append(StartGroup(tuple(j.index for j in members), placement, self.plan,
+            out.append(StartGroup(tuple(j.index for j in members), placement,
+                                  self.plan if len(members) > 1 else self.plan_alone,
                                   micro_batches=self.micro_batches(members, head.num_gpus)))
-        if self.config.ordering == "backfill":
-            out += backfill_starts(snap, out, self.plan)
+        if self.backfill != "none":
+            out += backfill_starts(snap, out, self.plan_alone, queue=queue, rule=self.backfill)
         return out

@@ -1,4 +1,7 @@
-"""Queue orderings, shared by the policies and by their no-grouping ablations.
+"""Queue disciplines, shared by the policies and by their no-grouping ablations: a priority order
+and a backfilling rule, two separate axes (``tlora_sim.policies.discipline`` names them).
+
+Priority orders (``order``):
 
 * ``fifo``: arrival order (``Job.index``).
 * ``urgency`` (tLoRA, arXiv 2602.07263): highest urgency first, urgency = time waited so far over
@@ -6,25 +9,42 @@
   larger residual capacity first (tolerated slowdown minus one: jobs that co-locate easily), then
   arrival.
 * ``srpt``: shortest isolated remaining runtime first (LoRA step times are predictable, so the
-  remaining time is known), then arrival.
-* ``backfill``: arrival order with EASY backfilling (Lifka 1995; Slurm's ``sched/backfill``
-  default): when the head cannot start, it gets a reservation (the earliest time enough GPUs
-  free up, from the running groups' predicted finishes), and a later job starts now if its GPUs
-  are free and it either finishes before that time or uses only GPUs the head will not need.
-  Ours where the papers are silent: GPUs are counted cluster-wide (placement on nodes is not
-  reserved), a queued job's runtime is its isolated runtime, and a running group's finish is
-  its slowest member's remaining steps at the current step time plus any pause.
+  remaining time is known), then arrival. A queued job's progress is not in the snapshot, so for
+  a job that never ran (every job in today's policies' queues) it is its whole isolated runtime.
+* ``sjf``: shortest job first, by the isolated runtime of the whole job (Slurm's and the
+  textbook's SJF), then arrival; the same key as ``srpt`` for jobs that never ran.
 
-Every policy takes ``ordering`` (``--option NAME.ordering=...``): ``ordered(snap, how)`` gives the
-snapshot the policy decides on, and with ``backfill`` the policy's actions are followed by
-``backfill_starts``, which starts the jobs the EASY rule admits, each alone, in the policy's plan.
+Backfilling (``backfill``):
+
+* ``easy``: EASY backfilling (Lifka 1995; Slurm's ``sched/backfill`` default) on any priority
+  order: the first waiting job *in priority order* that cannot start gets a reservation (the
+  earliest time enough GPUs free up, from the running groups' predicted finishes), and a later
+  job starts now if its GPUs are free and it either finishes before that time or uses only GPUs
+  the reserved job will not need.
+* ``conservative`` (Mu'alem and Feitelson 2001): every waiting job ahead keeps a reservation; a
+  job starts now only if it delays none of them (``conservative_starts``: an availability profile
+  of the cluster's GPU count over time, each waiting job in priority order reserved at the
+  earliest time it fits).
+* ``none``: strict head-of-line: the first job that cannot start stops every later start.
+
+Ours where the papers are silent: GPUs are counted cluster-wide (placement on nodes is not
+reserved), a queued job's runtime is its isolated runtime, and a running group's finish is its
+slowest member's remaining steps at the current step time plus any pause.
+
+Every policy takes ``order`` and ``backfill`` (``--option NAME.order=...``, ``NAME.backfill=...``;
+``ordering`` is the older single option, mapped by ``discipline.LEGACY_ORDERING``, and overrides
+both when given). ``ordered(snap, order)`` gives the snapshot the policy decides on, and with a
+backfilling rule the policy's actions are followed by ``backfill_starts``, which starts the jobs
+the rule admits, each alone, in the policy's lone-job plan.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Callable, Sequence
 
+from tlora_sim.policies.discipline import BACKFILLS, LEGACY_ORDERING, ORDERS, check_backfill, check_order
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup, StopMembers
 from tlora_sim.traces.errors import InputError
@@ -35,37 +55,55 @@ def urgency(job: Job, now_s: float) -> float:
     return max(now_s - job.submit_time_s, 0.0) / job.isolated_runtime_s
 
 
-def order_queue(queue: Sequence[Job], how: str, now_s: float) -> list[Job]:
-    """The queue sorted by ordering ``how`` (see module docstring).
-
-    Raises:
-        InputError: unknown ordering.
-    """
-    if check_ordering(how) in ("fifo", "backfill"):
-        return list(queue)
-    return sorted(queue, key=lambda j: ORDERINGS[how](j, now_s))
-
-
-ORDERINGS: dict[str, Callable[[Job, float], tuple]] = {
+ORDER_KEYS: dict[str, Callable[[Job, float], tuple]] = {
     "fifo": lambda j, now: (j.index,),
-    "backfill": lambda j, now: (j.index,),
     "urgency": lambda j, now: (-urgency(j, now), -(j.max_slowdown - 1.0), j.index),
     "srpt": lambda j, now: (j.isolated_runtime_s, j.index),
+    "sjf": lambda j, now: (j.isolated_runtime_s, j.index),
 }
+"""Sort key of each priority order (every key ends with the unique job index)."""
+
+ORDERINGS = ORDER_KEYS  # the older name
+
+
+def order_queue(queue: Sequence[Job], order: str, now_s: float) -> list[Job]:
+    """The queue sorted by priority order ``order`` (see module docstring; a legacy ``ordering``
+    value is read through ``LEGACY_ORDERING``).
+
+    Raises:
+        InputError: unknown order.
+    """
+    order = LEGACY_ORDERING[order][0] if order in LEGACY_ORDERING and order not in ORDERS else order
+    check_order(order)
+    if order == "fifo":
+        return list(queue)
+    return sorted(queue, key=lambda j: ORDER_KEYS[order](j, now_s))
 
 
 def check_ordering(how: str) -> str:
-    """Validate an ordering name. Raises InputError naming the known ones."""
-    if how not in ORDERINGS:
-        raise InputError(f"unknown queue ordering {how!r}; known: {', '.join(ORDERINGS)}", field="ordering")
+    """Validate a legacy ``ordering`` value. Raises InputError naming the known ones."""
+    if how not in LEGACY_ORDERING:
+        raise InputError(f"unknown queue ordering {how!r}; known: {', '.join(LEGACY_ORDERING)}", field="ordering")
     return how
 
 
-def ordered(snap: Snapshot, how: str) -> Snapshot:
-    """``snap`` with its queue in ordering ``how`` (the same object for arrival order)."""
-    if how in ("fifo", "backfill"):
+def resolve_discipline(order: str, backfill: str, ordering: str | None) -> tuple[str, str]:
+    """The ``(order, backfill)`` a policy runs: ``ordering`` (legacy, when not None) mapped through
+    ``LEGACY_ORDERING`` overrides both.
+
+    Raises:
+        InputError: an unknown order, backfilling rule or legacy ordering.
+    """
+    if ordering is not None:
+        return LEGACY_ORDERING[check_ordering(ordering)]
+    return check_order(order), check_backfill(backfill)
+
+
+def ordered(snap: Snapshot, order: str) -> Snapshot:
+    """``snap`` with its queue in priority order ``order`` (the same object for arrival order)."""
+    if order in ("fifo", "backfill"):
         return snap
-    return dataclasses.replace(snap, queue=tuple(order_queue(snap.queue, how, snap.now_s)))
+    return dataclasses.replace(snap, queue=tuple(order_queue(snap.queue, order, snap.now_s)))
 
 
 def _group_finish_s(snap: Snapshot, g) -> float:
@@ -74,17 +112,9 @@ def _group_finish_s(snap: Snapshot, g) -> float:
     return max(snap.now_s, g.paused_until_s) + rest * g.step_time_s
 
 
-def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str) -> list[StartGroup]:
-    """EASY backfilling after a policy's ``actions`` (see the module docstring).
-
-    Args:
-        snap: the snapshot the actions were decided on (queue in arrival order).
-        actions: the policy's actions of this decision (their starts and joins are respected).
-        plan: the execution plan of the groups it starts (each job alone).
-
-    Returns:
-        The extra ``StartGroup`` actions, in arrival order.
-    """
+def _after_actions(snap: Snapshot, actions: Sequence[Action]):
+    """(free GPUs, [(finish s, GPUs) of the groups still running after ``actions``], placed job
+    indices) as the engine would leave them; None where the actions cannot be followed."""
     placed = {i for a in actions if isinstance(a, (StartGroup, AddMembers)) for i in a.job_indices}
     free = snap.free.copy()
     started_end: list[tuple[float, int]] = []  # (finish, GPUs) of the groups the actions start
@@ -103,24 +133,61 @@ def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str) -> lis
                     del left[a.group_id]
             elif isinstance(a, AddMembers) and a.group_id in left:
                 left[a.group_id] |= set(a.job_indices)
-    except RuntimeError:  # actions this reading cannot follow: no backfilling in this decision
+    except (RuntimeError, KeyError):  # actions this reading cannot follow: no backfilling in this decision
+        return None
+    ends = [(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid in left] + started_end
+    return free, ends, placed
+
+
+def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str, *, queue: Sequence[Job] | None = None,
+                    rule: str = "easy", backfill_order: str | None = None) -> list[StartGroup]:
+    """The starts backfilling admits after a policy's ``actions`` (see the module docstring).
+
+    Args:
+        snap: the snapshot the actions were decided on.
+        actions: the policy's actions of this decision (their starts and joins are respected).
+        plan: the execution plan of the groups it starts (each job alone).
+        queue: the waiting jobs in the policy's priority order (default: ``snap.queue``, arrival
+            order); the first one the actions left waiting that cannot start holds the reservation.
+        rule: ``easy``, ``conservative`` or ``none`` (no start).
+        backfill_order: the order later jobs are tried in (a priority order name; default: the
+            order of ``queue``).
+
+    Returns:
+        The extra ``StartGroup`` actions, in the order they were admitted.
+
+    Raises:
+        InputError: an unknown rule or order.
+    """
+    check_backfill(rule)
+    if rule == "none":
         return []
-    waiting = [j for j in snap.queue if j.index not in placed]
+    got = _after_actions(snap, actions)
+    if got is None:
+        return []
+    free, ends, placed = got
+    waiting = [j for j in (snap.queue if queue is None else queue) if j.index not in placed]
     if not waiting:
         return []
-    head, later = waiting[0], waiting[1:]
+    head = waiting[0]
     if free.find(head.num_gpus) is not None:
-        return []  # the head could start: the policy chose not to, and backfilling must not overtake it
-    ends = sorted([(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid in left]
-                  + started_end)
+        return []  # the first job in order could start: the policy chose not to, and backfilling must not overtake it
+    if rule == "conservative":
+        return conservative_starts(snap, free, ends, waiting, plan)
+    ends.sort()
     avail, shadow, extra = free.total, float("inf"), 0
     for t, n in ends:
         avail += n
         if avail >= head.num_gpus:
             shadow, extra = t, avail - head.num_gpus
             break
+    later = waiting[1:]
+    if backfill_order is not None:
+        later = order_queue(later, backfill_order, snap.now_s)
     out: list[StartGroup] = []
     for j in later:
+        if j.num_gpus > free.total:
+            continue
         runtime = j.total_steps * j.isolated_step_time_s
         fits_before = snap.now_s + runtime <= shadow
         if not fits_before and j.num_gpus > extra:
@@ -131,4 +198,74 @@ def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str) -> lis
         if not fits_before:
             extra -= j.num_gpus
         out.append(StartGroup((j.index,), p, plan))
+    return out
+
+
+class _Profile:
+    """Free GPUs of the cluster over time: a step function from ``now`` on (counts cluster-wide)."""
+
+    def __init__(self, now_s: float, free_now: int, ends: list[tuple[float, int]]) -> None:
+        self.t = [now_s]
+        self.n = [free_now]
+        for t, k in sorted(ends):
+            self._add(max(t, now_s), float("inf"), k)
+
+    def _split(self, t: float) -> int:
+        i = bisect.bisect_left(self.t, t)
+        if i < len(self.t) and self.t[i] == t:
+            return i
+        self.t.insert(i, t)
+        self.n.insert(i, self.n[i - 1])
+        return i
+
+    def _add(self, t0: float, t1: float, k: int) -> None:
+        i = self._split(t0)
+        j = self._split(t1) if t1 != float("inf") else len(self.t)
+        for x in range(i, j):
+            self.n[x] += k
+
+    def earliest(self, need: int, dur: float) -> float:
+        """Earliest start time t with at least ``need`` GPUs free over [t, t + dur)."""
+        for i, t in enumerate(self.t):
+            end = t + dur
+            ok = True
+            for x in range(i, len(self.t)):
+                if self.t[x] >= end:
+                    break
+                if self.n[x] < need:
+                    ok = False
+                    break
+            if ok:
+                return t
+        return float("inf")
+
+    def reserve(self, t0: float, dur: float, k: int) -> None:
+        """Take ``k`` GPUs over [t0, t0 + dur)."""
+        if t0 != float("inf"):
+            self._add(t0, t0 + dur, -k)
+
+
+def conservative_starts(snap: Snapshot, free, ends: list[tuple[float, int]], waiting: Sequence[Job],
+                        plan: str) -> list[StartGroup]:
+    """Conservative backfilling (Mu'alem and Feitelson 2001): each waiting job, in priority order,
+    is reserved at the earliest time the availability profile fits it for its isolated runtime;
+    a job whose reservation is now and whose GPUs are free now starts (alone, in ``plan``).
+    Counts are cluster-wide, as for EASY; a job that fits the count but not the nodes now keeps
+    a reservation now, so no later job takes its GPUs in this decision.
+
+    Args:
+        snap: the snapshot; free: free GPUs after the policy's actions; ends: (finish s, GPUs) of
+            the groups running after them; waiting: the jobs left waiting, in priority order.
+    """
+    now = snap.now_s
+    prof = _Profile(now, free.total, ends)
+    out: list[StartGroup] = []
+    for j in waiting:
+        dur = j.total_steps * j.isolated_step_time_s
+        t = prof.earliest(j.num_gpus, dur)
+        if t <= now:
+            p = free.take(j.num_gpus)
+            if p is not None:
+                out.append(StartGroup((j.index,), p, plan))
+        prof.reserve(t, dur, j.num_gpus)
     return out

@@ -7,7 +7,7 @@ membership consistent while they do, then emits the engine actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.placement import Placement
@@ -28,6 +28,10 @@ class PlannedGroup:
     nano_batches: int = 1
     removed: list[Job] = field(default_factory=list)
     _cached: tuple = field(default=(), repr=False)
+    bound_of: Callable[[Job], float] | None = field(default=None, repr=False)
+    """A member's largest tolerated step time (s); None: max_slowdown x its eager isolated step
+    time (``Job.isolated_step_time_s``). Policies that measure the promise against their own plan
+    pass theirs (``TLoRA.job_bound_s``)."""
 
     def step_time_s(self, snap: Snapshot, plan: str, extra: Job | None = None) -> float:
         """Predicted step time with ``extra`` added (s); the value without ``extra`` is cached."""
@@ -43,7 +47,12 @@ class PlannedGroup:
         """Cache ``step_s`` (s) as the group's predicted step time with its current members, and
         their slowdown bound with it (for a caller that already holds that prediction; ``bound_s``:
         the members' bound if the caller knows it, else computed)."""
-        bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members) if bound_s is None else bound_s
+        if bound_s is not None:
+            bound = bound_s
+        elif self.bound_of is not None:
+            bound = min(map(self.bound_of, self.members))
+        else:
+            bound = min(j.max_slowdown * j.isolated_step_time_s for j in self.members)
         self._cached = (len(self.members), step_s, bound)
 
     def step_time_with(self, snap: Snapshot, plan: str, extra: list[Job]) -> float:
@@ -52,7 +61,8 @@ class PlannedGroup:
                                 self.nano_batches)
 
     def slowdown_bound_s(self, snap: Snapshot, plan: str) -> float:
-        """Largest step time every current member tolerates: min_i max_slowdown_i x T_iso,i (s)."""
+        """Largest step time every current member tolerates: min_i max_slowdown_i x T_ref,i (s),
+        T_ref the member's reference step time (``bound_of``; eager isolated by default)."""
         self.step_time_s(snap, plan)
         return self._cached[2]
 
@@ -66,10 +76,14 @@ class Planner:
 
     _serial = 0
 
-    def __init__(self, snap: Snapshot, plan: str, protos: Mapping[int, PlannedGroup] | None = None) -> None:
+    def __init__(self, snap: Snapshot, plan: str, protos: Mapping[int, PlannedGroup] | None = None,
+                 bound_of: Callable[[Job], float] | None = None) -> None:
         """``protos``: optional group id -> the policy's own picture of a running group (its
         version, nano-batch count, cached step time); planned copies are cloned from it instead of
-        read from the snapshot. It must agree with the snapshot on members, model and placement."""
+        read from the snapshot. It must agree with the snapshot on members, model and placement.
+        ``bound_of``: the members' tolerated step time (``PlannedGroup.bound_of``) of every group
+        it plans."""
+        self.bound_of = bound_of
         self.snap = snap
         self.plan = plan
         self._protos = protos
@@ -97,7 +111,7 @@ class Planner:
         if g is None:
             g = self.snap.groups[gid]
         return PlannedGroup(gid, g.version, g.model, g.n_gpus, g.placement, list(g.members),
-                            nano_batches=g.nano_batches, _cached=getattr(g, "_cached", ()))
+                            nano_batches=g.nano_batches, _cached=getattr(g, "_cached", ()), bound_of=self.bound_of)
 
     def _kind(self, kind: tuple[str, int]) -> list[PlannedGroup]:
         lst = self._by_kind.get(kind)
@@ -182,7 +196,7 @@ class Planner:
         p = self.free.take(job.num_gpus)
         if p is None:
             return None
-        g = PlannedGroup(None, 0, job.model, job.num_gpus, p, [job], [job])
+        g = PlannedGroup(None, 0, job.model, job.num_gpus, p, [job], [job], bound_of=self.bound_of)
         kind = (job.model, job.num_gpus)
         self._new_by_kind.setdefault(kind, []).append(g)
         if kind in self._by_kind:

@@ -62,17 +62,20 @@ import numpy as np
 
 from tlora_sim.policies.nanobatch import NanoBatchTuner
 
-from tlora_sim.policies.ordering import backfill_starts, order_queue
+from tlora_sim.policies.discipline import check_order
+from tlora_sim.policies.ordering import backfill_starts, order_queue, resolve_discipline
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora_column import ColumnScreen
 from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, TargetMemo, batch_refusals, group_features
 from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
+from tlora_sim.policies.tlora_promise import NANO_PLANS, SLOWDOWN_REFERENCES, Promise
 from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
 from tlora_sim.policies.tlora_tune import MAX_PROBES, PROBE_STEPS, NanoTuning  # noqa: F401 (re-exported)
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, Snapshot
+from tlora_sim.sim.costmodel.interface import check_plan
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,24 @@ class TLoRAConfig:
     Attributes:
         max_group_size: most adapters per super-model.
         min_gain: smallest rise of collective throughput (isolated-speed units) worth a regroup.
-        ordering: queue discipline (``tlora_sim.policies.ordering``: fifo, backfill, urgency, srpt).
+        order: priority order (``tlora_sim.policies.ordering``: fifo, urgency, srpt, sjf;
+            tLoRA's own: ``urgency``).
+        backfill: ``easy`` (default), ``conservative`` or ``none`` (strict head-of-line: the first
+            job that can neither join nor start stops every later start).
+        ordering: legacy single option (fifo, backfill, urgency, srpt), mapped by
+            ``discipline.LEGACY_ORDERING`` onto ``order``/``backfill`` and overriding them; None: unused.
+        backfill_order: the order backfilling tries the later jobs in (a priority order; None:
+            ``order``).
+        plan_alone: plan of lone jobs when grouping is off (with grouping on every group may grow,
+            so every start is in ``plan_group``); also the slowdown reference (``slowdown_reference``).
+        plan_group: plan of the super-models (``fused``: our fused multi-LoRA kernel).
+        slowdown_reference: what a tolerated slowdown is measured against: ``own`` (a job's
+            isolated step time in the policy's own plan, ``plan_alone``: the promise as tLoRA
+            states it, and what ``jobs.csv`` ``run_slowdown`` reports) or ``eager`` (its eager
+            per-job LoRA step time, ``Job.isolated_step_time_s``: the old reading).
+        regroup_pause_s: the regroup pause (s) a join or merge costs its group; the join test prices
+            it against each member's remaining slowdown budget (0: not priced). Set it to the
+            engine's ``--regroup-pause`` (default 30 s).
         window: candidates examined after the head (bounds decision time).
         grouping: co-locate at all (False = the ordering-only ablation).
         nano_batching: tune nano-batch counts.
@@ -94,7 +114,14 @@ class TLoRAConfig:
 
     max_group_size: int = 16
     min_gain: float = 0.05
-    ordering: str = "urgency"
+    order: str = "urgency"
+    backfill: str = "easy"
+    ordering: str | None = None
+    backfill_order: str | None = None
+    plan_alone: str = "fused"
+    plan_group: str = "fused"
+    slowdown_reference: str = "own"
+    regroup_pause_s: float = 30.0
     window: int = 64
     grouping: bool = True
     nano_batching: bool = True
@@ -102,14 +129,27 @@ class TLoRAConfig:
     tick_s: float = 600.0
     join_rule: str = "residual"
 
+    def __post_init__(self) -> None:
+        resolve_discipline(self.order, self.backfill, self.ordering)
+        if self.backfill_order is not None:
+            check_order(self.backfill_order)
+        check_plan(self.plan_alone)
+        check_plan(self.plan_group)
+        if self.slowdown_reference not in SLOWDOWN_REFERENCES:
+            raise InputError(f"unknown slowdown_reference {self.slowdown_reference!r}; known: "
+                             f"{', '.join(SLOWDOWN_REFERENCES)}", field="slowdown_reference")
+        if not 0.0 <= self.regroup_pause_s < float("inf"):
+            raise InputError("tlora regroup_pause_s must be finite and >= 0", field="regroup_pause_s")
+
+
 
 @register("tlora", TLoRAConfig, "tLoRA: urgency-ordered, residual-capacity-aware elastic super-models, "
                                  "binary-cut grouping, node/rack/cluster tiers, AIMD nano-batching")
-class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
+class TLoRA(Promise, JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
     """Residual-capacity-aware grouping (see module docstring)."""
 
     name = "tlora"
-    plan = "fused"
+    plan = "fused"  # the default of ``plan_group``; each instance sets its own
     index_queue = True
     """Walk the queue through ``QueueTable`` on engine snapshots (same decisions, cost flat in the
     queue length; False: the plain walk of ``_group_queue``, the reference the tests compare with)."""
@@ -125,7 +165,13 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         self.config = config or TLoRAConfig()
         if self.config.max_group_size < 1 or self.config.window < 0 or self.config.tick_s <= 0:
             raise InputError("tlora needs max_group_size >= 1, window >= 0, tick_s > 0", field="tlora")
-        order_queue([], self.config.ordering, 0.0)  # validate the ordering name
+        self.order, self.backfill = resolve_discipline(self.config.order, self.config.backfill,
+                                                       self.config.ordering)
+        self.plan = self.config.plan_group if self.config.grouping else self.config.plan_alone
+        self.plan_alone = self.plan if self.config.grouping else self.config.plan_alone
+        self.reference_plan = self.config.plan_alone if self.config.slowdown_reference == "own" else "alone"
+        """The plan a job's tolerated slowdown is measured against (``alone``: its eager step)."""
+        self._pause_priced = self.config.grouping and self.config.regroup_pause_s > 0
         if self.config.join_rule not in JOIN_RULES:
             raise InputError(f"unknown join rule {self.config.join_rule!r}; known: {', '.join(JOIN_RULES)}",
                              field="join_rule")
@@ -161,7 +207,11 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         self._kind_checked: dict[tuple[str, int], tuple[float, int]] = {}
         self._last_tick = float("-inf")
         self._last_now = float("-inf")
-        self._queue_table = QueueTable()
+        self._queue_table = QueueTable(self.job_bound_s)
+        self._refs: dict[tuple, float] = {}  # (model, member, GPUs) -> isolated step time in ``reference_plan`` (s)
+        self._ref_cm: tuple = (None, "")  # (cost model, GPU name) the reference steps are for
+        self._started: dict[int, float] = {}  # job index -> first start (s), from this policy's own actions
+        self._member_gid: dict[int, int] = {}  # job index -> the running group it was last seen in
         self._srows: dict = {}  # the column screens' batch rows per waiting shape (``ColumnScreen._shape_rows``)
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
         self.shapes_by_member = 0  # queued shapes found without a join target unasked (by member or in bulk)
@@ -175,11 +225,6 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
     def collective_rate(members: list[Job], step_s: float) -> float:
         """Σ isolated step time / group step time: progress in isolated-speed units per second."""
         return sum(j.isolated_step_time_s for j in members) / step_s
-
-    @staticmethod
-    def within_slowdown(members: list[Job], step_s: float) -> bool:
-        """Every member's step time in the group within its tolerated slowdown."""
-        return all(step_s <= j.max_slowdown * j.isolated_step_time_s * (1 + 1e-12) for j in members)
 
     def merge_ok(self, snap: Snapshot, g: PlannedGroup, extra: list[Job], apart_rate: float, *,
                  bound_extra: float | None = None, key: tuple | None = None) -> bool:
@@ -195,14 +240,18 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         if len(members) > self.config.max_group_size:
             return False
         if bound_extra is None:
-            bound_extra = min(j.max_slowdown * j.isolated_step_time_s for j in extra)
+            bound_extra = min(map(self.job_bound_s, extra))
         bound = min(g.slowdown_bound_s(snap, self.plan), bound_extra)
         if g.step_time_s(snap, self.plan) >= bound:
             return False
         step, fits = self._merged(snap, g, extra, bound, key)
         if step > bound * (1 + 1e-12) or not fits:
             return False
-        return self.collective_rate(members, step) > apart_rate + self.config.min_gain
+        if self.collective_rate(members, step) <= apart_rate + self.config.min_gain:
+            return False
+        # a group planned in this decision starts with its members: no regroup pause
+        return not self._pause_priced or self.budget_ok(snap, members, step,
+                                                        0.0 if g.group_id is None else self.config.regroup_pause_s)
 
     def _merged(self, snap: Snapshot, g: PlannedGroup, extra: list[Job],
                 bound_s: float = float("inf"), key: tuple | None = None) -> tuple[float, bool]:
@@ -258,6 +307,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         if snap.now_s < self._last_now:
             self._reset()
         self._last_now = snap.now_s
+        self._use_cost_model(snap)
         tick = snap.now_s - self._last_tick >= self.config.tick_s
         if self.defer_idle and not tick and not snap.queue and snap.changed is not None:
             # nothing to walk and no tick: no action is possible, and every answer this decision
@@ -271,7 +321,7 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
                 changed = self._idle_changed | changed
             self._idle_changed = set()
         self._note_changes(snap, changed)
-        plan = Planner(snap, self.plan, self._protos)
+        plan = Planner(snap, self.plan, self._protos, bound_of=self.job_bound_s)
         for memo in (self._memo, self._join_memo, self._scan_memo, self._feats):  # per group id: drop closed groups
             if len(memo) > 2 * len(snap.groups) + 64:
                 for gid in [gid for gid in memo if gid not in snap.groups]:
@@ -282,10 +332,10 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
             self._job_rows.clear()
         indexed = self.index_queue and snap.kinds is not None and bool(snap.queue)  # nothing to walk
         if indexed:
-            order = self._queue_table.order(snap.queue, self.config.ordering, snap.now_s)
+            order = self._queue_table.order(snap.queue, self.order, snap.now_s)
             smallest_wait = order.min_gpus()
         else:
-            queue = order_queue(snap.queue, self.config.ordering, snap.now_s)
+            queue = order_queue(snap.queue, self.order, snap.now_s)
             smallest_wait = min((j.num_gpus for j in queue), default=None)
         if tick:
             self._last_tick = snap.now_s
@@ -296,11 +346,14 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         else:
             self._group_queue(snap, plan, queue)
         actions = plan.actions()
-        if self.config.nano_batching:
+        if self.config.nano_batching and self.plan in NANO_PLANS:
             actions += self._tune(snap, tick, changed, skip={g.group_id for g in plan.removed_groups}
                                   | {g.group_id for g in plan.changed_groups()})
-        if self.config.ordering == "backfill":
-            actions += backfill_starts(snap, actions, self.plan)
+        if self.backfill != "none" and snap.queue:
+            waiting = [order.job(p) for p in range(len(order))] if indexed else queue
+            actions += backfill_starts(snap, actions, self.plan, queue=waiting, rule=self.backfill,
+                                       backfill_order=self.config.backfill_order)
+        self._note_starts(snap, actions)
         return actions
 
     def _note_changes(self, snap: Snapshot, changed_ids=None) -> None:
@@ -332,6 +385,9 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
                 self._kind_of[gid] = kind
             members = tuple(g.members)  # the Job objects: compared by identity first, then by value
             self._live[gid] = (members, g.step_time_s, g.nano_batches, g.micro_batches, g.paused_until_s)
+            if self._pause_priced:
+                for j in members:
+                    self._member_gid[j.index] = gid
             nano = g.nano_batches
             old = self._sig.get(gid)
             same = old is not None and old[0] == members and old[3] == g.placement
@@ -351,7 +407,8 @@ class TLoRA(JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
             else:
                 version = 0 if old is None else old[1] + (old[0] != members)
                 self._sig[gid] = (members, version, nano, g.placement)
-                proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano)
+                proto = PlannedGroup(gid, version, g.model, g.n_gpus, g.placement, list(g.members), nano_batches=nano,
+                                     bound_of=self.job_bound_s)
                 if engine_step:
                     proto.know_step_time(g.step_time_s)
                 step = proto.step_time_s(snap, self.plan)  # cached above, else predicted now

@@ -108,7 +108,7 @@ class JoinSearch:
 
         ``by_member``: ask no ``merge_ok``; a group counts as refusing only by its memoised answer,
         its residual capacity or ``_refused_all`` (False then means "not sure")."""
-        bound_job = job.max_slowdown * job.isolated_step_time_s
+        bound_job = self.job_bound_s(job)
         bonus = 1.0 if can_start else 0.0
         seen: set[int] = set()  # kept only when kv (read below only then)
         ask: list[tuple[int, dict]] = []  # changed running groups whose answer is not memoised
@@ -239,7 +239,7 @@ class JoinSearch:
         kind's table, and those the batch cost model refuses by more than its margin are passed
         over unasked (``tlora_sim.sim.costmodel.batch``); ``merge_ok``'s answers for the rest are memoised per
         unchanged group and ``jkey``."""
-        bound_job = job.max_slowdown * job.isolated_step_time_s
+        bound_job = self.job_bound_s(job)
         bonus = 1.0 if can_start else 0.0
         order = self._join_order(snap, plan, job, kind, bound_job, bonus)
         for i, g in enumerate(plan.new_of_kind(kind)):  # after every running group
@@ -325,7 +325,7 @@ class JoinSearch:
         (``tlora_index.refused``): ``merge_ok`` would refuse them."""
         extra = (job.member,)
         return batch_refusals(tab.batch, tab.batch.merge(tab.rows[at], row), tab.nano[at],
-                              np.minimum(tab.bound[at], job.max_slowdown * job.isolated_step_time_s),
+                              np.minimum(tab.bound[at], self.job_bound_s(job)),
                               tab.iso[at] + job.isolated_step_time_s, tab.rate[at] + bonus + self.config.min_gain,
                               lambda i: tab.members[at[i]] + extra)
 
@@ -336,7 +336,7 @@ class JoinSearch:
 
     def _join_answer(self, snap: Snapshot, g: PlannedGroup, job: Job, can_start: bool) -> tuple[float, bool]:
         """(residual capacity left for ``job`` in ``g`` (s), whether ``job`` may join ``g``)."""
-        slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
+        slack = self._slack(snap, g, self.job_bound_s(job))
         ok = slack > 0 and self.merge_ok(snap, g, [job], self.collective_rate(g.members, g.step_time_s(snap, self.plan))
                                          + (1.0 if can_start else 0.0))
         return slack, ok
@@ -365,7 +365,7 @@ class JoinSearch:
                 if ok and slack > best_slack:
                     best, best_slack = g, slack
                 continue
-            slack = self._slack(snap, g, job.max_slowdown * job.isolated_step_time_s)
+            slack = self._slack(snap, g, self.job_bound_s(job))
             if slack <= 0 or slack <= best_slack:
                 continue
             apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
@@ -382,7 +382,7 @@ class JoinSearch:
         membership version and nano-batch count (``TLoRA._join_target`` keeps the answer per kind)."""
         # the running groups that may take the job, unchanged ones with their picture (the others
         # would refuse it: gain -inf), in start order
-        order = self._join_order(snap, plan, job, kind, job.max_slowdown * job.isolated_step_time_s,
+        order = self._join_order(snap, plan, job, kind, self.job_bound_s(job),
                                  1.0 if can_start else 0.0)
         running = [(gid, proto) if proto is not None else (plan.group(gid), None)
                    for _, gid, _, proto in sorted(order, key=lambda t: t[1])]

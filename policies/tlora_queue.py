@@ -48,7 +48,10 @@ class QueueTable:
     A job's attributes are fixed for a simulation, so a row is never refreshed; the owner makes a
     new table when it starts serving another simulation."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound_of=None) -> None:
+        """``bound_of``: a job's largest tolerated step time (s; ``TLoRA.job_bound_s``); None:
+        max_slowdown x its eager isolated step time."""
+        self.bound_fn = bound_of
         self.cap = 0
         self.seen = np.zeros(0, bool)
         self.submit = np.zeros(0)
@@ -101,7 +104,7 @@ class QueueTable:
                     grown[: len(old)] = old
                     setattr(self, name, grown)
             self.jkey_of.append(job_shape(j, False))
-            self.bound_of[s] = j.max_slowdown * j.isolated_step_time_s
+            self.bound_of[s] = j.max_slowdown * j.isolated_step_time_s if self.bound_fn is None else self.bound_fn(j)
             self.iso_of[s] = j.isolated_step_time_s
         self.submit[i] = j.submit_time_s
         self.runtime[i] = j.isolated_runtime_s
@@ -131,7 +134,7 @@ class QueueTable:
         if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
             pos = _sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
-        elif how == "srpt":
+        elif how in ("srpt", "sjf"):
             run = self.runtime[idx]
             pos = _sort_first(run, lambda: (idx, run))
         else:
@@ -163,7 +166,7 @@ class QueueTable:
                 if not run > 0.0 or wait != wait or sd != sd or run == float("inf"):
                     return None
                 keys.append((-((wait if wait > 0.0 else 0.0) / run), -(sd - 1.0), j.index, p))
-        elif how == "srpt":
+        elif how in ("srpt", "sjf"):
             keys = []
             for p, j in enumerate(jobs):
                 run = j.isolated_runtime_s

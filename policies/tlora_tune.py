@@ -41,7 +41,7 @@ class NanoTuning:
             if nxt == tuner.best_n and tuner.has_measured(nxt):  # settled on a count it has measured
                 break
             if adapters is None:  # a probe runs: read the group (most ticks settle at once)
-                bound = min(j.max_slowdown * j.isolated_step_time_s for j in members)
+                bound = min(map(self.job_bound_s, members))
                 adapters = tuple(j.member for j in members)
             t = snap.step_time_s(kind[0], adapters, kind[1], self.plan, nano_batches=nxt, micro_batches=micro)
             if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now

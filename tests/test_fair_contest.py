@@ -26,8 +26,10 @@ def test_easy_backfill_admits_only_what_does_not_delay_the_head():
     long = make_job(2, gpus=2, steps=10**7)  # would still hold its GPUs at 1000 s: may not
     snap = snapshot([head, long, short], spec="1x8xH100", groups=[g])
     assert started(backfill_starts(snap, [], "alone")) == [1]
-    # strict FIFO starts nothing; the backfilling baseline starts the short job
-    assert started(policy("independent").decide(snap)) == []
+    # strict FIFO starts nothing; the baseline (EASY by default, under either name) starts the short job
+    assert started(policy("independent", backfill="none").decide(snap)) == []
+    assert started(policy("independent", ordering="fifo").decide(snap)) == []  # the legacy alias
+    assert started(policy("independent").decide(snap)) == [1]
     assert started(policy("independent-backfill").decide(snap)) == [1]
 
 
@@ -46,6 +48,8 @@ def test_every_policy_takes_every_ordering(name, ordering):
     jobs = [make_job(0, gpus=8, steps=10**5), make_job(1, submit=1.0, steps=10), make_job(2, submit=2.0, steps=10)]
     pol = policy(name, ordering=ordering)
     assert pol.config.ordering == ordering
+    assert (pol.order, pol.backfill) == {"fifo": ("fifo", "none"), "backfill": ("fifo", "easy"),
+                                         "urgency": ("urgency", "none"), "srpt": ("srpt", "none")}[ordering]
     res = run_engine(jobs, pol, spec="1x8xH100")
     assert all(r.finish_s is not None for r in res.records)
 

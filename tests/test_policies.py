@@ -26,16 +26,19 @@ def started_indices(actions):
 # ---- independent -----------------------------------------------------------------------------------
 def test_independent_is_strict_fifo_with_head_of_line_blocking():
     q = [make_job(0, gpus=1), make_job(1, gpus=4), make_job(2, gpus=8), make_job(3, gpus=1)]
-    acts = policy("independent").decide(snapshot(q, spec="1x8xH100"))
+    acts = policy("independent", backfill="none").decide(snapshot(q, spec="1x8xH100"))
     # jobs 0 and 1 fit (5 GPUs), job 2 needs 8 of the 3 left and blocks job 3 (no backfilling)
     assert [a.job_indices for a in acts] == [(0,), (1,)]
     assert all(a.plan == "alone" for a in acts)
     assert [a.placement for a in acts] == [((0, 1),), ((0, 4),)]
+    # the default (EASY backfilling): job 3 passes the blocked job 2
+    acts = policy("independent").decide(snapshot(q, spec="1x8xH100"))
+    assert [a.job_indices for a in acts] == [(0,), (1,), (3,)]
 
 
 def test_independent_blocked_head_starts_nothing():
     q = [make_job(0, gpus=8), make_job(1, gpus=1)]
-    assert policy("independent").decide(snapshot(q, spec="1x8xH100", free=[4])) == []
+    assert policy("independent", backfill="none").decide(snapshot(q, spec="1x8xH100", free=[4])) == []
     assert started_indices(policy("independent").decide(snapshot(q, spec="1x8xH100"))) == [0]
 
 
@@ -60,7 +63,7 @@ def build_queue(spec):
 @given(spec=jobs_strategy, free=st.lists(st.integers(0, 8), min_size=2, max_size=2))
 def test_independent_property_fifo_prefix_and_no_double_booking(spec, free, reliability):
     q = build_queue(spec)
-    acts = policy("independent").decide(snapshot(q, spec="2x8xH100", free=free))
+    acts = policy("independent", backfill="none").decide(snapshot(q, spec="2x8xH100", free=free))
     idx = started_indices(acts)
     assert idx == list(range(len(idx)))  # a prefix of the queue, in order
     used = [0, 0]
@@ -130,13 +133,18 @@ def group_ok(members, n_gpus, nano=1):
     return all(step <= j.max_slowdown * j.isolated_step_time_s * (1 + 1e-9) for j in members), step
 
 
+EAGER = dict(slowdown_reference="eager", regroup_pause_s=0.0)
+"""tLoRA's join test as these tests' ``group_ok`` reads it: bounds against the eager isolated step,
+no pause priced (the own-plan reference and the pause are tests/test_ours_policy.py's)."""
+
+
 def rate(members, step):
     return sum(j.isolated_step_time_s for j in members) / step
 
 
 def test_tlora_groups_small_jobs_within_their_slowdown():
     q = [make_job(i, rank=4, batch=1, seq=512, slowdown=2.0) for i in range(4)]
-    acts = policy("tlora", ordering="fifo").decide(snapshot(q, spec="1x1xH100"))
+    acts = policy("tlora", ordering="fifo", **EAGER).decide(snapshot(q, spec="1x1xH100"))
     (s,) = starts(acts)
     assert len(s.job_indices) >= 2 and s.plan == "fused"
     ok, step = group_ok([q[i] for i in s.job_indices], 1)
@@ -149,7 +157,7 @@ def test_tlora_does_not_group_when_a_member_would_exceed_its_slowdown():
     q = [make_job(i, rank=16, batch=8, seq=2048, slowdown=1.25) for i in range(3)]
     ok, _ = group_ok(q[:2], 1)
     assert not ok
-    acts = policy("tlora", ordering="fifo").decide(snapshot(q, spec="1x2xH100"))
+    acts = policy("tlora", ordering="fifo", **EAGER).decide(snapshot(q, spec="1x2xH100"))
     assert sorted(a.job_indices for a in starts(acts)) == [(0,), (1,)]
     assert not adds(acts)
 
@@ -158,12 +166,12 @@ def test_tlora_joins_a_running_group_only_when_throughput_rises():
     small = [make_job(10 + i, rank=4, batch=1, seq=512, slowdown=2.0) for i in range(2)]
     running = group_view(3, small, ((0, 1),))
     q = [make_job(0, rank=4, batch=1, seq=512, slowdown=2.0)]
-    acts = policy("tlora", ordering="fifo").decide(snapshot(q, spec="1x1xH100", groups=[running]))
+    acts = policy("tlora", ordering="fifo", **EAGER).decide(snapshot(q, spec="1x1xH100", groups=[running]))
     assert acts == [AddMembers(3, (0,))]
     ok, step = group_ok(small + q, 1)
     assert ok and rate(small + q, step) > rate(small, running.step_time_s)
     # with the free GPU a lone start is worth 1 isolated-speed unit: a join must beat that too
-    acts = policy("tlora", ordering="fifo").decide(snapshot(q, spec="1x2xH100", groups=[running]))
+    acts = policy("tlora", ordering="fifo", **EAGER).decide(snapshot(q, spec="1x2xH100", groups=[running]))
     if adds(acts):
         assert rate(small + q, step) > rate(small, running.step_time_s) + 1.0
     else:
@@ -180,7 +188,7 @@ def test_tlora_property_bounds_throughput_and_fifo_admission(spec, free, with_gr
             groups = [group_view(0, base, ((0, q[0].num_gpus),))]
             free = [max(free[0] - q[0].num_gpus, 0), free[1]]
     snap = snapshot(q, spec="2x8xH100", free=free, groups=groups)
-    acts = policy("tlora", ordering="fifo", consolidate=False).decide(snap)
+    acts = policy("tlora", ordering="fifo", **EAGER, consolidate=False).decide(snap)
     by_index = {j.index: j for j in q}
     final = {g.group_id: list(g.members) for g in groups}
     for a in acts:
@@ -217,7 +225,7 @@ def test_tlora_head_that_fits_always_gets_gpus_or_a_group():
     for n in (1, 2, 4, 8):
         q = [make_job(0, gpus=n, rank=16, batch=8, seq=2048)] + [make_job(i, rank=2, batch=1, seq=512)
                                                                   for i in range(1, 6)]
-        acts = policy("tlora", ordering="fifo").decide(snapshot(q, spec="1x8xH100", free=[n]))
+        acts = policy("tlora", ordering="fifo", **EAGER).decide(snapshot(q, spec="1x8xH100", free=[n]))
         assert 0 in started_indices(acts)
 
 

@@ -137,7 +137,7 @@ def test_tlora_tuner_never_takes_a_member_past_its_bound():
 
     jobs = [make_job(i, batch=8, seq=2048, slowdown=1.01) for i in range(4)]
     g = group_view(0, jobs, ((0, 1),))
-    pol = policy("tlora")
+    pol = policy("tlora", slowdown_reference="eager")
     members = [j.member for j in jobs]
     bound = min(j.max_slowdown * j.isolated_step_time_s for j in jobs)
     tuner = NanoBatchTuner(n=1)
@@ -251,7 +251,7 @@ def test_orderings():
     assert [j.index for j in order_queue(q, "srpt", 200.0)] == [0, 1]
     # urgency = waited / isolated runtime: the short job has waited longer relative to its size
     assert [j.index for j in order_queue(q, "urgency", 200.0)] == [0, 1]
-    with pytest.raises(InputError, match="ordering"):
+    with pytest.raises(InputError, match="order"):
         order_queue(q, "lifo", 0.0)
 
 

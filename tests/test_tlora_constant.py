@@ -56,7 +56,7 @@ class Counting(TLoRA):
 def test_deferred_idle_decisions_decide_as_noting_every_change(trace, spec, cost_model, rules, reliability):
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
-    cfg = TLoRAConfig(tick_s=300.0, ordering=rules[0], join_rule=rules[1])
+    cfg = TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0, ordering=rules[0], join_rule=rules[1])
     fast, eager = Counting(cfg), Eager(cfg)
     a = run_engine(jobs, fast, spec, cost_model=model, check=False)
     b = run_engine(jobs, eager, spec, cost_model=model, check=False)
@@ -147,7 +147,7 @@ def test_refusals_at_a_higher_freed_value_stand_at_a_lower_one(trace, spec, cost
 
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
-    cfg = TLoRAConfig(tick_s=300.0)
+    cfg = TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)
     fast, ref = Lowered(cfg), Reference(cfg)
     a = run_engine(jobs, fast, spec, cost_model=model, check=False)
     b = run_engine(jobs, ref, spec, cost_model=model, check=False)

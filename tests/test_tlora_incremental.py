@@ -41,7 +41,7 @@ class Reference(TLoRA):
         best, best_slack = None, 0.0
         for g in plan.candidates(job):
             step = g.step_time_s(snap, self.plan)
-            slack = min(g.slowdown_bound_s(snap, self.plan), job.max_slowdown * job.isolated_step_time_s) - step
+            slack = min(g.slowdown_bound_s(snap, self.plan), self.job_bound_s(job)) - step
             if slack <= 0 or slack <= best_slack:
                 continue
             if self.merge_ok(snap, g, [job], self.collective_rate(g.members, step) + (1.0 if can_start else 0.0)):
@@ -84,9 +84,9 @@ class Reference(TLoRA):
 ])
 def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, array_min, reliability,
                                                            monkeypatch):
-    ref = Reference(TLoRAConfig(tick_s=300.0))
+    ref = Reference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
     screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "tlora",
-                                TLoRA(TLoRAConfig(tick_s=300.0)), ref)
+                                TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)), ref)
     assert ref.merges > 0 and ref.joins > 0, "the workload must exercise consolidation and joins"
     if cost_model == "profiled":
         assert screened > 0, "the batch screen must refuse candidates for the comparison to test it"
@@ -129,10 +129,10 @@ def test_a_reused_policy_object_forgets_the_previous_simulation():
     spec = "4x8xH100"
     jobs, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=500,seed=2,load=0.6,gpus=32", policy="tlora",
                                           cluster=spec, seed=0, cost_model="roofline"))
-    reused = TLoRA(TLoRAConfig(tick_s=300.0))
+    reused = TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
     run_engine(jobs, reused, spec, check=False)
     again = run_engine(jobs, reused, spec, check=False)
-    fresh = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, check=False)
+    fresh = run_engine(jobs, TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)), spec, check=False)
     assert again.timeline == fresh.timeline
     assert [(r.start_s, r.finish_s) for r in again.records] == [(r.start_s, r.finish_s) for r in fresh.records]
 
@@ -167,9 +167,9 @@ class LookaheadReference(Lookahead):
 def test_memoised_lookahead_joins_match_the_brute_force_search(trace, spec, cost_model, array_min, monkeypatch):
     """``lookahead`` keeps each unchanged group's gain per job shape and, on large kinds, lets the
     batch screen pass over refused groups; its joins are those of asking every group."""
-    ref = LookaheadReference(LookaheadConfig(tick_s=300.0))
+    ref = LookaheadReference(LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0))
     screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "lookahead",
-                                Lookahead(LookaheadConfig(tick_s=300.0)), ref)
+                                Lookahead(LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0)), ref)
     assert ref.joins > 0, "the workload must exercise joins into running groups"
     if array_min == 1:
         assert screened > 0, "the batch screen must refuse candidates for the comparison to test it"
@@ -196,7 +196,7 @@ def test_lookahead_joins_on_hand_built_snapshots_match_the_brute_force_search():
             i += n
         queue = [job(i + k) for k in range(rng.randint(1, 6))]
         spec = f"1x{len(groups) + rng.randint(0, 3)}xH100"
-        fast, slow = Lookahead(), LookaheadReference()
+        fast, slow = Lookahead(LookaheadConfig(regroup_pause_s=0.0)), LookaheadReference(LookaheadConfig(regroup_pause_s=0.0))
         for now in (0.0, 1.0):
             snap = snapshot(queue, spec=spec, groups=groups, now=now)
             acts = fast.decide(snap)
@@ -239,8 +239,8 @@ def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
     monkeypatch.setattr(index_module, "batch_refusals", counting)
     for mod in ("tlora", "tlora_join"):
         monkeypatch.setattr(f"tlora_sim.policies.{mod}.batch_refusals", counting)
-    ref = Reference(TLoRAConfig(tick_s=300.0))
-    a = run_engine(jobs, TLoRA(TLoRAConfig(tick_s=300.0)), spec, cost_model=model)
+    ref = Reference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
+    a = run_engine(jobs, TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)), spec, cost_model=model)
     b = run_engine(jobs, ref, spec, cost_model=model)
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]

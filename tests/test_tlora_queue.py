@@ -52,7 +52,7 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
     monkeypatch.setattr(tlora_column, "COLUMN_MIN", 2)  # columns from 2 waiting shapes: used here, not only on long queues
-    cfg = TLoRAConfig(tick_s=300.0, ordering=ordering)
+    cfg = TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0, ordering=ordering)
     plain, indexed = Plain(cfg), TLoRA(cfg)
     a = run_engine(jobs, indexed, spec, cost_model=model, check=False)
     b = run_engine(jobs, plain, spec, cost_model=model, check=False)
@@ -161,7 +161,7 @@ def test_a_kept_no_target_answer_is_what_the_full_search_says(trace, spec, cost_
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
     monkeypatch.setattr(tlora_column, "COLUMN_MIN", 2)  # the columns' refusals checked too
-    pol = Checked(TLoRAConfig(tick_s=300.0, ordering=ordering))
+    pol = Checked(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0, ordering=ordering))
     run_engine(jobs, pol, spec, cost_model=model, check=False)
     assert pol.kept > 100 and pol.kept_by_member > 10 and pol.wrong == 0
     if cost_model == "profiled":

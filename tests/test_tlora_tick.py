@@ -60,7 +60,7 @@ class Logged(TLoRA):
 def test_deferred_steady_ticks_decide_as_visiting_every_group(trace, spec, cost_model, rules, reliability):
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
-    cfg = TLoRAConfig(tick_s=120.0, ordering=rules[0], join_rule=rules[1])
+    cfg = TLoRAConfig(regroup_pause_s=0.0, tick_s=120.0, ordering=rules[0], join_rule=rules[1])
     fast, plain = Logged(cfg, True), Logged(cfg, False)
     a = run_engine(jobs, fast, spec, cost_model=model, check=False)
     b = run_engine(jobs, plain, spec, cost_model=model, check=False)
@@ -100,7 +100,7 @@ def test_quiet_ticks_count_the_steady_observations(n0, threshold, every, times):
         taken += 1
     assert k == taken
     for j in range(k + 1):  # woken after j of the k ticks
-        pol = TLoRA(TLoRAConfig())
+        pol = TLoRA(TLoRAConfig(regroup_pause_s=0.0))
         woken = copy_tuner(tuner)
         pol._tuners, pol._steady = {7: (woken, 0.0, ())}, {7: (3, 3 + k, step_s)}
         pol._wake(7, 3 + j)

@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="queue discipline of every policy: default (each policy's own priority order with the "
                         "reference's EASY backfilling), shared (also the reference's FIFO order), native (each "
                         "system's published discipline) (default: %(default)s)")
+    c.add_argument("--decompose", action="store_true",
+                   help="run each grouping policy's ladder eager-alone (independent-backfill) -> fused-alone "
+                        "(independent-fused) -> + its order (POLICY-nogroup) -> + grouping (POLICY); "
+                        "summary.csv and decompose.csv give each step's speed-up")
     _add_common(c)
     t = sub.add_parser("traces", help="inspect traces")
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
@@ -351,6 +355,17 @@ def _run(args) -> int:
         from tlora_sim.sim.experiments.replay import coverage_line
         from tlora_sim.sim.report.tables import format_table
 
+        if args.decompose:
+            from tlora_sim.sim.experiments import decompose
+            from tlora_sim.sim.experiments.seeds import parse_seeds
+
+            kw["policy_options"] = _options(args.option, decompose.ladder_runs(policies))
+            ladder = decompose.compare_decomposed(
+                _base_config(args, policies[0]), policies, args.out,
+                seeds=parse_seeds(args.seeds) if args.seeds is not None else None, **kw)
+            print(decompose.format_ladder(ladder))
+            print(f"wrote {args.out / 'summary.csv'} and {args.out / decompose.LADDER_FILE}")
+            return 0
         if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
             from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
 

@@ -35,7 +35,7 @@ from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, Inva
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
 from tlora_sim.sim.core.policy_call import PolicyError, decide_checked
 from tlora_sim.sim.core.placement import FreeGpus, Placement
-from tlora_sim.sim.core.results import JobRecord, SimResult
+from tlora_sim.sim.core.results import JobRecord, SimResult, reference_plan_of, reference_steps
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
 from tlora_sim.sim.core.snapshot import GroupViews, engine_snapshot
 
@@ -203,9 +203,9 @@ class Engine:
             left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
                        f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
-        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events,
-                         self._decisions, self._decision_time, time.perf_counter() - t0, self._groups_started,
-                         self._by_queue)
+        return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events, self._decisions,
+                         self._decision_time, time.perf_counter() - t0, self._groups_started, self._by_queue,
+                         reference_steps(self.jobs, self.cost_model, self.gpu, reference_plan_of(self.policy)))
 
     def _start_arrivals(self) -> None:
         """Queue the jobs submitted by now, or wake at the first submit time."""

@@ -54,3 +54,29 @@ class SimResult:
     wall_s: float = 0.0
     groups_started: int = 0
     decisions_by_queue: dict[int, list] = field(default_factory=dict)
+    reference_step_s: Sequence[float] | None = None
+    """Per job (index order): its isolated step time in the policy's own lone-job plan (s), the
+    reference of ``jobs.csv`` ``run_slowdown`` (``reference_steps``); None: the eager isolated step
+    (``Job.isolated_step_time_s``)."""
+
+
+def reference_plan_of(policy) -> str:
+    """The plan a policy's promise is measured against: its ``reference_plan`` attribute, else its
+    lone jobs' plan (``plan_alone``), else ``alone`` (eager per-job LoRA)."""
+    return getattr(policy, "reference_plan", None) or getattr(policy, "plan_alone", None) or "alone"
+
+
+def reference_steps(jobs: Sequence[Job], cost_model, gpu: str, plan: str) -> list[float] | None:
+    """Each job's isolated step time alone on its GPUs in ``plan`` (s), one cost-model call per
+    distinct (model, member, GPU count); None for ``alone`` (the eager step the jobs carry)."""
+    if plan == "alone":
+        return None
+    memo: dict[tuple, float] = {}
+    out = []
+    for j in jobs:
+        key = (j.model, j.member, j.num_gpus)
+        t = memo.get(key)
+        if t is None:
+            t = memo[key] = cost_model.step_time_s(j.model, gpu, (j.member,), j.num_gpus, plan)
+        out.append(t)
+    return out

@@ -1,0 +1,90 @@
+"""tLoRA's promise against its own kernel, the regroup pause priced in the join test, the
+``run_slowdown`` reference, and our ``lookahead`` configuration (issue 40)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import CM, group_view, make_job, policy, run_engine, snapshot
+from tlora_sim.sim.core import metrics
+from tlora_sim.sim.core.snapshot import AddMembers, StartGroup
+
+
+def started(actions):
+    return [i for a in actions if isinstance(a, StartGroup) for i in a.job_indices]
+
+
+def fused_alone(j):
+    return CM.step_time_s(j.model, "H100", (j.member,), j.num_gpus, "fused")
+
+
+def pair_between_references():
+    """Two small jobs whose fused pair step is within max_slowdown x the eager step but not
+    within max_slowdown x the fused-alone step."""
+    a, b = make_job(0, rank=4, batch=1, seq=512), make_job(1, rank=4, batch=1, seq=512)
+    pair = CM.step_time_s(a.model, "H100", (a.member, b.member), 1, "fused")
+    lo, hi = pair / a.isolated_step_time_s, pair / fused_alone(a)
+    assert lo < hi  # the fused kernel alone is faster than eager LoRA
+    sd = (lo + hi) / 2
+    return [make_job(i, rank=4, batch=1, seq=512, slowdown=sd, steps=10**6) for i in range(2)]
+
+
+def test_the_own_reference_refuses_a_group_the_eager_one_accepts():
+    q = pair_between_references()
+    snap = snapshot(q, spec="1x1xH100")
+    eager = policy("tlora", ordering="fifo", slowdown_reference="eager", regroup_pause_s=0.0).decide(snap)
+    assert started(eager) == [0, 1]  # one group of both
+    own = policy("tlora", ordering="fifo", regroup_pause_s=0.0).decide(snap)
+    assert started(own) == [0]
+    assert policy("tlora").job_bound_s  # public: the bound other code reads
+
+
+def test_the_join_test_prices_the_regroup_pause():
+    small = [make_job(10 + i, rank=4, batch=1, seq=512, slowdown=2.0, steps=10**6) for i in range(2)]
+    running = group_view(3, small, ((0, 1),))
+    short = make_job(0, rank=4, batch=1, seq=512, slowdown=2.0, steps=3)  # a 30 s pause breaks its bound
+    long = make_job(0, rank=4, batch=1, seq=512, slowdown=2.0, steps=10**6)
+    opts = dict(ordering="fifo", slowdown_reference="eager")
+    for job, joins in ((long, True), (short, False)):
+        snap = snapshot([job], spec="1x1xH100", groups=[running])
+        acts = policy("tlora", **opts).decide(snap)
+        assert (acts == [AddMembers(3, (0,))]) is joins
+        # not priced (pause 0): both join
+        assert policy("tlora", **opts, regroup_pause_s=0.0).decide(snap) == [AddMembers(3, (0,))]
+
+
+def test_run_slowdown_is_against_the_policys_own_plan():
+    jobs = [make_job(i, rank=4, batch=1, seq=512, slowdown=3.0, steps=200) for i in range(3)]
+    res = run_engine(jobs, policy("tlora"), spec="1x1xH100")
+    df = metrics.jobs_table(res)
+    assert (df["max_group_size"] > 1).any()
+    ref = [fused_alone(j) for j in jobs]
+    ran = df["finish_time_s"] - df["start_time_s"]
+    assert df["run_slowdown"].tolist() == pytest.approx((ran / (df["steps_trained"] * ref)).tolist())
+    assert df["run_slowdown_eager"].tolist() == pytest.approx(
+        (ran / (df["steps_trained"] * [j.isolated_step_time_s for j in jobs])).tolist())
+    assert (df["run_slowdown"] > df["run_slowdown_eager"]).all()
+    assert metrics.promise_kept(df)["over_max_slowdown"] == 0
+    base = metrics.jobs_table(run_engine(jobs, policy("independent"), spec="1x1xH100"))
+    assert base["run_slowdown"].tolist() == base["run_slowdown_eager"].tolist()  # eager is its own plan
+
+
+def test_lookahead_is_a_configuration_of_tlora():
+    pol = policy("lookahead")
+    assert (pol.order, pol.backfill, pol.config.backfill_order, pol.config.join_rule) == \
+        ("srpt", "easy", "sjf", "throughput")
+    assert pol.plan == "fused" and pol.reference_plan == "fused"
+
+
+def test_backfill_order_tries_the_shortest_first():
+    # 8 GPUs, 6 held until t=1000 s, the 8-GPU head reserved there; two 2-GPU candidates both end
+    # before t=1000 but only one fits the 2 free GPUs: FIFO backfilling takes the earlier (longer)
+    # one, shortest-first the shorter, even with FIFO priority order
+    running = [make_job(10, gpus=6, steps=100)]
+    g = group_view(0, running, ((0, 6),), plan="alone", remaining=[1000.0 / running[0].isolated_step_time_s])
+    head = make_job(0, gpus=8, steps=10)
+    step = make_job(1, gpus=2).isolated_step_time_s
+    longer, shorter = make_job(1, gpus=2, steps=int(500 / step)), make_job(2, gpus=2, steps=int(100 / step))
+    snap = snapshot([head, longer, shorter], spec="1x8xH100", groups=[g])
+    assert started(policy("tlora", order="fifo", grouping=False, plan_alone="alone").decide(snap)) == [1]
+    assert started(policy("lookahead", order="fifo", grouping=False, plan_alone="alone").decide(snap)) == [2]
