@@ -59,3 +59,31 @@ def test_reader_options_reach_only_the_formats_that_take_them(tmp_path):
     with pytest.raises(InputError, match="no trace of this sweep") as e:
         _sweep(tmp_path, 'traces = ["synthetic:jobs=10"]\npolicies = ["tlora"]\nslurm_states = "COMPLETED"\n')
     assert e.value.field == "slurm_states"
+
+
+def test_trace_cuts_are_axes_and_reach_the_replay(tmp_path):
+    s = _sweep(tmp_path, 'traces = ["synthetic:jobs=40,seed=1"]\npolicies = ["independent-backfill"]\n'
+                         'clusters = ["1x8xH100"]\nfirst_jobs = [10, 20]\narrival_scales = [1.0, 2.0]\n')
+    assert len(s.cells) == 4 and len({c.cell_id for c in s.cells}) == 4
+    cfg = sw._replay_config(next(c for c in s.cells if c.first_jobs == 20 and c.arrival_scale == 2.0))
+    assert cfg.first_jobs == 20 and cfg.arrival_scale == 2.0
+    uncut = _sweep(tmp_path, 'traces = ["synthetic:jobs=40,seed=1"]\npolicies = ["independent-backfill"]\n'
+                             'clusters = ["1x8xH100"]\n')
+    assert "first_jobs" not in uncut.cells[0].identity()  # uncut cells keep their earlier ids
+    res = sw.run_sweep(s, tmp_path / "out", workers=1, progress=False)
+    assert res.ran == 4 and not res.failed
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "out" / "sweep.csv")
+    assert sorted(zip(table["first_jobs"], table["kept_jobs"])) == [(10, 10), (10, 10), (20, 20), (20, 20)]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("first_jobs = [0]\n", "first_jobs[0]"),
+    ("arrival_scales = [-1.0]\n", "arrival_scales[0]"),
+    ('windows = ["1,2,3"]\n', "windows[0]"),
+])
+def test_bad_trace_cuts_are_refused_with_the_field(tmp_path, text, field):
+    with pytest.raises(InputError) as e:
+        _sweep(tmp_path, 'traces = ["synthetic:jobs=10"]\npolicies = ["tlora"]\n' + text)
+    assert e.value.field == field

@@ -16,6 +16,9 @@ SWEEP.toml (every key is checked; an unknown key is an error)::
     # time_zone = "...", slurm_states = "..." -- reader options reach only the traces whose format takes
     # them (traces/registry.py); one that fits no trace of the sweep is refused before any cell runs
     # artifact = "calibrated_h200.json"  # optional: a cost-model artifact file (costmodel calibrate)
+    windows = ["0,604800"]              # optional trace cuts, each an axis (--window, --first-jobs,
+    first_jobs = [2000]                 # --arrival-scale; every reader takes them: traces/window.py)
+    arrival_scales = [1.0, 1.5]
 
     [policy_options.tlora]              # overrides of one policy's config (policy must be listed)
     max_group_size = 8
@@ -87,6 +90,9 @@ def _replay_config(cell: Cell):
                               time_unit=cell.time_unit, strict=cell.strict,
                               policy_modules=cell.policy_modules, time_zone=cell.time_zone,
                               slurm_states=cell.slurm_states)
+    for key in ("window", "first_jobs", "arrival_scale"):  # trace cuts, only where set
+        if getattr(cell, key, None) is not None and key in names:
+            kw[key] = getattr(cell, key)
     if getattr(cell, "artifact_run", None) and "artifact" in names:
         kw["artifact"] = cell.artifact_run
     if "cost_model" in names:

@@ -16,12 +16,15 @@ from tlora_sim.traces.errors import InputError
 
 from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402 - the one list of names
 
-LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models", "disciplines")
+LIST_KEYS = ("traces", "clusters", "policies", "seeds", "lora_dists", "regroup_pause_s", "cost_models", "disciplines",
+             "windows", "first_jobs", "arrival_scales")
 SCALAR_KEYS = ("strict", "time_unit", "csv_columns", "policy_modules", "time_zone", "slurm_states", "reference",
                "artifact")
 TABLE_KEYS = ("policy_options",)
 DEFAULTS: dict[str, list] = {"clusters": ["16x8xH100"], "seeds": [0], "lora_dists": ["tlora"],
-                             "regroup_pause_s": [30.0], "cost_models": ["auto"], "disciplines": ["default"]}
+                             "regroup_pause_s": [30.0], "cost_models": ["auto"], "disciplines": ["default"],
+                             # trace cuts (``--window``, ``--first-jobs``, ``--arrival-scale``); [None] = uncut
+                             "windows": [None], "first_jobs": [None], "arrival_scales": [None]}
 #: Reader options and the formats' option names (``traces.registry.format_options``); a sweep passes
 #: each only to the traces whose format takes it.
 READER_OPTIONS = ("csv_columns", "time_unit", "time_zone", "slurm_states")
@@ -29,7 +32,7 @@ REQUIRED = ("traces", "policies")
 TIME_UNITS = ("s", "ms", "min", "h")
 
 INPUT_COLUMNS = ["trace", "cluster", "policy", "seed", "lora_dist", "regroup_pause_s", "cost_model",
-                 "policy_options", "discipline"]
+                 "policy_options", "discipline", "window", "first_jobs", "arrival_scale"]
 FAILED_COLUMNS = ["cell_id", *INPUT_COLUMNS, "error", "message"]
 
 
@@ -69,6 +72,9 @@ class Cell:
     reference: str | None = None
     artifact: str | None = None  # a profiled artifact file, as written (``--artifact``)
     artifact_run: str | None = None  # ... resolved against the sweep file's folder
+    window: str | None = None  # trace cuts, as --window / --first-jobs / --arrival-scale
+    first_jobs: int | None = None
+    arrival_scale: float | None = None
 
     def identity(self) -> dict:
         """The canonical inputs the id hashes (paths as written, not as resolved)."""
@@ -81,7 +87,10 @@ class Cell:
                 **({"time_zone": self.time_zone} if self.time_zone else {}),
                 **({"slurm_states": self.slurm_states} if self.slurm_states else {}),
                 **({"discipline": self.discipline} if self.discipline != "default" else {}),
-                **({"artifact": self.artifact} if self.artifact else {})}
+                **({"artifact": self.artifact} if self.artifact else {}),
+                **({"window": self.window} if self.window else {}),
+                **({"first_jobs": self.first_jobs} if self.first_jobs is not None else {}),
+                **({"arrival_scale": self.arrival_scale} if self.arrival_scale is not None else {})}
 
     @property
     def cell_id(self) -> str:
@@ -95,7 +104,8 @@ class Cell:
                 "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
                 "cost_model": self.cost_model,
                 "policy_options": json.dumps(dict(self.policy_options), sort_keys=True, separators=(",", ":")),
-                "discipline": self.discipline}
+                "discipline": self.discipline, "window": self.window, "first_jobs": self.first_jobs,
+                "arrival_scale": self.arrival_scale}
 
 
 @dataclass(frozen=True)
@@ -277,6 +287,25 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
     lists["regroup_pause_s"] = [float(v) for v in lists["regroup_pause_s"]]
     _no_duplicates(lists, "regroup_pause_s", err)
 
+    from tlora_sim.traces.window import parse_window
+
+    for i, w in enumerate(lists["windows"]):  # trace cuts: every reader takes them (traces/window.py)
+        if w is None:
+            continue
+        if not isinstance(w, str):
+            raise err(f"windows[{i}]", f'expected "START,END" (seconds or dates), got {w!r}')
+        try:
+            parse_window(w)
+        except InputError as e:
+            raise err(f"windows[{i}]", e.message) from None
+    for i, n in enumerate(lists["first_jobs"]):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise err(f"first_jobs[{i}]", f"expected an integer >= 1, got {n!r}")
+    for i, x in enumerate(lists["arrival_scales"]):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x > 0)):
+            raise err(f"arrival_scales[{i}]", f"expected a finite number > 0, got {x!r}")
+    lists["arrival_scales"] = [None if x is None else float(x) for x in lists["arrival_scales"]]
+
     for i, name in enumerate(lists["cost_models"]):
         if name not in COST_MODELS:
             raise err(f"cost_models[{i}]", f"unknown cost model {name!r}; expected one of: "
@@ -343,10 +372,11 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
                   reader(t, "csv_columns", csv_items), time_unit if "time_unit" in format_options(trace_formats[t])
                   else "s", strict, tuple(modules), reader(t, "time_zone", reader_opts["time_zone"]),
                   reader(t, "slurm_states", reader_opts["slurm_states"]), disc, reference,
-                  artifact, str((base / artifact).resolve()) if artifact else None)
+                  artifact, str((base / artifact).resolve()) if artifact else None, w, n, x)
              for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for combo in combos[p]
              for disc in lists["disciplines"] for s in lists["seeds"]
-             for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]]
+             for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]
+             for w in lists["windows"] for n in lists["first_jobs"] for x in lists["arrival_scales"]]
     return Sweep(file, {**lists, "reference": reference}, {k: dict(v) for k, v in options.items()}, cells)
 
 

@@ -22,7 +22,9 @@ from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options",
-              "discipline")
+              "discipline", "window", "first_jobs", "arrival_scale")
+OPTIONAL_KEYS = ("window", "first_jobs", "arrival_scale")
+"""Group keys that are empty where a cell does not set them (an uncut trace)."""
 _S_PER_H = 3600.0
 
 
@@ -64,7 +66,8 @@ def read_sweep_table(f: Path) -> pd.DataFrame:
     if cells.empty:
         raise InputError("no finished cells (header only); run the sweep first", file=str(f))
     _check_row_lengths(f, len(cells.columns))
-    for col in [k for k in GROUP_KEYS if k in cells.columns] + [c for c in ("kept_jobs",) if c in cells.columns]:
+    for col in [k for k in GROUP_KEYS if k in cells.columns and k not in OPTIONAL_KEYS] + \
+            [c for c in ("kept_jobs",) if c in cells.columns]:
         missing = cells[col].isna().to_numpy()
         if missing.any():
             raise InputError("missing value", file=str(f), row=int(missing.nonzero()[0][0]) + 1, field=col)
