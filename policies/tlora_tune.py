@@ -63,8 +63,12 @@ class NanoTuning:
             return 0
         # The first coming tick compares step_s with best_time_s (checked above); it sets
         # best_time_s = step_s, so every later one compares step_s with itself: never an improvement.
-        # So the ticks stay steady while _since_probe + 1 < reprobe_every.
-        return max(tuner.reprobe_every - 1 - tuner._since_probe, 0)
+        # So the ticks stay steady while _since_probe + 1 < reprobe_every, unless the threshold is
+        # negative: then a repeat of step_s counts as an improvement, and only the first tick is steady.
+        rest = max(tuner.reprobe_every - 1 - tuner._since_probe, 0)
+        if rest and step_s < step_s * (1.0 - tuner.threshold):
+            return 1
+        return rest
 
     def _wake(self, gid: int, upto: int) -> None:
         """Apply a deferred group's steady observations of the ticks up to number ``upto`` (what

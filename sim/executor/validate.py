@@ -182,6 +182,30 @@ def check_inputs(dirs: list[Path]) -> None:
             raise InputError(f"cluster/device {ident[1]}/{ident[2]} differs from {d0}'s {c0}/{dev0}", file=str(d))
 
 
+PREDATING_FIELDS = {"slowdown_reference": "eager", "regroup_pause_s": 0.0}
+"""Options a run's recorded ``policy_config`` may predate (issue 40 added them), with the values that
+run the code of that time: the slowdown promise against the eager isolated step, the regroup pause
+not priced in the join test."""
+
+
+def recorded_policy_options(cfg: dict) -> dict:
+    """The policy's options as the run recorded them (``config.json`` ``policy_config``), so that a
+    replay runs the policy as it was executed even after its defaults changed; a field the record
+    predates (:data:`PREDATING_FIELDS`, where the policy's config has it) takes its older value.
+    A record without ``policy_config`` gives the run's ``--option`` values."""
+    from tlora_sim.policies.registry import config_of, make_policy
+
+    recorded = cfg.get("policy_config")
+    if not isinstance(recorded, dict):
+        return dict(cfg["inputs"].get("policy_options") or {})
+    fields = config_of(make_policy(cfg["policy"]))
+    opts = {k: v for k, v in recorded.items() if k in fields}
+    for key, old in PREDATING_FIELDS.items():
+        if key in fields and key not in recorded:
+            opts[key] = old
+    return opts
+
+
 def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto",
              artifact: str | Path | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
@@ -232,7 +256,7 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     start_s = (float(starts.mean() / 1e3) if len(starts) else 0.0) + first_s
     if hasattr(cm, "hits"):
         cm.hits = cm.misses = 0  # count the replay's lookups only
-    policy = make_policy(cfg["policy"], cfg["inputs"].get("policy_options") or {})
+    policy = make_policy(cfg["policy"], recorded_policy_options(cfg))
     checker = InvariantChecker(jobs, cluster, cm)
     if cm is not planning:
         policy = PlanningPolicy(policy, planning, gpu)

@@ -275,7 +275,10 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
     for module in cfg.policy_modules:
         load_policy_module(module)
     if policy is None:
-        policy = make_policy(cfg.policy, cfg.policy_options)
+        opts = dict(cfg.policy_options or {})
+        if "regroup_pause_s" not in opts and "regroup_pause_s" in config_of(make_policy(cfg.policy, opts)):
+            opts["regroup_pause_s"] = cfg.regroup_pause_s  # the join test prices the engine's pause
+        policy = make_policy(cfg.policy, opts)
     if cfg.early_exit:
         from tlora_sim.policies.early_exit import WithEarlyExit
 
