@@ -165,7 +165,7 @@ def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarr
     """The step time (ms) ``art`` predicts for every row of ``pts`` (one GPU, the executor's
     no-checkpointing convention; memory does not enter step times)."""
     from tlora_sim.sim.costmodel.interface import Member
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
     cm = ProfiledCostModel(art, checkpointing=False)
     gpu = gpu or art["gpu"]

@@ -22,9 +22,9 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, SEED_PLANS_MULTI_GPU, TERMS, Tables,
-                                              correction_point, attention_ms, layer_ms, mix_features,
-                                              seq_groups, smoothmax)
+from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, SCHEMA, SEED_PLANS_MULTI_GPU, TERMS
+from tlora_sim.sim.costmodel.profiled.tables import Tables
+from tlora_sim.sim.costmodel.profiled.formula import correction_point, attention_ms, layer_ms, mix_features, seq_groups, smoothmax
 
 # LoRAFusion and the grouped GEMM size their LoRA work for the mix's largest rank (tiles of MAX_R;
 # adapters zero-padded to it): their extra term is max rank x tokens
@@ -103,7 +103,7 @@ def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
     (against time proportional to sequences)."""
     from tlora_sim.sim.core.cluster import GPUS
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled import roofline_l0_ms
+    from tlora_sim.sim.costmodel.profiled.tables import roofline_l0_ms
 
     l0 = dm[dm.kind == "noattn"]
     head = dm[dm.kind == "head"]

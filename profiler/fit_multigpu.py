@@ -95,9 +95,9 @@ def _members(r) -> list[tuple[int, int, int]]:
 
 def _row_terms(cm, r, curves: dict, host_scale) -> tuple[float, float, float]:
     """(prediction with per_tensor_ms = sync_ms = 0 (ms), the row's per-tensor count, its sync count)."""
-    from tlora_sim.sim.costmodel.profiled_multigpu import plan_step
+    from tlora_sim.sim.costmodel.profiled.multigpu import plan_step
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled_tables import LINEARS_PER_LAYER
+    from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER
 
     n = int(r["n_gpus"])
     mem = _members(r)

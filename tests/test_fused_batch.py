@@ -1,4 +1,4 @@
-"""The batch form of the profiled fused-plan model (``tlora_sim.sim.costmodel.batch``) gives the scalar model's
+"""The batch form of the profiled fused-plan model (``tlora_sim.sim.costmodel.profiled.formula``) gives the scalar model's
 step times, for single groups and merged pairs, inside and outside the measured grids."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tlora_sim.sim.costmodel.interface import Member
-from tlora_sim.sim.costmodel.batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
+from tlora_sim.sim.costmodel.profiled.formula import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
 from tlora_sim.sim.costmodel.factory import default_cost_model
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tlora_sim.sim.costmodel.interface import CostModel
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 from tlora_sim.traces.errors import InputError
 

@@ -44,7 +44,7 @@ def job_reasons(cost_model, jobs: Sequence, gpu: str, cost_model_name: str) -> l
         cost_model_name: the ``--cost-model`` value (``auto``, ``profiled``, ``roofline``).
     """
     if cost_model.describe().get("kind") != "profiled":
-        from tlora_sim.sim.costmodel.profiled import artifact_path
+        from tlora_sim.sim.costmodel.profiled.artifact import artifact_path
 
         why = "roofline" if artifact_path(gpu).is_file() and cost_model_name == "roofline" else "roofline:gpu"
         return [(why,)] * len(jobs)
@@ -162,7 +162,7 @@ def validation_error(gpu: str) -> dict | None:
         return None
     import pandas as pd
 
-    from tlora_sim.sim.costmodel.profiled import data_dir
+    from tlora_sim.sim.costmodel.profiled.artifact import data_dir
 
     rel, workload = VALIDATION_RUNS[gpu]
     path = Path(data_dir()) / "validation" / rel / "validation.csv"
