@@ -27,6 +27,9 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+EXTRAPOLATION_WARN = 0.05
+"""Share of extrapolated cost-model predictions above which a run warns (stderr)."""
+
 #: GPU type -> (validation directory under profiler/data/validation, the workload in words).
 VALIDATION_RUNS = {
     "H100": ("h100_third/validation", "ITP cluster02, first 24 one-GPU jobs, Llama-3-8B, times / 300, on one "
@@ -130,8 +133,6 @@ def warning_text(shares_by_policy: dict[str, dict[str, float]], totals: dict[str
 
     ``shares_by_policy``: policy -> reason -> share; ``totals``: policy -> share with any reason.
     A share that differs across policies is printed as its range."""
-    from tlora_sim.sim.experiments.replay import EXTRAPOLATION_WARN
-
     if not totals or max(totals.values()) <= EXTRAPOLATION_WARN:
         return None
     reasons = sorted({r for s in shares_by_policy.values() for r in s},
