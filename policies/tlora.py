@@ -37,7 +37,7 @@ per membership and nano-batch count, so a tuner's probe that returns to the best
 answers again. The running groups of each kind are also kept as arrays (``KindTable``, updated
 as groups change), so the pairs a tick must examine are found with array operations, and under the
 profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.profiled.formula``; on
-several GPUs ``batch_multigpu``'s lower bound of the planner's step) evaluates every such pair,
+several GPUs ``profiled.multigpu``'s lower bound of the planner's step) evaluates every such pair,
 or every join candidate of a large kind, in one call: candidates it refuses by more than its error
 margin are refused without asking ``merge_ok``, which decides the rest as before. Once GPU
 admission has closed, a waiting job shape that found no group is not asked again while its kind's

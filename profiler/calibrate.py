@@ -30,7 +30,7 @@ the fit's residuals.
 
 Host scales are per base model (``host_loop:<model>``, ``host_fused:<model>``; a model not
 measured takes the geometric mean of the measured ones), and ``nano_host`` scales the host time of
-one nano-batch (``profiled_tables.layer_ms``). Times are milliseconds unless a name ends in
+one nano-batch (``formula.layer_ms``). Times are milliseconds unless a name ends in
 ``_s``. Nothing here needs torch or a GPU.
 """
 

@@ -1,6 +1,6 @@
 """Fit a cost-model artifact from profile CSVs, and measure its held-out error (no torch).
 
-``fit_artifact(rows, gpu)`` builds the artifact that ``tlora_sim.sim.costmodel.profiled`` reads (its docstring says
+``fit_artifact(rows, gpu)`` builds the artifact that ``tlora_sim.sim.costmodel.profiled`` (``artifact.load_artifact``) reads (its docstring says
 what each table and coefficient means). ``validate(rows, gpu, k)`` splits the measured *mixes*
 (not repeats) of each model deterministically: mixes sorted by their canonical key
 (``r:b:s|...``), every k-th held out with every plan measured on it; the component grids

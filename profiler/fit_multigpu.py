@@ -1,6 +1,6 @@
 """Fit the cost model's multi-GPU terms to the two-GPU profile (``profiler/multigpu.py``'s CSV).
 
-What is fitted (``sim/costmodel/profiled_multigpu.py`` uses it):
+What is fitted (``sim/costmodel/profiled/multigpu.py`` uses it):
 
 * ``curves``: the measured collective times by message size (op -> [[bytes, ms], ...], the rows of
   ``kind=collective``; all_reduce and all_gather; two GPUs);

@@ -1,5 +1,5 @@
 """Parallelism plans, collective curves and the planner (sim/costmodel/parallelism.py,
-profiled_multigpu.py), the job model that uses them (sim/core/workload.py), ``costmodel predict``
+profiled/multigpu.py), the job model that uses them (sim/core/workload.py), ``costmodel predict``
 and the two-GPU fit (profiler/fit_multigpu.py). Engine-free."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The profiled cost model (sim/costmodel/profiled.py) and its shipped H100 artifact, without torch.
+"""The profiled cost model (sim/costmodel/profiled/model.py) and its shipped H100 artifact, without torch.
 
 Loads ``profiler/data/costmodel_h100.json``; checks the CostModel protocol, provenance in
 ``describe()``, monotonicity in tokens, exact interpolation at measured grid points, flagged

@@ -1,4 +1,4 @@
-"""The planner's shortcuts (``profiled_multigpu.best_plan``: ``fsdp`` and plans whose step without
+"""The planner's shortcuts (``multigpu.best_plan``: ``fsdp`` and plans whose step without
 the layer times already exceeds a fitting ``dp`` are not timed; ``plan_step``'s ``above``) give
 the plain planner's answer bit for bit: every plan timed without a shared cache, the fastest that
 fits memory (ties in candidate order), pipeline plans where none fits, else the least memory."""

@@ -21,7 +21,7 @@ from tlora_sim.traces.errors import InputError
 
 COST_MODELS: dict[str, str] = {
     "auto": "profiled where profiler/data has an artifact for the GPU (H100, H200), else roofline",
-    "profiled": "the shipped profiled model of the GPU type (sim/costmodel/profiled.py)",
+    "profiled": "the shipped profiled model of the GPU type (sim/costmodel/profiled/model.py)",
     "roofline": "analytic roofline model (sim/costmodel/roofline.py), any GPU type",
 }
 COST_MODEL_CHOICES = tuple(COST_MODELS)

@@ -6,7 +6,7 @@ Every prediction not taken from a measured profile counts as extrapolated:
 * the roofline model (``--cost-model roofline``, or ``auto`` on a GPU type without a shipped
   profile such as the A100): every job, reason ``roofline`` / ``roofline:gpu``;
 * the profiled model: the reasons its prediction of the job's own shape carries
-  (``sim/costmodel/profiled.py`` ``Prediction.reasons``: ``multigpu:gpus>2``,
+  (``sim/costmodel/profiled/model.py`` ``Prediction.reasons``: ``multigpu:gpus>2``,
   ``multigpu:inter-node``, ``layer``, ``head``, ``roofline:gpu`` ...).
 
 GPU-time of a job = GPUs x (finish - first start), the time it held GPUs (an unfinished job up to

@@ -298,7 +298,7 @@ class FusedBatch:
             return None
         pe = art["models"][model]["plans"].get("fused")
         if pe is None or pe.get("correction") or n_gpus != 1:
-            return None  # several GPUs: the planner weighs parallelism plans (profiled_multigpu.py)
+            return None  # several GPUs: the planner weighs parallelism plans (multigpu.py)
         return cls(cost_model, model, gpu_name, n_gpus)
 
     # ---- features ------------------------------------------------------------------------------
