@@ -15,7 +15,6 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv

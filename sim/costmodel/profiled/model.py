@@ -285,7 +285,7 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     if n > 1 or forced is not None:  # several GPUs: the planner (``multigpu.best_plan``)
         par, step, reasons, mem = best_plan(key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced)
         return Prediction(step, bool(reasons), reasons, par.name, mem)
-    m, gpu = get_model(model), GPUS[gpu_name]
+    m = get_model(model)
     entry = art["models"][model]
     tab = tables_of(key, model)
     pe = entry["plans"][PLAN_FAMILY[plan]]
