@@ -174,11 +174,17 @@ def _check_numbers(art: dict, file: str) -> None:
 _REGISTRY: dict[str, dict] = {}
 
 
+def artifact_key(art: dict) -> str:
+    """The identity of a loaded artifact: ``<id>:<sha256 of the file>`` (the dict's ``id()`` for an
+    artifact built in memory, which has no file)."""
+    return f"{art['id']}:{art.get('_sha256', id(art))}"
+
+
 def register(art: dict) -> str:
-    """Register a loaded artifact and return its key, ``<id>:<sha256 of the file>`` (the dict's
-    ``id()`` for an artifact built in memory). Registering the same file again replaces the entry
-    with an equal artifact (same bytes), so answers memoised by key stay true."""
-    key = f"{art['id']}:{art.get('_sha256', id(art))}"
+    """Register a loaded artifact and return its key (``artifact_key``). Registering the same file
+    again replaces the entry with an equal artifact (same bytes), so answers memoised by key stay
+    true."""
+    key = artifact_key(art)
     _REGISTRY[key] = art
     return key
 
@@ -189,11 +195,12 @@ def registered(key: str) -> dict:
 
 
 def profiled_source(cost_model) -> tuple[dict, str] | None:
-    """``(artifact, key)`` of a profiled cost model (one whose ``key`` names its registered
-    ``artifact``), else None: how the batch forms (``formula.FusedBatch``,
+    """``(artifact, key)`` of a profiled cost model (one whose ``key`` is registered and is its
+    ``artifact``'s own key: two models that loaded the same file share it), else None: how the batch forms (``formula.FusedBatch``,
     ``multigpu.PlannerBatch``) recognise the model without importing its class."""
     key, art = getattr(cost_model, "key", None), getattr(cost_model, "artifact", None)
-    if not isinstance(key, str) or not isinstance(art, dict) or _REGISTRY.get(key) is not art:
+    if not isinstance(key, str) or not isinstance(art, dict) or key not in _REGISTRY or "id" not in art \
+            or artifact_key(art) != key:
         return None
     return art, key
 
