@@ -36,8 +36,8 @@ changes; a join answer for a job shape stands until its kind changes; merged ste
 per membership and nano-batch count, so a tuner's probe that returns to the best count finds its
 answers again. The running groups of each kind are also kept as arrays (``KindTable``, updated
 as groups change), so the pairs a tick must examine are found with array operations, and under the
-profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.batch``; on
-several GPUs ``batch_multigpu``'s lower bound of the planner's step) evaluates every such pair,
+profiled model the batch form of its fused-plan step time (``tlora_sim.sim.costmodel.profiled.formula``; on
+several GPUs ``profiled.multigpu``'s lower bound of the planner's step) evaluates every such pair,
 or every join candidate of a large kind, in one call: candidates it refuses by more than its error
 margin are refused without asking ``merge_ok``, which decides the rest as before. Once GPU
 admission has closed, a waiting job shape that found no group is not asked again while its kind's
@@ -512,7 +512,7 @@ class TLoRA(Promise, JoinSearch, ColumnScreen, QueueWalk, NanoTuning):
         """For each source ``views[i]``, the partners (indices into ``views``, ascending) left to
         ask ``merge_ok`` about, as of the start of the tick: pairs where one side changed since
         the source was last refused everywhere, that pass ``merge_ok``'s size and bound tests,
-        and that the batch cost model (``tlora_sim.sim.costmodel.batch``, where it applies) does not refuse by
+        and that the batch cost model (``tlora_sim.sim.costmodel.profiled.formula``, where it applies) does not refuse by
         more than its margin (merged step time over the bound, or collective throughput short of
         what the two do apart). ``at``: the views' slots in the kind's table. Sources with no
         partner left are absent."""

@@ -6,7 +6,7 @@ that changed since it last found no target (``JoinSearch._no_target_by_member``)
 changed groups questions grow with the queue, and on long queues most shapes have members of
 their own, so even one question per group state and member is a cost-model call per shape. A
 *column* screens one changed group against every waiting shape of its kind in one call of the
-batch cost model (``tlora_sim.sim.costmodel.batch``) and keeps the certain refusals
+batch cost model (``tlora_sim.sim.costmodel.profiled.formula``) and keeps the certain refusals
 (``tlora_index.batch_refusals``: by more than the batch's margin), which are ``merge_ok``'s own
 answers. With many waiting shapes of a kind, the walk first decides them all at once
 (``_bulk_no_target``): a shape whose kept answer is "no target" and that every group it would ask

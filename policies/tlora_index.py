@@ -226,7 +226,7 @@ def refused(step_s: np.ndarray, bound_s: np.ndarray, iso_s: np.ndarray, need: np
     """Which merged candidates ``merge_ok`` refuses for certain, from batch step times: the step
     time over the members' bound, or the collective rate (``iso_s / step_s``) below ``need``
     (the apart rate plus the minimum gain), each by more than ``margin`` (the batch's
-    ``REL_MARGIN``, ``tlora_sim.sim.costmodel.batch``) beyond the batch's error."""
+    ``REL_MARGIN``, ``tlora_sim.sim.costmodel.profiled.formula``) beyond the batch's error."""
     over = step_s > bound_s * (1 + 1e-12) * (1 + margin)
     short = (need > 0) & (iso_s / step_s * (1 + margin) < need * (1 - margin))
     return over | short

@@ -237,7 +237,7 @@ class JoinSearch:
         then the groups planned in this decision, ranked by residual capacity for ``job``; the first
         that ``merge_ok`` accepts. Running groups unchanged in this decision are read from the
         kind's table, and those the batch cost model refuses by more than its margin are passed
-        over unasked (``tlora_sim.sim.costmodel.batch``); ``merge_ok``'s answers for the rest are memoised per
+        over unasked (``tlora_sim.sim.costmodel.profiled.formula``); ``merge_ok``'s answers for the rest are memoised per
         unchanged group and ``jkey``."""
         bound_job = self.job_bound_s(job)
         bonus = 1.0 if can_start else 0.0
@@ -299,7 +299,7 @@ class JoinSearch:
     def _join_order_table(self, snap: Snapshot, plan: Planner, job: Job, kind: tuple, tab: "KindTable",
                           bound_job: float, bonus: float) -> list[tuple]:
         """``_join_order_scan`` from the kind's table, leaving out the groups the batch cost model
-        refuses ``job`` by more than its margin (``tlora_sim.sim.costmodel.batch``): they would be refused."""
+        refuses ``job`` by more than its margin (``tlora_sim.sim.costmodel.profiled.formula``): they would be refused."""
         slack = np.minimum(tab.bound, bound_job) - tab.step
         live = tab.alive & (slack > 0)
         planned = [gid for gid in plan.touched_ids() if self._kind_of.get(gid) == kind]

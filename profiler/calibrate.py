@@ -30,7 +30,7 @@ the fit's residuals.
 
 Host scales are per base model (``host_loop:<model>``, ``host_fused:<model>``; a model not
 measured takes the geometric mean of the measured ones), and ``nano_host`` scales the host time of
-one nano-batch (``profiled_tables.layer_ms``). Times are milliseconds unless a name ends in
+one nano-batch (``formula.layer_ms``). Times are milliseconds unless a name ends in
 ``_s``. Nothing here needs torch or a GPU.
 """
 
@@ -165,7 +165,7 @@ def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarr
     """The step time (ms) ``art`` predicts for every row of ``pts`` (one GPU, the executor's
     no-checkpointing convention; memory does not enter step times)."""
     from tlora_sim.sim.costmodel.interface import Member
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
     cm = ProfiledCostModel(art, checkpointing=False)
     gpu = gpu or art["gpu"]

@@ -1,6 +1,6 @@
 """Fit a cost-model artifact from profile CSVs, and measure its held-out error (no torch).
 
-``fit_artifact(rows, gpu)`` builds the artifact that ``tlora_sim.sim.costmodel.profiled`` reads (its docstring says
+``fit_artifact(rows, gpu)`` builds the artifact that ``tlora_sim.sim.costmodel.profiled`` (``artifact.load_artifact``) reads (its docstring says
 what each table and coefficient means). ``validate(rows, gpu, k)`` splits the measured *mixes*
 (not repeats) of each model deterministically: mixes sorted by their canonical key
 (``r:b:s|...``), every k-th held out with every plan measured on it; the component grids
@@ -22,9 +22,10 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.costmodel.profiled import (PLAN_FAMILY, SCHEMA, SEED_PLANS_MULTI_GPU, TERMS, Tables,
-                                              correction_point, attention_ms, layer_ms, mix_features,
-                                              seq_groups, smoothmax)
+from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, SCHEMA, SEED_PLANS_MULTI_GPU, TERMS
+from tlora_sim.sim.costmodel.profiled.tables import Tables
+from tlora_sim.sim.costmodel.profiled.formula import attention_ms, correction_point, layer_ms, mix_features, seq_groups, \
+    smoothmax
 
 # LoRAFusion and the grouped GEMM size their LoRA work for the mix's largest rank (tiles of MAX_R;
 # adapters zero-padded to it): their extra term is max rank x tokens
@@ -101,9 +102,9 @@ def build_tables(dm: pd.DataFrame, model: str, gpu: str) -> dict:
     """The measured tables of one model (its rows of kinds noattn, head, attn), with the first
     GPU-bound point of the base curve (against the roofline shape) and of each attention row
     (against time proportional to sequences)."""
-    from tlora_sim.sim.core.cluster import GPUS
+    from tlora_sim.sim.costmodel.hardware import GPUS
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled import roofline_l0_ms
+    from tlora_sim.sim.costmodel.profiled.tables import roofline_l0_ms
 
     l0 = dm[dm.kind == "noattn"]
     head = dm[dm.kind == "head"]

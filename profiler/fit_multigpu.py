@@ -1,6 +1,6 @@
 """Fit the cost model's multi-GPU terms to the two-GPU profile (``profiler/multigpu.py``'s CSV).
 
-What is fitted (``sim/costmodel/profiled_multigpu.py`` uses it):
+What is fitted (``sim/costmodel/profiled/multigpu.py`` uses it):
 
 * ``curves``: the measured collective times by message size (op -> [[bytes, ms], ...], the rows of
   ``kind=collective``; all_reduce and all_gather; two GPUs);
@@ -95,9 +95,9 @@ def _members(r) -> list[tuple[int, int, int]]:
 
 def _row_terms(cm, r, curves: dict, host_scale) -> tuple[float, float, float]:
     """(prediction with per_tensor_ms = sync_ms = 0 (ms), the row's per-tensor count, its sync count)."""
-    from tlora_sim.sim.costmodel.profiled_multigpu import plan_step
+    from tlora_sim.sim.costmodel.profiled.multigpu import plan_step
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled_tables import LINEARS_PER_LAYER
+    from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER
 
     n = int(r["n_gpus"])
     mem = _members(r)

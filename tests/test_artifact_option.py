@@ -9,7 +9,7 @@ import time
 
 import pytest
 from tlora_sim.sim.cli.main import main
-from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 from tlora_sim.traces.errors import InputError
 
 

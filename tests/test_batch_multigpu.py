@@ -1,4 +1,4 @@
-"""The vectorised planner bound (``tlora_sim.sim.costmodel.batch_multigpu``) gives, per plan family, the
+"""The vectorised planner bound (``tlora_sim.sim.costmodel.profiled.multigpu``) gives, per plan family, the
 scalar ``plan_step`` times of the profiled multi-GPU model, and never exceeds the planner's step."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tlora_sim.sim.costmodel.batch import MAX_SEQ_LENS, REL_MARGIN
-from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch, _collective_ms, lpt_gpus
+from tlora_sim.sim.costmodel.profiled.formula import MAX_SEQ_LENS, REL_MARGIN
+from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch, collective_ms_rows, lpt_gpus
 from tlora_sim.sim.costmodel.factory import default_cost_model
 from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.parallelism import Parallelism, candidates, per_gpu_mixes
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
-from tlora_sim.sim.costmodel.profiled_multigpu import best_plan, plan_step
+from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+from tlora_sim.sim.costmodel.profiled.multigpu import best_plan, plan_step
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 SEQS = [128, 512, 1000, 2048, 3000, 4096, 8192, 20000]  # measured lengths, between them and beyond them
@@ -110,7 +110,7 @@ def test_collectives_equal_the_scalar_curves():
     sizes = np.geomspace(1.0, 1e11, 89)  # below, inside and beyond the measured sizes
     for n in (1, 2, 3, 8, 16):
         for cap in (None, net):
-            got = _collective_ms(pb._curve, sizes, np.full(len(sizes), float(n)),
+            got = collective_ms_rows(pb._curve, sizes, np.full(len(sizes), float(n)),
                                  np.full(len(sizes), np.inf if cap is None else cap))
             want = np.array([coll.time_ms("all_reduce", float(b), n, cap)[0] for b in sizes])
             assert np.all(np.abs(got - want) <= TOLERANCE * want)

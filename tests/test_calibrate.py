@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from tlora_sim.profiler import calibrate as cb
 from tlora_sim.sim.cli.main import main
-from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 
 
 @pytest.fixture(scope="module")

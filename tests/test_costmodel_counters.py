@@ -8,10 +8,11 @@ import json
 import pytest
 
 from tlora_sim.sim.costmodel.interface import Member
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, load_artifact
+from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
-from tlora_sim.sim.costmodel.profiled import artifact_path
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path
 
 ART = load_artifact(artifact_path("H100"))
 

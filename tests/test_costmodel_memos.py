@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tlora_sim.sim.costmodel.batch import FusedBatch
-from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch
+from tlora_sim.sim.costmodel.profiled.formula import FusedBatch
+from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch
 from tlora_sim.sim.costmodel.factory import default_cost_model
 from tlora_sim.sim.costmodel.interface import Member
 
@@ -67,7 +67,7 @@ def test_planner_batch_memos_give_the_fresh_answers():
 
 def test_table_memos_give_the_fresh_answers():
     cm = default_cost_model("H100")
-    from tlora_sim.sim.costmodel.profiled import tables_of
+    from tlora_sim.sim.costmodel.profiled.tables import tables_of
 
     tab = tables_of(cm.key, "llama3-8b")
     for t in (1.0, 100.0, 3000.5, 1e5, 1e7):

@@ -26,7 +26,8 @@ def planned_as_executed(monkeypatch):
     fused refit of 2026-11-26: faster launch path) rightly decides other groups."""
     import json
 
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
     art = json.loads((THIRD / "tlora" / "config.json").read_text())["cost_model"]["artifact"]
     path = THIRD / f"costmodel_h100_{art.rsplit('-', 1)[1]}.json"

@@ -1,4 +1,4 @@
-"""The batch form of the profiled fused-plan model (``tlora_sim.sim.costmodel.batch``) gives the scalar model's
+"""The batch form of the profiled fused-plan model (``tlora_sim.sim.costmodel.profiled.formula``) gives the scalar model's
 step times, for single groups and merged pairs, inside and outside the measured grids."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tlora_sim.sim.costmodel.interface import Member
-from tlora_sim.sim.costmodel.batch import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
+from tlora_sim.sim.costmodel.profiled.formula import MAX_SEQ_LENS, REL_MARGIN, FusedBatch
 from tlora_sim.sim.costmodel.factory import default_cost_model
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
@@ -77,3 +77,22 @@ def test_the_batch_declines_what_it_cannot_describe():
     fb = FusedBatch.of(cm, "llama3-8b", "H100", 1)
     assert fb.row([Member(8, 1, 100 + s) for s in range(MAX_SEQ_LENS)]) is not None
     assert fb.row([Member(8, 1, 5000)]) is None  # one sequence length too many for its columns
+
+
+def test_the_batch_knows_a_profiled_model_by_its_registered_artifact():
+    """``FusedBatch.of`` recognises the profiled model without importing its class
+    (``artifact.profiled_source``): two models that loaded the same file both get a batch, with
+    the same answers; an object whose ``key`` is not its artifact's registered key gets none."""
+    from types import SimpleNamespace
+
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+    a, b = (ProfiledCostModel(load_artifact(artifact_path("H100"))) for _ in range(2))
+    assert a.artifact is not b.artifact and a.key == b.key
+    fa, fb = FusedBatch.of(a, "llama3-8b", "H100", 1), FusedBatch.of(b, "llama3-8b", "H100", 1)
+    assert fa is not None and fb is not None
+    g = [Member(16, 4, 1024), Member(64, 2, 2048)]
+    assert fa.step_times(fa.row(g), 1).tolist() == fb.step_times(fb.row(g), 1).tolist()
+    fake = SimpleNamespace(artifact=dict(a.artifact, id="other"), key=a.key)
+    assert FusedBatch.of(fake, "llama3-8b", "H100", 1) is None

@@ -94,7 +94,7 @@ def test_csv_header_with_a_repeated_name(tmp_path):
 
 
 def test_artifact_of_the_wrong_shape_names_the_field(tmp_path):
-    from tlora_sim.sim.costmodel.profiled import SCHEMA, load_artifact
+    from tlora_sim.sim.costmodel.profiled.artifact import SCHEMA, load_artifact
 
     f = tmp_path / "a.json"
     f.write_text(json.dumps({"schema": SCHEMA, "id": "x", "gpu": "H100", "optimizer": {"coef": {}},

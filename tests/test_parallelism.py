@@ -1,5 +1,5 @@
 """Parallelism plans, collective curves and the planner (sim/costmodel/parallelism.py,
-profiled_multigpu.py), the job model that uses them (sim/core/workload.py), ``costmodel predict``
+profiled/multigpu.py), the job model that uses them (sim/core/workload.py), ``costmodel predict``
 and the two-GPU fit (profiler/fit_multigpu.py). Engine-free."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.parallelism import Collectives, Parallelism, candidates, load_multigpu, \
     parse_parallelism, per_gpu_mixes
-from tlora_sim.sim.costmodel.profiled_multigpu import plan_step
+from tlora_sim.sim.costmodel.profiled.multigpu import plan_step
 from tlora_sim.traces.errors import InputError
 
 
@@ -172,7 +172,7 @@ def test_costmodel_predict_ends_with_one_parsable_line():
 
 def test_the_shipped_fit_reproduces_from_its_rows():
     from tlora_sim.profiler.fit_multigpu import validate
-    from tlora_sim.sim.costmodel.profiled import data_dir
+    from tlora_sim.sim.costmodel.profiled.artifact import data_dir
 
     terms, _ = load_multigpu("H200")
     table, s = validate([str(data_dir() / "multigpu")], "H200")

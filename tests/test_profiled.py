@@ -1,4 +1,4 @@
-"""The profiled cost model (sim/costmodel/profiled.py) and its shipped H100 artifact, without torch.
+"""The profiled cost model (sim/costmodel/profiled/model.py) and its shipped H100 artifact, without torch.
 
 Loads ``profiler/data/costmodel_h100.json``; checks the CostModel protocol, provenance in
 ``describe()``, monotonicity in tokens, exact interpolation at measured grid points, flagged
@@ -16,7 +16,9 @@ import pytest
 
 from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member
 from tlora_sim.sim.costmodel.factory import default_cost_model
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, Tables, artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+from tlora_sim.sim.costmodel.profiled.tables import Tables
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 
 ART = artifact_path("H100")
@@ -52,7 +54,7 @@ def _unmeasured_copy(tmp_path, plans=("lorafusion", "grouped"), drop_fits=False)
 
 def test_import_needs_no_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
-            "import tlora_sim.sim.costmodel.profiled, tlora_sim.sim.cli.costmodel, tlora_sim.profiler.fit\n"
+            "import tlora_sim.sim.costmodel.profiled.model, tlora_sim.sim.cli.costmodel, tlora_sim.profiler.fit\n"
             "from tlora_sim.sim.costmodel.factory import default_cost_model\n"
             "print(default_cost_model('H100').name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -231,7 +233,7 @@ def test_seed_plans_measured_iff_the_artifact_says_so(tmp_path, cm):
     import pandas as pd
 
     from tlora_sim.profiler.fit import fit_artifact, read_rows
-    from tlora_sim.sim.costmodel.profiled import artifact_path as ap
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path as ap
 
     mm = [Member(16, 2, 1024)] * 4
     before = _unmeasured_copy(tmp_path, drop_fits=True)   # as if profiled before these plans were

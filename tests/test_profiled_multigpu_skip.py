@@ -1,4 +1,4 @@
-"""The planner's shortcuts (``profiled_multigpu.best_plan``: ``fsdp`` and plans whose step without
+"""The planner's shortcuts (``multigpu.best_plan``: ``fsdp`` and plans whose step without
 the layer times already exceeds a fitting ``dp`` are not timed; ``plan_step``'s ``above``) give
 the plain planner's answer bit for bit: every plan timed without a shared cache, the fastest that
 fits memory (ties in candidate order), pipeline plans where none fits, else the least memory."""
@@ -16,8 +16,8 @@ from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.parallelism import Parallelism, candidates
-from tlora_sim.sim.costmodel.profiled import tables_of
-from tlora_sim.sim.costmodel.profiled_multigpu import best_plan, plan_memory, plan_step
+from tlora_sim.sim.costmodel.profiled.tables import tables_of
+from tlora_sim.sim.costmodel.profiled.multigpu import best_plan, plan_memory, plan_step
 
 MODELS = ("llama3-8b", "qwen3-8b", "qwen2.5-32b", "llama3-70b")
 PLANS = ("fused", "loop", "lorafusion", "grouped", "alone")

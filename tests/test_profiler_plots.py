@@ -128,7 +128,8 @@ def synthetic_profile_dir(folder: Path, gpu: str = "H100", models=("llama3-8b",)
         build([str(raw)], gpu, folder)
     if e2e:
         from tlora_sim.sim.costmodel.interface import Member
-        from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
+        from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+        from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 
         cm = ProfiledCostModel(load_artifact(artifact_path(gpu, folder)))
         rows = []

@@ -73,7 +73,7 @@ class Reference(TLoRA):
 
 # workloads where a stale "refused" answer would show (checked: skipping the changed partners, or
 # never invalidating the join-target memo, makes the comparison fail on each of them); under the
-# profiled model the batch cost model's screen (``tlora_sim.sim.costmodel.batch``) refuses most pairs unasked
+# profiled model the batch cost model's screen (``tlora_sim.sim.costmodel.profiled.formula``) refuses most pairs unasked
 # (``array_min``: kinds with at least that many running groups are searched through the kind's
 # table; 1 puts every kind through it)
 @pytest.mark.parametrize("trace, spec, cost_model, array_min", [
@@ -221,7 +221,7 @@ def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
     (seed 4: 5 refusals in 3 screens, 25 joins)."""
     import tlora_sim.policies.tlora_index as index_module
     from conftest import reindex
-    from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch
+    from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch
 
     spec = "4x8xH100"
     jobs, _, model, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=900,seed=4,load=3,gpus=32",

@@ -121,12 +121,8 @@ def run(args) -> int:
         return run_profile(args)
     if args.command != "costmodel":
         raise InputError(f"not a cost-model command: {args.command}")
-    from tlora_sim.sim.costmodel.profiled import (
-        ProfiledCostModel,
-        artifact_path,
-        data_dir,
-        load_artifact,
-    )
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, data_dir, load_artifact
 
     cmd = args.costmodel_command
     if cmd == "show":
@@ -226,7 +222,7 @@ def _calibrate(args) -> int:
 
     import pandas as pd
     from tlora_sim.profiler import calibrate as cb
-    from tlora_sim.sim.costmodel.profiled import artifact_path, load_artifact
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 
     if args.out.exists() and not args.force:
         raise InputError("exists; pass --force to replace it", file=str(args.out))
@@ -312,7 +308,7 @@ def host_floor(art: dict) -> list[tuple]:
     The smallest job: the lowest rank, one sequence of the shortest measured attention length."""
     from tlora_sim.sim.costmodel.interface import Member
     from tlora_sim.sim.costmodel.models import get_model
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
     cm = ProfiledCostModel(art, checkpointing=False)
     out = []

@@ -129,7 +129,7 @@ def run(args) -> int:
     if args.slurm_states:
         topts["slurm_states"] = args.slurm_states
     if args.artifact is not None:
-        from tlora_sim.sim.costmodel.profiled import load_artifact
+        from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
         load_artifact(args.artifact)  # checked before any model is built
     opts = {}

@@ -14,13 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tlora_sim.sim.costmodel.interface import CostModel
-from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel
 from tlora_sim.traces.errors import InputError
 
 COST_MODELS: dict[str, str] = {
     "auto": "profiled where profiler/data has an artifact for the GPU (H100, H200), else roofline",
-    "profiled": "the shipped profiled model of the GPU type (sim/costmodel/profiled.py)",
+    "profiled": "the shipped profiled model of the GPU type (sim/costmodel/profiled/model.py)",
     "roofline": "analytic roofline model (sim/costmodel/roofline.py), any GPU type",
 }
 COST_MODEL_CHOICES = tuple(COST_MODELS)

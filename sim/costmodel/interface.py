@@ -83,7 +83,7 @@ class CostModel(Protocol):
 
         Policies that score many candidate groups per decision (tLoRA) ask it once per kind of
         group (base model, GPU type, GPU count) and evaluate whole arrays of mixes through it
-        (``sim/costmodel/batch.py``: ``row``, ``merge``, ``step_times``, ``REL_MARGIN``,
+        (``sim/costmodel/profiled/formula.py``: ``row``, ``merge``, ``step_times``, ``REL_MARGIN``,
         ``WIDTH``). None: the model has no batch form there; ask ``step_time_s`` instead.
         """
         ...

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tlora_sim.sim.costmodel.models import ModelSpec
+from tlora_sim.sim.costmodel.profiled.artifact import data_dir
 from tlora_sim.traces.errors import InputError
 
 SCHEMA = "tlora-sim/multigpu/1"
@@ -157,8 +158,6 @@ def per_gpu_mixes(members: Sequence[tuple[int, int, int]], par: Parallelism, mic
 # ------------------------------------------------------------------------------------ collectives
 def multigpu_path(gpu: str, directory: str | Path | None = None) -> Path:
     """Where the fitted two-GPU terms of ``gpu`` live: ``profiler/data/multigpu_<gpu>.json``."""
-    from tlora_sim.sim.costmodel.profiled import data_dir
-
     return Path(directory or data_dir()) / f"multigpu_{gpu.lower()}.json"
 
 
@@ -198,7 +197,9 @@ class Collectives:
             self.curves[op] = ([b for b, _ in pts], [t for _, t in pts])
 
     @staticmethod
-    def _factor(op: str, n: int) -> float:
+    def factor(op: str, n: int) -> float:
+        """Bytes moved per byte of payload by a ring ``op`` on ``n`` GPUs: 2(n-1)/n for an
+        all-reduce, (n-1)/n for an all-gather (the standard ring algorithms)."""
         return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
     def busbw(self, op: str, nbytes: float) -> tuple[float, float]:
@@ -210,7 +211,7 @@ class Collectives:
         i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
         w = (math.log(x) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
         t = math.exp(math.log(ys[i - 1]) + w * (math.log(ys[i]) - math.log(ys[i - 1])))
-        f2 = self._factor(op, 2)
+        f2 = self.factor(op, 2)
         return f2 * x / max(t - floor, 1e-6 * t) if t > floor else f2 * x / t, floor
 
     def time_ms(self, op: str, nbytes: float, n: int, net_bytes_ms: float | None = None) -> tuple[float, bool]:
@@ -234,4 +235,4 @@ class Collectives:
         bw, floor = self.busbw(op, nbytes)
         if net_bytes_ms is not None:
             bw = min(bw, net_bytes_ms)
-        return floor * (n - 1) + self._factor(op, n) * nbytes / bw, True
+        return floor * (n - 1) + self.factor(op, n) * nbytes / bw, True

@@ -348,7 +348,7 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
     if reference is not None and reference not in {load_run(d)[0]["policy"] for d in dirs}:
         raise InputError(f"reference policy {reference!r} is not among the runs", field="--reference")
     if artifact is not None:
-        from tlora_sim.sim.costmodel.profiled import load_artifact
+        from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
         load_artifact(artifact)
     out = check_out_dir(out_dir, force=force, what="validation")

@@ -47,7 +47,8 @@ def executor_cost_model(gpu_type: str, artifact: str | None = None):
         InputError: no shipped profile for that GPU type; an unreadable or malformed artifact
             file, or one of another GPU type.
     """
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, artifact_path, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
 
     if artifact:
         art = load_artifact(artifact)

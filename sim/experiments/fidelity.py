@@ -6,7 +6,7 @@ Every prediction not taken from a measured profile counts as extrapolated:
 * the roofline model (``--cost-model roofline``, or ``auto`` on a GPU type without a shipped
   profile such as the A100): every job, reason ``roofline`` / ``roofline:gpu``;
 * the profiled model: the reasons its prediction of the job's own shape carries
-  (``sim/costmodel/profiled.py`` ``Prediction.reasons``: ``multigpu:gpus>2``,
+  (``sim/costmodel/profiled/model.py`` ``Prediction.reasons``: ``multigpu:gpus>2``,
   ``multigpu:inter-node``, ``layer``, ``head``, ``roofline:gpu`` ...).
 
 GPU-time of a job = GPUs x (finish - first start), the time it held GPUs (an unfinished job up to
@@ -27,6 +27,9 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+EXTRAPOLATION_WARN = 0.05
+"""Share of extrapolated cost-model predictions above which a run warns (stderr)."""
+
 #: GPU type -> (validation directory under profiler/data/validation, the workload in words).
 VALIDATION_RUNS = {
     "H100": ("h100_third/validation", "ITP cluster02, first 24 one-GPU jobs, Llama-3-8B, times / 300, on one "
@@ -44,7 +47,7 @@ def job_reasons(cost_model, jobs: Sequence, gpu: str, cost_model_name: str) -> l
         cost_model_name: the ``--cost-model`` value (``auto``, ``profiled``, ``roofline``).
     """
     if cost_model.describe().get("kind") != "profiled":
-        from tlora_sim.sim.costmodel.profiled import artifact_path
+        from tlora_sim.sim.costmodel.profiled.artifact import artifact_path
 
         why = "roofline" if artifact_path(gpu).is_file() and cost_model_name == "roofline" else "roofline:gpu"
         return [(why,)] * len(jobs)
@@ -130,8 +133,6 @@ def warning_text(shares_by_policy: dict[str, dict[str, float]], totals: dict[str
 
     ``shares_by_policy``: policy -> reason -> share; ``totals``: policy -> share with any reason.
     A share that differs across policies is printed as its range."""
-    from tlora_sim.sim.experiments.replay import EXTRAPOLATION_WARN
-
     if not totals or max(totals.values()) <= EXTRAPOLATION_WARN:
         return None
     reasons = sorted({r for s in shares_by_policy.values() for r in s},
@@ -162,7 +163,7 @@ def validation_error(gpu: str) -> dict | None:
         return None
     import pandas as pd
 
-    from tlora_sim.sim.costmodel.profiled import data_dir
+    from tlora_sim.sim.costmodel.profiled.artifact import data_dir
 
     rel, workload = VALIDATION_RUNS[gpu]
     path = Path(data_dir()) / "validation" / rel / "validation.csv"

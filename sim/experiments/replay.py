@@ -351,10 +351,6 @@ TENANTS_CSV = "tenants.csv"
 """Per-tenant table of a run directory (``sim/core/fairness.py``), where the trace has tenants."""
 
 
-EXTRAPOLATION_WARN = 0.05
-"""Share of extrapolated cost-model predictions above which a run warns (stderr)."""
-
-
 def coverage(kept: int, skipped: dict, cost_model: dict) -> dict:
     """What a run covers: ``kept_jobs`` of ``input_jobs`` (the trace's rows, or sweep configurations,
     before skips), and ``extrapolated_share`` of the cost model's distinct predictions that left

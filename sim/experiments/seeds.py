@@ -11,15 +11,14 @@ every seed's row.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv
+from tlora_sim.sim.report.stats import ci95
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
@@ -60,17 +59,6 @@ def seed_spec(trace: str, seed: int) -> str:
         opts = trace[len("synthetic:"):]
         return f"synthetic:{opts + ',' if opts and opts != 'default' else ''}seed={seed}"
     return trace
-
-
-def ci95(values: np.ndarray) -> float:
-    """95% confidence half-width of the mean of ``values`` (0 for one value)."""
-    from scipy.stats import t
-
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if len(v) < 2:
-        return 0.0
-    return float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
 def aggregate(by_seed: pd.DataFrame) -> pd.DataFrame:

@@ -201,7 +201,7 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
     if artifact is not None:
         if not (isinstance(artifact, str) and artifact.strip()):
             raise err("artifact", f"expected the path of a cost-model artifact file, got {artifact!r}")
-        from tlora_sim.sim.costmodel.profiled import load_artifact
+        from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
         try:
             load_artifact(base / artifact)

@@ -296,7 +296,8 @@ def e2e_predictions(e2e_csv: str | Path, artifact: str | Path) -> pd.DataFrame:
         InputError: unreadable files or a wrong artifact schema.
     """
     from tlora_sim.profiler.fit import e2e_table
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
     try:
         e2e = pd.read_csv(e2e_csv, dtype={"ranks": str, "batch_sizes": str, "seq_lens": str}, keep_default_na=False)
@@ -417,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def draw() -> list[Path]:
         kernels, costmodel = args.kernels, args.costmodel
         if not kernels and costmodel is None:
-            from tlora_sim.sim.costmodel.profiled import data_dir
+            from tlora_sim.sim.costmodel.profiled.artifact import data_dir
 
             kernels = sorted(data_dir().glob("kernel_bench_*.csv"))
             costmodel = data_dir() if list(data_dir().glob("profile_*.csv")) else None

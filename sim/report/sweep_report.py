@@ -19,6 +19,7 @@ import pandas as pd
 from tlora_sim.sim.report import style as fs
 from tlora_sim.sim.report.rundir import write_csv
 from tlora_sim.sim.report.rundir_layout import RunDir
+from tlora_sim.sim.report.stats import ci95
 from tlora_sim.traces.errors import InputError
 
 GROUP_KEYS = ("trace", "cluster", "policy", "lora_dist", "regroup_pause_s", "cost_model", "policy_options",
@@ -98,8 +99,6 @@ def sweep_report(sweep_dir: str | Path) -> pd.DataFrame:
         InputError: no ``sweep.csv`` in ``sweep_dir``, or it does not read back
             (:func:`read_sweep_table`).
     """
-    from tlora_sim.sim.experiments.seeds import ci95
-
     d = Path(sweep_dir)
     f = d / RunDir.SWEEP_TABLE
     if not f.is_file():

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.profiler import fit
-from tlora_sim.sim.costmodel.profiled import load_artifact
+from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent
@@ -150,7 +150,8 @@ def main():
     ob = fm(old).reset_index(drop=True)
     gb = ob[(ob.step_ms >= SMALL_MS) & (ob.host_ms < 0.7 * ob.step_ms)]
     table(f"(b') old fused rows >= {SMALL_MS:g} ms that were GPU-bound (host_ms < 0.7 step)", arts, gb)
-    from tlora_sim.sim.costmodel.profiled import Tables, layer_ms
+    from tlora_sim.sim.costmodel.profiled.tables import Tables
+    from tlora_sim.sim.costmodel.profiled.formula import layer_ms
     mm = fit.read_rows([prof_dir / f"profile_{g}.csv"])
     mm = mm[mm.kind == "model"]
     print(f"\n== in-model layer (8-layer model, kind model, {label.split(',')[0]}; not fitted): measured vs predicted ms/layer")
@@ -164,7 +165,7 @@ def main():
             out.append(f"{fit.mix_key(m)[:24]} {r.step_ms / r.layers:.2f}->{pr:.2f}")
         print(f"  {an:8s} " + "; ".join(out))
     e2e = pd.read_csv(DATA / f"costmodel_{g}_e2e.csv", keep_default_na=False)
-    from tlora_sim.sim.costmodel.profiled import ProfiledCostModel
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
     print(f"\n== e2e (costmodel_{g}_e2e.csv, measured 2026-11-22 with the old kernel and host): median |error| by plan")
     for an, art in arts.items():
         t = fit.e2e_table(ProfiledCostModel(art), e2e)

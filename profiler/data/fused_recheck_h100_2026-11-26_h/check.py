@@ -24,7 +24,7 @@ import pandas as pd
 from pathlib import Path
 
 from tlora_sim.profiler import fit
-from tlora_sim.sim.costmodel.profiled import load_artifact
+from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent

@@ -1,7 +1,34 @@
-"""A vectorised lower bound of the profiled model's multi-GPU step time (the planner's), for the
-policies' merge tests on groups of several GPUs (``batch.py`` does one-GPU groups).
+"""The profiled model on several GPUs: one parallelism plan's time and memory (``plan_step``), the
+planner that picks the plan (``best_plan``), and its vectorised lower bound for the policies'
+merge tests (``PlannerBatch``). ``sim/costmodel/parallelism.py`` says what the plans are.
 
-On ``n > 1`` GPUs the profiled model's step is the planner ``profiled_multigpu.best_plan``: it
+Per plan, with the per-GPU mixes of ``parallelism.per_gpu_mixes`` (``B`` micro-batches, ``N``
+nano-batches, ``L`` layers per GPU: all of them, or a pipeline stage's share)::
+
+    step = max over GPUs of  B x (L x layer(mix; gpu x 1/tp, host x host_scale) + head(tokens))
+                             + AdamW(its adapters) + communication
+    communication = N x (all_reduce(4 B x adapter params, replicas) + per_tensor_ms x tensors)
+                  + B x L x all_gather(a layer's weight matrices, n)        (fsdp)
+                  + B x 4 L x all_reduce(2 B x tokens x hidden, tp)          (tp)
+                  + sync_ms                                                  (plans that communicate)
+
+``layer``, ``head`` and AdamW are the single-GPU profile's (``formula.py``); the collective curves
+and ``host_scale``, ``per_tensor_ms``, ``sync_ms`` are fitted to the two-GPU profile
+(``profiler/fit_multigpu.py``). The gradient bucket is fp32 (4 bytes per adapter parameter), as in
+the profiler. ``N`` is capped at the GPU's sequences per micro-batch (a nano-batch holds whole
+sequences). Pipeline plans: GPipe, ``(B + p - 1)`` stage times plus the head per micro-batch.
+
+Plans ``lorafusion`` and ``grouped`` (where the artifact measured them on one GPU) use their own
+layer fit per GPU and the optimizer's tensor count of their adapter layout; the two-GPU profile
+measured ``loop`` and ``fused`` only, so their ``host_scale`` is the ``fused`` plan's (reason
+``multigpu:host_scale_of_fused:<plan>``).
+
+Memory per GPU: ``formula.memory_breakdown`` of the GPU's mix, with the frozen weights divided by
+the plan's sharding (fsdp: n, tp: t, pp: p), checkpointed inputs by the stages, and for pipelines
+``min(B, p)`` micro-batches in flight.
+
+The lower bound (``PlannerBatch``), for groups of several GPUs (``formula.FusedBatch`` does
+one-GPU groups). On ``n > 1`` GPUs the profiled model's step is the planner ``best_plan``: it
 evaluates ``plan_step`` for every plan of ``parallelism.candidates`` (dp, fsdp, tp2/4/8, local;
 the pipeline plans pp2/4/8... only when none of those fits memory) and returns the fastest plan
 that fits, or the least-memory plan when none does. ``PlannerBatch`` evaluates, for many candidate
@@ -19,7 +46,7 @@ whose bound exceeds a threshold by more than ``REL_MARGIN`` without changing a d
 
 Rows: the mix of a non-local plan with data-parallel degree ``d`` (``per_gpu_mixes``) holds
 ``ceil(b / d)`` of each member's ``b`` sequences, which is not linear in ``d``; so a row is one
-``FusedBatch`` row (``batch.WIDTH`` columns: additive features, largest rank, sequences per length)
+``FusedBatch`` row (``formula.WIDTH`` columns: additive features, largest rank, sequences per length)
 for each distinct ``d`` among the plans (dp/fsdp: n; tp t: n / t; pp p: n / p), laid end to end.
 Every feature is a sum of per-member integers (whole sequences), so rows add exactly and a merged
 row equals the union's row bit for bit. The ``local`` plan places whole members on GPUs
@@ -27,8 +54,8 @@ row equals the union's row bit for bit. The ``local`` plan places whole members 
 (``per_gpu_mixes``'s placement, ``lpt_gpus``), adds the members' rows per GPU and evaluates every
 GPU's mix in one vectorised call.
 
-Exactness: each plan's time is ``plan_step``'s formula on the same inputs (``batch.FusedBatch``'s
-vectorised layer, head and tables; ``_collective_ms`` is ``Collectives._time_ms`` vectorised;
+Exactness: each plan's time is ``plan_step``'s formula on the same inputs (``formula.FusedBatch``'s
+vectorised layer, head and tables; ``collective_ms_rows`` is ``Collectives.time_ms`` vectorised;
 AdamW and communication terms associated as in ``plan_step``). The sums over sequence lengths
 are associated differently and numpy's log/exp may differ from the C library's in the last place,
 so each plan agrees with the scalar ``plan_step`` to a few 1e-16 relative per operation (measured
@@ -45,19 +72,241 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from tlora_sim.sim.costmodel.batch import LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, TOKENS, FusedBatch, rows_memoised
-from tlora_sim.sim.costmodel.batch import WIDTH as SUB
 from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
-from tlora_sim.sim.costmodel.parallelism import GPUS_PER_NODE, Collectives, Parallelism, candidates
-from tlora_sim.sim.costmodel.profiled import LINEARS_PER_LAYER, ProfiledCostModel
-from tlora_sim.sim.costmodel.profiled_multigpu import _terms, plan_step
+from tlora_sim.sim.costmodel.models import get_model
+from tlora_sim.sim.costmodel.parallelism import GPUS_PER_NODE, Collectives, Parallelism, candidates, load_multigpu, \
+    per_gpu_mixes
+from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, profiled_source, registered
+from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, \
+    TOKENS, FusedBatch, adapter_tensors_per_linear, layer_ms, memory_breakdown, opt_ms, rows_memoised
+from tlora_sim.sim.costmodel.profiled.formula import WIDTH as SUB
+from tlora_sim.sim.costmodel.profiled.tables import tables_of
+
+_NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
 
 
+def _terms(gpu_name: str) -> tuple[dict, Collectives, tuple[str, ...]]:
+    terms, own = load_multigpu(gpu_name)
+    if terms is None:  # analytic curves from the datasheet link bandwidth (flagged)
+        bw = GPUS[gpu_name].link_bw_bytes_s / 1e3
+        lat = 0.02
+        curves = {op: [[4096, lat + 4096 / bw], [1 << 30, lat + (1 << 30) / bw]] for op in ("all_reduce", "all_gather")}
+        return {**_NO_TERMS, "curves": curves}, Collectives({"curves": curves}), ("multigpu:unmeasured",)
+    return terms, _collectives(gpu_name), (() if own else ("multigpu:gpu",))
+
+
+_PES: dict[int, dict] = {}
+"""id -> plan-family entry whose layer times ``Tables.layer_memo`` holds (kept alive so an id is
+never reused while its answers are kept)."""
+
+
+@lru_cache(maxsize=8)
+def _collectives(gpu_name: str) -> Collectives:
+    return Collectives(load_multigpu(gpu_name)[0])
+
+
+def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
+              plan: str, nano: int, micro: int, ckpt: bool, terms: dict | None = None,
+              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None,
+              above: float | None = None) -> tuple[float, tuple[str, ...], float] | None:
+    """(step time s, reasons it is extrapolated, peak memory per GPU bytes) of ``members`` under
+    ``par``; ``art``/``key`` the profiled artifact and its key (``model.ProfiledCostModel.key``, ``artifact.register``).
+
+    ``terms``: fitted multi-GPU terms to use instead of the shipped file (the fit's trial values);
+    ``mixes``: per-GPU mixes instead of ``per_gpu_mixes`` (the profiler's own placement of
+    rank-local adapters, when predicting its rows). ``memory=False`` leaves the memory out
+    (returned as NaN; ``plan_memory`` gives it). ``cache``: a dict shared by the calls of one
+    planner question (same artifact, model, GPU type, members, plan, counts): the question's
+    context (model, terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter
+    parameters, and optimizer times, computed once for the parallelism plans that share them
+    (pure functions of their keys). ``above``: return None, without the layer times, where one
+    GPU's step without them, ``(B x head + AdamW) + communication`` in s, already exceeds ``above``
+    (the step adds ``B x L x layer >= 0`` to the first sum, the same floating-point operations
+    otherwise, and rounding is monotone: the plan's step exceeds ``above`` too)."""
+    cache = {} if cache is None else cache
+    # what every plan of one question reads (the cache is one question's: same model, GPU type,
+    # members, plan and counts); the fitted terms given as ``terms`` are not kept
+    ctx = cache.get("ctx") if terms is None else None
+    if ctx is None:
+        ctx = _context(art, key, model, gpu_name, plan, terms)
+        if terms is None:
+            cache["ctx"] = ctx
+    m, net_bw, terms, coll, why, tab, pe, pid, lmemo, opt_ms, breakdown = ctx
+    n = par.n_gpus
+    reasons = set(why) if n > 1 else set()
+    if n > 2:
+        reasons.add("multigpu:gpus>2")
+    net = net_bw if n > GPUS_PER_NODE else None
+    if net is not None:
+        reasons.add("multigpu:inter-node")
+    if par.kind == "pp":
+        reasons.add("multigpu:pp")
+    if mixes is None:  # the same mixes for every plan of one data-parallel degree (not local)
+        mk = ("mixes", par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
+        mixes = cache.get(mk)
+        if mixes is None:
+            mixes = cache[mk] = per_gpu_mixes(members, par, micro)
+    hs = terms["host_scale"]  # one training process per busy GPU of a host: they share its CPU
+    busy = min(len(mixes) if par.kind == "local" else n, GPUS_PER_NODE)
+    fam = PLAN_FAMILY[plan]
+    if busy > 1 and isinstance(hs, dict) and fam not in hs:
+        # lorafusion/grouped: their own one-GPU layer fit, the CPU sharing of the fused plan (the
+        # two-GPU profile measured loop and fused only)
+        fam = "fused"
+        reasons.add(f"multigpu:host_scale_of_fused:{plan}")
+    hs = float(hs[fam] if isinstance(hs, dict) else hs) if busy > 1 else 1.0
+    L = math.ceil(m.layers / par.pp)
+    worst_ms, mem = 0.0, (0.0 if memory else math.nan)
+    for mix in mixes:
+        mkey = tuple(mix)
+        # a mix's sequences, tokens, head and adapter parameters: pure functions of the mix
+        per = cache.get(mkey)
+        if per is None:
+            tokens = sum(b * s for _, b, s in mix)
+            per = cache[mkey] = (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
+                                 sum(m.lora_params(r) for r, _, _ in mix))
+        seqs, tokens, (head, e_head), params = per
+        n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
+        tensors = LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
+        okey = ("opt", params, L, tensors)
+        opt = cache.get(okey)
+        if opt is None:
+            opt = cache[okey] = opt_ms(art, params * L / m.layers, tensors)
+        comm = 0.0
+        replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
+        if replicas > 1:
+            c, _ = coll.time_ms("all_reduce", 4.0 * params * L / m.layers, replicas, net)
+            comm += n_nano * (c + float(terms["per_tensor_ms"]) * tensors)
+        if par.kind == "fsdp":
+            c = sum(coll.time_ms("all_gather", 2.0 * i * o, n, net)[0] for _, i, o in m.linear_shapes)
+            comm += micro * L * c
+        if par.kind == "tp":
+            c, _ = coll.time_ms("all_reduce", 2.0 * tokens * m.hidden, par.tp)
+            comm += micro * 4 * L * c
+        if replicas > 1 or par.kind == "tp":
+            comm += float(terms["sync_ms"])
+        if above is not None and ((micro * head + opt) + comm) / 1e3 > above:
+            return None
+        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
+        got = lmemo.get(lkey)
+        if got is None:
+            if len(lmemo) >= 1 << 17:
+                lmemo.clear()
+            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+        lay, e_layer = got
+        if e_layer:
+            reasons.add("layer")
+        if e_head:
+            reasons.add("head")
+        if par.kind == "pp":
+            compute = (micro + par.pp - 1) * L * lay + micro * head
+        else:
+            compute = micro * (L * lay + head)
+        worst_ms = max(worst_ms, compute + opt + comm)
+        if memory:
+            mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, breakdown, tab))
+    return worst_ms / 1e3, tuple(sorted(reasons)), mem
+
+
+def _context(art: dict, key: str, model: str, gpu_name: str, plan: str, terms: dict | None) -> tuple:
+    """What ``plan_step`` reads for every plan of one question: the model, the inter-node bandwidth,
+    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry
+    and its id, the layer memo, and ``formula``'s optimizer time and memory breakdown."""
+    if terms is not None:
+        coll, why = Collectives(terms), ()
+    else:
+        terms, coll, why = _terms(gpu_name)
+    tab = tables_of(key, model)
+    # layer times kept across questions on the model's tables (a pure function of the key; the
+    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
+    pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
+    pid = id(pe)
+    _PES.setdefault(pid, pe)
+    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, pid, tab.layer_memo,
+            opt_ms, memory_breakdown)
+
+
+def plan_memory(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
+                micro: int, ckpt: bool) -> float:
+    """Peak memory per GPU (bytes) of ``members`` under ``par``: ``plan_step``'s third value."""
+    m = get_model(model)
+    L = math.ceil(m.layers / par.pp)
+    tab = tables_of(key, model)
+    return max(_memory(art, model, gpu_name, mix, par, micro, ckpt, L, memory_breakdown, tab)
+               for mix in per_gpu_mixes(members, par, micro))
+
+
+def _memory(art, model, gpu_name, mix, par: Parallelism, micro: int, ckpt: bool, L: int, breakdown, tab) -> float:
+    m = get_model(model)
+    members = [Member(r, b * micro, s) for r, b, s in mix]
+    parts = breakdown(art, model, gpu_name, members, 1, "fused" if len(mix) > 1 else "alone", micro, ckpt, tab)
+    shard = {"fsdp": par.n_gpus, "tp": par.tp, "pp": par.pp}.get(par.kind, 1)
+    parts["weights"] = 2.0 * m.params / shard
+    frac = L / m.layers
+    if par.kind == "pp":
+        inflight = min(micro, par.pp)
+        for k in ("checkpoints", "activations"):
+            if k in parts:
+                parts[k] *= frac * inflight
+    if par.kind == "tp":
+        parts["layer_live"] = parts.get("layer_live", 0.0) / par.tp
+    return float(sum(parts.values()))
+
+
+@lru_cache(maxsize=1 << 16)
+def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, nano: int,
+              micro: int, ckpt: bool, forced: Parallelism | None = None
+              ) -> tuple[Parallelism, float, tuple[str, ...], float]:
+    """The planner: (plan, step s, reasons, memory bytes) of the fastest plan that fits the GPU's
+    memory; where none fits, pipeline plans are added, and failing those the plan that needs the
+    least memory is returned (the caller's memory check then rejects it). ``forced``: evaluate that
+    plan only."""
+    art = registered(key)
+    cap = GPUS[gpu_name].memory_bytes
+    m = get_model(model)
+    if forced is not None:
+        s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt)
+        return forced, s, r, mem
+    # Step times first; memory only in order of step time until a plan fits (the fastest plan
+    # that fits, ties in candidate order, as taking the minimum over every fitting plan would).
+    tried: list[list] = []  # [plan, step s, reasons, memory bytes or None until asked]
+    cache: dict = {}
+
+    def mem_of(t: list) -> float:
+        if t[3] is None:
+            t[3] = plan_memory(art, key, model, gpu_name, members, t[0], micro, ckpt)
+        return t[3]
+
+    # Plans that cannot come before a fitting ``dp`` in that order are not timed (``fits``: its
+    # step, once it fits): ``fsdp`` (the same mix, layer, AdamW and all-reduce terms as ``dp``, plus
+    # an all-gather >= 0, so a step >= dp's, and dp first among equals), and plans whose step
+    # without the layer times already exceeds it (``plan_step``'s ``above``).
+    for pipeline in (False, True):
+        pool = [p for p in candidates(m, n, len(members), pipeline) if pipeline == (p.kind == "pp")]
+        fits = None
+        for par in pool:
+            if fits is not None and par.kind == "fsdp":
+                continue
+            got = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
+                            memory=False, cache=cache, above=fits)
+            if got is None:
+                continue
+            tried.append([par, got[0], got[1], None])
+            if par.kind == "dp" and math.isfinite(got[0]) and mem_of(tried[-1]) <= cap:
+                fits = got[0]
+        for t in sorted(tried, key=lambda t: t[1]):  # stable: candidate order among equal steps
+            if mem_of(t) <= cap:
+                return tuple(t)
+    return tuple(min(tried, key=mem_of))
+
+
+# ------------------------------------------------------------------ the vectorised lower bound
 class PlannerBatch:
     """Vectorised lower bound of the ``fused`` planner step on ``n_gpus`` > 1 GPUs of one (base
     model, GPU type) under a profiled artifact. Build with ``PlannerBatch.of``.
@@ -73,7 +322,7 @@ class PlannerBatch:
     REL_MARGIN = REL_MARGIN
     WIDTH: int
 
-    def __init__(self, cost_model: ProfiledCostModel, model: str, gpu_name: str, n_gpus: int):
+    def __init__(self, cost_model, model: str, gpu_name: str, n_gpus: int):
         self.cm, self.model, self.gpu_name, self.n = cost_model, model, gpu_name, int(n_gpus)
         self.fb = fb = FusedBatch(cost_model, model, gpu_name, 1)  # tables, layer, head, seq columns
         self._one: dict[tuple, np.ndarray] = {}  # member -> its row alone (``_member_row``)
@@ -123,16 +372,17 @@ class PlannerBatch:
         self._tp = [(j, t, J[j][1], J[j][2]) for j, x in enumerate(J) if (t := x[7]) > 1]
         xs, ys = coll.curves["all_reduce"]
         self._curve = (np.array(xs), np.array([math.log(v) for v in xs]), np.array([math.log(v) for v in ys]),
-                       ys[0], Collectives._factor("all_reduce", 2))
+                       ys[0], Collectives.factor("all_reduce", 2))
 
     @classmethod
     def of(cls, cost_model, model: str, gpu_name: str, n_gpus: int) -> "PlannerBatch | None":
         """The batch for groups of ``model`` on ``n_gpus`` GPUs of type ``gpu_name``; None where the
         scalar model must answer alone: another cost model, a GPU type or model the artifact does
         not measure, a ``fused`` plan with a residual correction, or one GPU (``FusedBatch``)."""
-        if not isinstance(cost_model, ProfiledCostModel) or int(n_gpus) <= 1:
+        src = profiled_source(cost_model)
+        if src is None or int(n_gpus) <= 1:
             return None
-        art = cost_model.artifact
+        art = src[0]
         if gpu_name != art["gpu"] or gpu_name not in GPUS or model not in art["models"]:
             return None
         pe = art["models"][model]["plans"].get("fused")
@@ -205,7 +455,7 @@ class PlannerBatch:
         S = len(self._shape_k)
         lay = fb.layer_rows(sub[self._shape_k].reshape(S * P, SUB), nn[self._shape_k].reshape(-1),
                             np.repeat(self._shape_g, P), self._hs).reshape(S, P)
-        head = fb._head_ms(tokens.reshape(-1)).reshape(-1, P)
+        head = fb.head_rows(tokens.reshape(-1)).reshape(-1, P)
         params = rows[:, LORA_PARAMS]
         L, tensors = self._j_L, self._j_tensors
         compute = self._j_mult * lay[self._j_shape] + head[self._j_k]
@@ -221,7 +471,7 @@ class PlannerBatch:
             q_net.append(None)
         if q_bytes:
             net = np.concatenate([np.full(P, np.inf if x is None else x) for x in q_net])
-            cms = _collective_ms(self._curve, np.concatenate(q_bytes), np.concatenate(q_n), net).reshape(-1, P)
+            cms = collective_ms_rows(self._curve, np.concatenate(q_bytes), np.concatenate(q_n), net).reshape(-1, P)
         comm = np.zeros_like(compute)
         for j, a in enumerate(self._j_ar):
             if a >= 0:
@@ -313,7 +563,7 @@ class PlannerBatch:
         nn = np.maximum(1.0, np.minimum(np.repeat(N[owners], counts), seqs))
         L = m.layers
         lay = fb.layer_rows(X, nn, 1.0, np.repeat(np.array(hs), counts))
-        compute = L * lay + fb._head_ms(X[:, TOKENS])
+        compute = L * lay + fb.head_rows(X[:, TOKENS])
         oc, opm, opt_t = self._optc
         total = compute + (oc + opm * (X[:, LORA_PARAMS] * L / L) / 1e6 + opt_t * (2 * LINEARS_PER_LAYER * L))
         out[owners] = np.maximum.reduceat(total, starts) / 1e3
@@ -354,7 +604,7 @@ def lpt_gpus(members: Sequence[Member], n_gpus: int) -> list[int]:
     return out
 
 
-def _collective_ms(curve: tuple, nbytes: np.ndarray, n: np.ndarray, net: np.ndarray) -> np.ndarray:
+def collective_ms_rows(curve: tuple, nbytes: np.ndarray, n: np.ndarray, net: np.ndarray) -> np.ndarray:
     """``Collectives._time_ms`` of the all-reduce, vectorised (ms): ``nbytes`` the buffer (bytes),
     ``n`` the GPUs, ``net`` the inter-node bandwidth cap (bytes/ms; ``np.inf`` for none), all
     shape (Q,). ``curve``: (sizes, their logs, log times, latency floor, two-GPU bus factor) of a
@@ -371,4 +621,4 @@ def _collective_ms(curve: tuple, nbytes: np.ndarray, n: np.ndarray, net: np.ndar
     return np.where((n <= 1) | (nbytes <= 0), 0.0, np.where(direct, t, ring))
 
 
-__all__ = ["PlannerBatch"]
+__all__ = ["PlannerBatch", "best_plan", "plan_memory", "plan_step"]

@@ -1,5 +1,10 @@
 """The profiled cost model: predictions from measurements of real GPUs (no torch needed).
 
+This module is the ``CostModel`` (``ProfiledCostModel``) and its one answer memo per question
+(``predict_cached``, ``memory_bytes_of``); the package's other rooms: ``artifact.py`` (files,
+checks, identity), ``tables.py`` (measured curves), ``formula.py`` (the step formula, scalar and
+vectorised), ``multigpu.py`` (the planner on several GPUs and its vectorised bound).
+
 An *artifact* (``profiler/data/costmodel_<gpu>.json``, written by ``tlora-sim costmodel fit``
 from the CSVs of ``tlora-sim profile``; profiler/COSTMODEL.md) holds, per base model, measured
 tables and fitted coefficients of one decoder layer on one GPU:
@@ -36,7 +41,7 @@ micro-batches and ``N`` nano-batches::
   measure all five) are the ``fused`` prediction times the roofline's ratio of the two
   (flagged); measured ``lorafusion``/``grouped`` on several GPUs go through the multi-GPU planner
   with their own one-GPU fits and the ``fused`` plan's CPU sharing (flagged,
-  ``profiled_multigpu.py``). No fixed per-step framework overhead is added: the
+  ``multigpu.py``). No fixed per-step framework overhead is added: the
   measured eager steps include kernel-launch and Python time (data loading is not modelled).
 * ``alone`` with several members is the members' isolated steps one after another.
 
@@ -58,168 +63,28 @@ is the configuration that was timed, and it matches the end-to-end runs' peak me
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-
 from tlora_sim.sim.costmodel import roofline as rf
 from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member, check_plan
-from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.models import get_model
-from tlora_sim.sim.costmodel.profiled_tables import adapter_tensors_per_linear, measured_plans, plan_measured  # noqa: F401
-from tlora_sim.sim.costmodel.profiled_tables import BUCKETS, FEATURES, LINEARS_PER_LAYER, MEASURED_PLANS, PLAN_FAMILY, SCHEMA, Tables, rank_bucket, correction_point, residual_correction, loglog_interp, log_table, roofline_head_ms, roofline_l0_ms, attention_ms, host_ms, layer_ms, mix_features, plan_term_ms, seq_groups, smoothmax  # noqa: F401
+from tlora_sim.sim.costmodel.parallelism import parse_parallelism
+from tlora_sim.sim.costmodel.profiled.artifact import MEASURED_PLANS, PLAN_FAMILY, SCHEMA, TERMS, load_artifact, \
+    measured_plans, plan_measured, register, registered, terms_now
+from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, FusedBatch, adapter_tensors_per_linear, \
+    layer_ms, memory_breakdown, opt_ms, per_gpu_mix
+from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch, best_plan
+from tlora_sim.sim.costmodel.profiled.tables import tables_of
+from tlora_sim.traces.errors import InputError
 
 LORAFUSION_MIN_RANK = 16
 """LoRAFusion's kernels size their tiles for the mix's largest rank, which must be a power of two
 >= 16 (profiler/kernels/lorafusion_ext.py); a measured ``lorafusion`` prediction for a mix whose
 largest rank is below this is flagged (reason ``lorafusion:max_rank<16``): no such mix was run."""
-
-# ------------------------------------------------------------------------------------ artifacts
-def data_dir() -> Path:
-    """``profiler/data`` (package data; torch-free)."""
-    try:
-        from importlib.resources import files
-
-        p = Path(str(files("tlora_sim.profiler") / "data"))
-        if p.is_dir():
-            return p
-    except Exception:  # noqa: BLE001
-        pass
-    return Path(__file__).resolve().parent.parent / "profiler" / "data"
-
-
-def artifact_path(gpu: str, directory: str | Path | None = None) -> Path:
-    """Where the artifact of GPU type ``gpu`` lives: ``costmodel_<gpu lower>.json``."""
-    return Path(directory or data_dir()) / f"costmodel_{gpu.lower()}.json"
-
-
-def load_artifact(path: str | Path) -> dict:
-    """Read and check an artifact. Raises InputError on a missing file or wrong schema."""
-    p = Path(path)
-    try:
-        if not p.is_file():
-            raise InputError("cost-model artifact is not a regular file" if p.exists()
-                             else "cost-model artifact: no such file", file=str(p))
-        if p.stat().st_size > MAX_ARTIFACT_BYTES:
-            raise InputError(f"cost-model artifact is larger than {MAX_ARTIFACT_BYTES >> 20} MiB: not an artifact",
-                             file=str(p))
-        with p.open("rb") as f:
-            raw = f.read(MAX_ARTIFACT_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"cannot read cost-model artifact: {e.strerror}", file=str(p)) from None
-    if len(raw) > MAX_ARTIFACT_BYTES:
-        raise InputError(f"cost-model artifact is larger than {MAX_ARTIFACT_BYTES >> 20} MiB: not an artifact",
-                         file=str(p))
-    try:
-        art = json.loads(raw)
-    except UnicodeDecodeError:
-        raise InputError("cost-model artifact is not JSON (not UTF-8 text)", file=str(p)) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"cost-model artifact is not JSON ({e.msg})", file=str(p), row=e.lineno) from None
-    if not isinstance(art, dict) or art.get("schema") != SCHEMA:
-        got = art.get("schema") if isinstance(art, dict) else type(art).__name__
-        raise InputError(f"cost-model artifact has schema {got!r}, expected {SCHEMA!r}", file=str(p))
-    check_artifact(art, str(p))
-    art["_path"], art["_sha256"] = str(p), hashlib.sha256(raw).hexdigest()
-    return art
-
-
-#: artifacts are small (the shipped ones 40-60 kB; a calibrated one adds its points): a file
-#: larger than this is refused before it is read (e.g. ``--artifact /dev/zero``)
-MAX_ARTIFACT_BYTES = 32 << 20
-
-#: (path, type) pairs every artifact must have; ``*`` stands for every model / plan key.
-_SHAPE = ((("id",), str), (("gpu",), str), (("models",), dict), (("optimizer", "coef"), dict),
-          (("models", "*", "l0"), dict), (("models", "*", "head"), dict), (("models", "*", "attn"), dict),
-          (("models", "*", "plans"), dict), (("models", "*", "plans", "*", "coef"), dict),
-          (("models", "*", "plans", "*", "features"), list), (("models", "*", "plans", "*", "memory"), dict))
-
-
-def check_artifact(art: dict, file: str) -> None:
-    """Check that a loaded artifact has the fields the model reads, with the right types.
-
-    Raises:
-        InputError: naming the file and the first missing or mistyped field (a dotted path).
-    """
-    def walk(node, path, done):
-        if not path:
-            return [(done, node)]
-        key, rest = path[0], path[1:]
-        if key == "*":
-            if not isinstance(node, dict) or not node:
-                raise InputError("expected a non-empty object", file=file, field=".".join(done) or "<root>")
-            return [x for k, v in node.items() for x in walk(v, rest, done + [str(k)])]
-        if not isinstance(node, dict) or key not in node:
-            raise InputError("missing", file=file, field=".".join(done + [key]))
-        return walk(node[key], rest, done + [key])
-
-    for path, typ in _SHAPE:
-        for where, value in walk(art, list(path), []):
-            if not isinstance(value, typ):
-                raise InputError(f"expected {typ.__name__}, got {type(value).__name__}", file=file,
-                                 field=".".join(where))
-    _check_numbers(art, file)
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _curve(node, field: str, file: str, x: str, need_positive: bool = True) -> None:
-    """``node`` holds lists ``x`` and ``ms`` of one length >= 1, finite, x ascending, > 0."""
-    if not isinstance(node, dict):
-        raise InputError(f"expected an object, got {type(node).__name__}", file=file, field=field)
-    for key in (x, "ms"):
-        v = node.get(key)
-        if not isinstance(v, list) or not v:
-            raise InputError("missing or not a non-empty list", file=file, field=f"{field}.{key}")
-        for k, e in enumerate(v):
-            if not _finite(e) or (need_positive and e <= 0):
-                raise InputError(f"expected a finite number > 0, got {e!r}", file=file, field=f"{field}.{key}[{k}]")
-    if len(node[x]) != len(node["ms"]):
-        raise InputError(f"{x} and ms differ in length", file=file, field=f"{field}.ms")
-    if any(b <= a for a, b in zip(node[x], node[x][1:])):
-        raise InputError("not strictly ascending", file=file, field=f"{field}.{x}")
-
-
-def _check_numbers(art: dict, file: str) -> None:
-    """The artifact's numbers the model computes with: finite (no NaN or infinity), the measured
-    curves well formed (``_curve``). Raises InputError naming the field (a dotted path)."""
-    for k, v in art["optimizer"]["coef"].items():
-        if not _finite(v):
-            raise InputError(f"expected a finite number, got {v!r}", file=file, field=f"optimizer.coef.{k}")
-    for m, e in art["models"].items():
-        _curve(e["l0"], f"models.{m}.l0", file, "tokens")
-        _curve(e["head"], f"models.{m}.head", file, "tokens")
-        if not e["attn"]:
-            raise InputError("expected a non-empty object", file=file, field=f"models.{m}.attn")
-        for s, v in e["attn"].items():
-            if not str(s).isdigit() or int(s) < 1:
-                raise InputError(f"expected a sequence length, got {s!r}", file=file, field=f"models.{m}.attn")
-            _curve(v, f"models.{m}.attn.{s}", file, "seqs")
-        for fam, pe in e["plans"].items():
-            where = f"models.{m}.plans.{fam}"
-            for k, v in pe["coef"].items():
-                if not _finite(v):
-                    raise InputError(f"expected a finite number, got {v!r}", file=file, field=f"{where}.coef.{k}")
-            for k in ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone", "p", "nano_host"):
-                if k in pe and (not _finite(pe[k]) or pe[k] < 0):
-                    raise InputError(f"expected a finite number >= 0, got {pe[k]!r}", file=file, field=f"{where}.{k}")
-            for part in ("peak", "saved"):
-                mem = pe["memory"].get(part, {})
-                if not isinstance(mem, dict):
-                    raise InputError("expected an object", file=file, field=f"{where}.memory.{part}")
-                for k, v in mem.items():
-                    if not _finite(v):
-                        raise InputError(f"expected a finite number, got {v!r}", file=file,
-                                         field=f"{where}.memory.{part}.{k}")
-
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -236,7 +101,6 @@ class Prediction:
     memory_bytes: float = float("nan")
 
 
-_ARTS: dict[str, dict] = {}
 _MEMO_MAX = 1 << 18  # entries of each per-instance answer memo
 
 
@@ -258,8 +122,7 @@ class ProfiledCostModel:
         art = load_artifact(artifact) if not isinstance(artifact, dict) else artifact
         if art.get("schema") != SCHEMA:
             raise InputError(f"not a cost-model artifact (schema {art.get('schema')!r})")
-        self.key = f"{art['id']}:{art.get('_sha256', id(art))}"
-        _ARTS[self.key] = art
+        self.key = register(art)
         # this instance's counters (config.json): one count per distinct question asked of it
         self.stats = {"predictions": 0, "extrapolated": 0, "roofline_fallback": 0, "analytic_plan": 0,
                       "reasons": {}}
@@ -281,11 +144,8 @@ class ProfiledCostModel:
     # -- protocol
     def batch(self, model: str, gpu: str, n_gpus: int):
         """The vectorised ``fused`` step time for this kind of group, or None where it does not
-        apply: one GPU, ``FusedBatch`` (``sim/costmodel/batch.py``); several, ``PlannerBatch``
-        (``sim/costmodel/batch_multigpu.py``: a lower bound of the planner's step, for refusals)."""
-        from tlora_sim.sim.costmodel.batch import FusedBatch  # batch imports this module
-        from tlora_sim.sim.costmodel.batch_multigpu import PlannerBatch
-
+        apply: one GPU, ``formula.FusedBatch``; several, ``multigpu.PlannerBatch``
+        ( a lower bound of the planner's step, for refusals)."""
         return (FusedBatch if n_gpus == 1 else PlannerBatch).of(self, model, gpu, n_gpus)
 
     def describe(self) -> dict:
@@ -297,7 +157,7 @@ class ProfiledCostModel:
                 "models": sorted(a["models"]), "measured_plans": list(measured_plans(a)),
                 "memory_convention": "per-layer activation checkpointing" if self.checkpointing
                 else "no checkpointing (all saved activations)",
-                "terms": _terms_now(a.get("terms", TERMS)), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
+                "terms": terms_now(a.get("terms", TERMS)), "fallback": "roofline (sim/costmodel/roofline.py) for other GPU types and "
                                                            "models missing from the artifact",
                 **{k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in self.stats.items()}}
 
@@ -337,8 +197,6 @@ class ProfiledCostModel:
             raise InputError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}", field="gpu")
         forced = None
         if parallelism is not None:
-            from tlora_sim.sim.costmodel.parallelism import parse_parallelism
-
             forced = parse_parallelism(parallelism, int(n_gpus))
         args = (model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan), int(nano_batches),
                 int(micro_batches))
@@ -395,52 +253,18 @@ class ProfiledCostModel:
         return layer_ms(tables_of(self.key, model), entry["plans"][PLAN_FAMILY[plan]], members, nano)
 
 
-TERMS = {"measured": ["decoder layer forward+backward per mix and plan (l0 + attention + adapter term)",
-                      "embedding + LM head + loss", "AdamW step", "layer and head peak working memory"],
-         "analytic": ["gradient all-reduce and sharded-weight all-gather (sim/costmodel/roofline.py formulas)",
-                      "nano-batch overlap", "plans lorafusion/grouped (fused x roofline ratio)",
-                      "frozen weights, adapter state (16 B/param), checkpointed layer inputs, 2 GiB workspace"]}
-
-
-_OLD_MULTI = "several GPUs: fused x roofline ratio"
-SEED_PLANS_MULTI_GPU = "several GPUs: their one-GPU fit inside the planner, with the fused plan's CPU sharing"
-"""How measured ``lorafusion``/``grouped`` are priced on several GPUs (the artifact's term text,
-``profiler/fit.py``)."""
-
-
-def _terms_now(terms: dict) -> dict:
-    """An artifact's term list as this code uses it: artifacts fitted before the multi-GPU planner
-    priced ``lorafusion``/``grouped`` with their own fits say those plans are a roofline ratio on
-    several GPUs; that text is replaced by what is done now (the measurements are the same)."""
-    return {k: [t.replace(_OLD_MULTI, SEED_PLANS_MULTI_GPU) for t in v] for k, v in terms.items()}
-
-
 def _rel(p: str) -> str:
     try:
-        return str(Path(p).resolve().relative_to(Path(__file__).resolve().parent.parent))
+        return str(Path(p).resolve().relative_to(Path(__file__).resolve().parents[2]))
     except Exception:  # noqa: BLE001
         return p
 
-
-@lru_cache(maxsize=64)
-def tables_of(key: str, model: str) -> Tables:
-    art = _ARTS[key]
-    return Tables(model, art["gpu"], art["models"][model])
-
-
-def _opt_ms(art: dict, params: float, tensors: float) -> float:
-    c = art["optimizer"]["coef"]
-    return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
-
-
-def _per_gpu(members: tuple[Member, ...], div: float) -> list[tuple[int, float, int]]:
-    return [(x.rank, x.batch_size / div, x.seq_len) for x in members]
 
 
 @lru_cache(maxsize=1 << 18)
 def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
                    nano: int, micro: int, ckpt: bool = True, forced=None) -> Prediction:
-    art = _ARTS[key]
+    art = registered(key)
     if gpu_name != art["gpu"] or model not in art["models"]:
         why = "gpu" if gpu_name != art["gpu"] else "model"
         name = rf.parallelism_of(model, gpu_name, n)
@@ -458,24 +282,22 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
                  / rf.step_time_s_of(model, gpu_name, members, n, "fused", nano, micro))
         reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
         return Prediction(base.step_time_s * ratio, True, reasons, base.parallelism, base.memory_bytes)
-    if n > 1 or forced is not None:  # several GPUs: the planner (sim/costmodel/profiled_multigpu.py)
-        from tlora_sim.sim.costmodel.profiled_multigpu import best_plan
-
+    if n > 1 or forced is not None:  # several GPUs: the planner (``multigpu.best_plan``)
         par, step, reasons, mem = best_plan(key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced)
         return Prediction(step, bool(reasons), reasons, par.name, mem)
-    m, gpu = get_model(model), GPUS[gpu_name]
+    m = get_model(model)
     entry = art["models"][model]
     tab = tables_of(key, model)
     pe = entry["plans"][PLAN_FAMILY[plan]]
     if plan not in ("fused",):
         nano = 1
-    mix = _per_gpu(members, n * micro)
+    mix = per_gpu_mix(members, n * micro)
     t_gpu = sum(b * s for _, b, s in mix)
     lay, e_layer = layer_ms(tab, pe, mix, nano, plan=plan)
     head, e_head = tab.head(t_gpu)
     n_tensors = LINEARS_PER_LAYER * m.layers * adapter_tensors_per_linear(plan, len(members))
     params = sum(m.lora_params(x.rank) for x in members)
-    opt = _opt_ms(art, params, n_tensors)
+    opt = opt_ms(art, params, n_tensors)
     step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
     if plan == "lorafusion" and max(x.rank for x in members) < LORAFUSION_MIN_RANK:
@@ -483,36 +305,11 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     return Prediction(step, bool(reasons), tuple(reasons), "dp1")
 
 
-def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Member], n: int, plan: str,
-                     micro: int = 1, checkpointing: bool = True, tables: Tables | None = None) -> dict:
-    """Memory terms per GPU (bytes). ``checkpointing=False``: every layer keeps its measured saved
-    activations instead (the end-to-end check's configuration), adapter state as measured there
-    (bf16 weights, grads and AdamW moments: 8 B/param). ``tables``: the model's ``Tables`` of
-    ``art`` if the caller holds them (else built from ``art``)."""
-    m, gpu = get_model(model), GPUS[gpu_name]
-    entry = art["models"][model]
-    fam = PLAN_FAMILY.get(plan, "fused")
-    pe = entry["plans"][fam if fam in entry["plans"] else "fused"]
-    mix = _per_gpu(tuple(members), n * micro)
-    t_gpu = sum(b * s for _, b, s in mix)
-    f = mix_features(mix)
-    live = max(0.0, sum(pe["memory"]["peak"].get(k, 0.0) * f[k] for k in FEATURES))
-    saved = max(0.0, sum(pe["memory"]["saved"].get(k, 0.0) * f[k] for k in FEATURES))
-    tab = tables if tables is not None else Tables(model, art["gpu"], entry)
-    weights = 2.0 * m.params / (n if rf.base_sharded(m, gpu, n) else 1)
-    params = sum(m.lora_params(x.rank) for x in members)
-    if checkpointing:
-        return {"weights": weights, "adapters": rf.ADAPTER_STATE_BYTES_PER_PARAM * params,
-                "checkpoints": 2.0 * t_gpu * m.hidden * m.layers, "layer_live": live,
-                "head": tab.head_peak(t_gpu), "workspace": float(rf.WORKSPACE_BYTES)}
-    return {"weights": weights, "adapters": 8.0 * params, "activations": m.layers * saved,
-            "layer_live": max(0.0, live - saved), "head": tab.head_peak(t_gpu)}
-
 
 @lru_cache(maxsize=1 << 18)
 def memory_bytes_of(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int,
             ckpt: bool = True) -> float:
-    art = _ARTS[key]
+    art = registered(key)
     if gpu_name != art["gpu"] or model not in art["models"]:
         return rf.memory_bytes_of(model, gpu_name, members, n, micro)
     if n > 1:  # the memory of the planner's plan (chosen for one nano-batch)
