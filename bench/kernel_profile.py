@@ -234,7 +234,6 @@ def smem_sweep(out_path, procs):
     except Exception:  # noqa: BLE001 - the model needs torch; the sweep does not
         return 0
     under = 0
-    from tlora_sim.profiler.kernels.config import GemmConfig
     for kern, cn, b, st, shared in rows:
         if kern in ("gemm", "gemmp"):
             model = gemm_config_of(kern, cn).smem_bytes(st)

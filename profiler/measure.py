@@ -325,7 +325,6 @@ class Profiler:
         inside a model, to compare with the one-layer rows of the same mix."""
         from tlora_sim.profiler.layer import BaseWeights, LoRASet, layer_forward
 
-        torch = self.torch
         impl = PLAN_IMPL[plan]
         if impl == "fused":
             impl = self.fused_impl()

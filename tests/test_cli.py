@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from conftest import ITP02, ROOT, needs_itp
-from tlora_sim.sim.cli.main import build_parser, main
+from tlora_sim.sim.cli.main import main
 
 SUMMARY_COLUMNS = ["policy", "jobs", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "avg_queue_s",
                    "makespan_s", "throughput_tokens_per_s", "gpu_alloc_util", "gpu_compute_util"]

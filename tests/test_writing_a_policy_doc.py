@@ -7,7 +7,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
 
 from tlora_sim.policies import api
 from tlora_sim.sim.cli.main import main

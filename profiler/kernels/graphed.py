@@ -31,7 +31,6 @@ capture rule: each replay's backward before the next replay).
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from typing import Callable
 
 import torch

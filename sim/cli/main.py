@@ -333,7 +333,7 @@ def _run(args) -> int:
         opts = _options(args.option, [args.policy])[args.policy]
         from dataclasses import replace
 
-        s = replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
+        replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
                    plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force,
                    on_summary=lambda s: _print_replay(args, s))
     elif args.command == "compare":

@@ -17,7 +17,6 @@ catch, can leave a stray ``.tmp`` file; complete files stay complete even then.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
