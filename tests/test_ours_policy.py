@@ -141,3 +141,36 @@ def test_queue_table_orders_srpt_aged_as_order_queue():
             got = table.order(queue, "srpt-aged", now)
             assert [got.job(p).index for p in range(len(got))] == \
                 [j.index for j in order_queue(queue, "srpt-aged", now)]
+
+
+def test_srpt_aged_indexed_walk_matches_the_plain_walk():
+    """A whole contended simulation of ``lookahead`` (``srpt-aged``): the queue-table walk decides
+    what the plain walk over ``order_queue`` decides, and the guard changes the schedule."""
+    from tlora_sim.policies.lookahead import Lookahead, LookaheadConfig
+    from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
+
+    from tlora_sim.policies.ordering import urgency, AGING_FACTOR
+    from tlora_sim.policies.tlora_queue import SHORT
+
+    class Plain(Lookahead):
+        index_queue = False
+        longest, starved = 0, 0
+
+        def decide(self, snap):
+            self.longest = max(self.longest, len(snap.queue))
+            self.starved += any(urgency(j, snap.now_s) > AGING_FACTOR for j in snap.queue)
+            return super().decide(snap)
+
+    spec = "2x8xH100"
+    jobs, _, model, *_ = load_workload(ReplayConfig(trace="synthetic:jobs=250,seed=5,load=1.6,gpus=16",
+                                                    policy="lookahead", cluster=spec, seed=0, cost_model="roofline"))
+    cfg = LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0)
+    a = run_engine(jobs, Lookahead(cfg), spec, cost_model=model, check=False)
+    plain = Plain(cfg)
+    b = run_engine(jobs, plain, spec, cost_model=model, check=False)
+    assert plain.longest > SHORT and plain.starved > 0  # both sort paths, and starved jobs, seen
+    rec = lambda res: [(r.start_s, r.finish_s, r.max_group_size) for r in res.records]
+    assert rec(a) == rec(b)
+    srpt = run_engine(jobs, Lookahead(LookaheadConfig(regroup_pause_s=0.0, tick_s=300.0, order="srpt")), spec,
+                      cost_model=model, check=False)
+    assert rec(srpt) != rec(a), "the starvation guard must change the schedule on a contended workload"
