@@ -4,7 +4,9 @@ A policy's *queue discipline* says in which order waiting jobs are considered (`
 whether a job that cannot start blocks the ones behind it (``backfill``):
 
 * ``order``: ``fifo`` (arrival), ``urgency`` (tLoRA's response ratio), ``srpt`` (shortest
-  isolated remaining runtime), ``sjf`` (shortest isolated runtime of the whole job);
+  isolated remaining runtime), ``sjf`` (shortest isolated runtime of the whole job),
+  ``srpt-aged`` (SRPT with a starvation guard: a job whose urgency exceeds ``AGING_FACTOR``
+  goes first; ``tlora_sim.policies.ordering``);
 * ``backfill``: ``easy`` (EASY backfilling, Lifka 1995: the first waiting job that cannot start
   gets a reservation, later jobs start if they do not delay it), ``conservative`` (every waiting
   job ahead keeps a reservation), ``none`` (strict head-of-line: the first job that cannot start
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from tlora_sim.traces.errors import InputError
 
-ORDERS: tuple[str, ...] = ("fifo", "urgency", "srpt", "sjf")
+ORDERS: tuple[str, ...] = ("fifo", "urgency", "srpt", "sjf", "srpt-aged")
 """Priority orders (``order`` option)."""
 
 BACKFILLS: tuple[str, ...] = ("easy", "conservative", "none")

@@ -13,6 +13,15 @@ Priority orders (``order``):
   a job that never ran (every job in today's policies' queues) it is its whole isolated runtime.
 * ``sjf``: shortest job first, by the isolated runtime of the whole job (Slurm's and the
   textbook's SJF), then arrival; the same key as ``srpt`` for jobs that never ran.
+* ``srpt-aged`` (ours, ``lookahead``'s default): SRPT with a starvation guard. A job whose
+  urgency (waited time over its isolated runtime) exceeds ``AGING_FACTOR`` is *starved*;
+  starved jobs come first, by urgency (highest first), then the others in ``srpt`` order. Pure
+  SRPT never lets a long job ahead of a stream of short ones, so a long multi-GPU job never
+  becomes the first job in order, never gets EASY backfilling's reservation and can wait
+  without bound; with the guard it is first once it has waited ``AGING_FACTOR`` of its own
+  runtimes, and holds the reservation (the aging idea of priority schedulers, e.g. Slurm's
+  multifactor age factor, with the wait counted in units of the job's own runtime as in
+  tLoRA's urgency).
 
 Backfilling (``backfill``):
 
@@ -55,11 +64,25 @@ def urgency(job: Job, now_s: float) -> float:
     return max(now_s - job.submit_time_s, 0.0) / job.isolated_runtime_s
 
 
+AGING_FACTOR = 3.0
+"""Urgency (waited time over isolated runtime) above which ``srpt-aged`` counts a job as starved.
+Chosen by measurement (issue 40, ITP cluster02 on 16x8xH100, 5 seeds, tLoRA's avg JCT over
+``lookahead``'s): 1.03 at 1, 1.04 at 2, 1.04 at 3, 1.00 at 6 (docs/policies.md)."""
+
+
+def aged_key(job: Job, now_s: float) -> tuple:
+    """``srpt-aged`` sort key: (0, -urgency, index) for a starved job (urgency above
+    ``AGING_FACTOR``), else (1, isolated runtime s, index)."""
+    u = urgency(job, now_s)
+    return (0, -u, job.index) if u > AGING_FACTOR else (1, job.isolated_runtime_s, job.index)
+
+
 ORDER_KEYS: dict[str, Callable[[Job, float], tuple]] = {
     "fifo": lambda j, now: (j.index,),
     "urgency": lambda j, now: (-urgency(j, now), -(j.max_slowdown - 1.0), j.index),
     "srpt": lambda j, now: (j.isolated_runtime_s, j.index),
     "sjf": lambda j, now: (j.isolated_runtime_s, j.index),
+    "srpt-aged": aged_key,
 }
 """Sort key of each priority order (every key ends with the unique job index)."""
 

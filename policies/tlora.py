@@ -85,7 +85,7 @@ class TLoRAConfig:
     Attributes:
         max_group_size: most adapters per super-model.
         min_gain: smallest rise of collective throughput (isolated-speed units) worth a regroup.
-        order: priority order (``tlora_sim.policies.ordering``: fifo, urgency, srpt, sjf;
+        order: priority order (``tlora_sim.policies.ordering``: fifo, urgency, srpt, sjf, srpt-aged;
             tLoRA's own: ``urgency``).
         backfill: ``easy`` (default), ``conservative`` or ``none`` (strict head-of-line: the first
             job that can neither join nor start stops every later start).

@@ -36,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tlora_sim.policies.ordering import AGING_FACTOR
 from tlora_sim.policies.tlora_index import job_shape
 from tlora_sim.sim.core.jobs import Job
 
@@ -137,6 +138,11 @@ class QueueTable:
         elif how in ("srpt", "sjf"):
             run = self.runtime[idx]
             pos = _sort_first(run, lambda: (idx, run))
+        elif how == "srpt-aged":  # key (starved?, -urgency if starved else runtime, index)
+            run = self.runtime[idx]
+            urg = np.maximum(now_s - self.submit[idx], 0.0) / run
+            fresh = urg <= AGING_FACTOR
+            pos = np.lexsort((idx, np.where(fresh, run, -urg), fresh))
         else:
             pos = np.arange(n)
         return QueueOrder(self, queue, idx[pos], pos)
@@ -173,6 +179,14 @@ class QueueTable:
                 if run != run:
                     return None
                 keys.append((run, j.index, p))
+        elif how == "srpt-aged":  # (0, -urgency, index) if starved, else (1, runtime, index)
+            keys = []
+            for p, j in enumerate(jobs):
+                run, wait = j.isolated_runtime_s, now_s - j.submit_time_s
+                if not run > 0.0 or wait != wait or run == float("inf"):
+                    return None
+                u = (wait if wait > 0.0 else 0.0) / run
+                keys.append((0, -u, j.index, p) if u > AGING_FACTOR else (1, run, j.index, p))
         else:
             keys = [(p, j.index, p) for p, j in enumerate(jobs)]
         keys.sort()
