@@ -53,7 +53,7 @@ import bisect
 import dataclasses
 from typing import Callable, Sequence
 
-from tlora_sim.policies.discipline import BACKFILLS, LEGACY_ORDERING, ORDERS, check_backfill, check_order
+from tlora_sim.policies.discipline import LEGACY_ORDERING, ORDERS, check_backfill, check_order
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, AddMembers, RemoveMembers, Snapshot, StartGroup, StopMembers
 from tlora_sim.traces.errors import InputError
