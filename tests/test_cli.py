@@ -446,7 +446,7 @@ def test_a_signal_from_another_thread_is_still_held_during_the_rename(tmp_path, 
     assert target.read_text() == "t\n0\n" and os.listdir(tmp_path) == ["timeline.csv"]
 
 
-REPLAY_ARGS = ["replay", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100", "--policy", "tlora",
+REPLAY_ARGS = ["replay", "--trace", "synthetic:jobs=3000,seed=4", "--cluster", "4x8xH100", "--policy", "tlora",
                "--no-progress"]
 
 
@@ -581,7 +581,7 @@ def test_bad_out_is_one_line(tmp_path, make, reliability):
 
 def test_killed_parallel_compare_stops_its_workers_and_leaves_only_complete_files(tmp_path, reliability):
     out = tmp_path / "cmp"
-    proc = subprocess.Popen([*EXE, "compare", "--trace", "synthetic:jobs=300,seed=4", "--cluster", "4x8xH100",
+    proc = subprocess.Popen([*EXE, "compare", "--trace", "synthetic:jobs=3000,seed=4", "--cluster", "4x8xH100",
                              "--policies", "independent,mlora,tlora", "--out", str(out), "--no-progress",
                              "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
