@@ -74,3 +74,10 @@ def test_every_reason_is_explained_with_how_to_measure_it():
         what, measured, how = fidelity.explain(r, "H100", 8)
         assert what and measured and how and what != r and "measure" in how + measured
     assert fidelity.warning_text({"a": {"layer": 0.01}}, {"a": 0.01}, "H100", 8, "x") is None  # under 5%: quiet
+
+
+def test_an_h200_run_carries_the_h200_validation(tmp_path, capsys):
+    s, _, _ = _replay(tmp_path, capsys, cluster="2x8xH200")
+    v = s["validation"]
+    assert v["gpu"] == "H200" and "H200" in v["workload"] and {"independent", "mlora", "tlora"} <= set(v["avg_jct_error"])
+    assert v["source"].startswith("profiler/data/validation/h200_")

@@ -34,6 +34,9 @@ EXTRAPOLATION_WARN = 0.05
 VALIDATION_RUNS = {
     "H100": ("h100_third/validation", "ITP cluster02, first 24 one-GPU jobs, Llama-3-8B, times / 300, on one "
                                       "H100 (profiler/data/validation/README.md)"),
+    "H200": ("h200_2026-12-01/A/validation_shipped",
+             "ITP cluster02, first 24 one-GPU jobs, Llama-3-8B and Qwen3-8B, times / 300, on one H200, shipped "
+             "artifact (a calibrated one does better: profiler/data/validation/README.md)"),
 }
 
 
