@@ -136,29 +136,42 @@ def _group_finish_s(snap: Snapshot, g) -> float:
 
 
 def _after_actions(snap: Snapshot, actions: Sequence[Action]):
-    """(free GPUs, [(finish s, GPUs) of the groups still running after ``actions``], placed job
-    indices) as the engine would leave them; None where the actions cannot be followed."""
+    """(free GPUs, a function giving [(finish s, GPUs) of the groups still running after
+    ``actions``], placed job indices) as the engine would leave them; None where the actions
+    cannot be followed. Only the groups the actions touch are read before the ends are asked for
+    (a running group's view costs; most decisions need none)."""
     placed = {i for a in actions if isinstance(a, (StartGroup, AddMembers)) for i in a.job_indices}
     free = snap.free.copy()
     started_end: list[tuple[float, int]] = []  # (finish, GPUs) of the groups the actions start
     jobs = {j.index: j for j in snap.queue}
-    left = {gid: {j.index for j in g.members} for gid, g in snap.groups.items()}
+    left: dict[int, set[int]] = {}  # members left in the groups the actions touch
+    gone: set[int] = set()  # groups the actions empty
+
+    def members(gid: int) -> set[int]:
+        if gid not in left:
+            left[gid] = {j.index for j in snap.groups[gid].members}
+        return left[gid]
+
     try:
         for a in actions:  # in the engine's order: a group emptied by the actions frees its GPUs
             if isinstance(a, StartGroup):
                 free.apply(a.placement, -1)
                 runtime = max(jobs[i].total_steps * jobs[i].isolated_step_time_s for i in a.job_indices)
                 started_end.append((snap.now_s + runtime, sum(k for _, k in a.placement)))
-            elif isinstance(a, (RemoveMembers, StopMembers)) and a.group_id in left:
-                left[a.group_id] -= set(a.job_indices)
-                if not left[a.group_id]:
+            elif isinstance(a, (RemoveMembers, StopMembers)) and a.group_id in snap.groups and a.group_id not in gone:
+                m = members(a.group_id)
+                m -= set(a.job_indices)
+                if not m:
                     free.apply(snap.groups[a.group_id].placement, +1)
-                    del left[a.group_id]
-            elif isinstance(a, AddMembers) and a.group_id in left:
-                left[a.group_id] |= set(a.job_indices)
+                    gone.add(a.group_id)
+            elif isinstance(a, AddMembers) and a.group_id in snap.groups and a.group_id not in gone:
+                members(a.group_id).update(a.job_indices)
     except (RuntimeError, KeyError):  # actions this reading cannot follow: no backfilling in this decision
         return None
-    ends = [(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid in left] + started_end
+
+    def ends() -> list[tuple[float, int]]:
+        return [(_group_finish_s(snap, g), g.n_gpus) for gid, g in snap.groups.items() if gid not in gone] + started_end
+
     return free, ends, placed
 
 
@@ -188,13 +201,14 @@ def backfill_starts(snap: Snapshot, actions: Sequence[Action], plan: str, *, que
     got = _after_actions(snap, actions)
     if got is None:
         return []
-    free, ends, placed = got
+    free, ends_of, placed = got
     waiting = [j for j in (snap.queue if queue is None else queue) if j.index not in placed]
     if not waiting:
         return []
     head = waiting[0]
     if free.find(head.num_gpus) is not None:
         return []  # the first job in order could start: the policy chose not to, and backfilling must not overtake it
+    ends = ends_of()
     if rule == "conservative":
         return conservative_starts(snap, free, ends, waiting, plan)
     ends.sort()
