@@ -56,15 +56,20 @@ NATIVE: dict[str, dict[str, str]] = {
 """Each built-in system's own discipline; a policy not listed keeps its defaults under ``native``."""
 
 
+def _check_name(value: str, known: tuple[str, ...], what: str, field: str) -> str:
+    """``value`` if it is one of ``known``, else InputError naming them (``field``)."""
+    if value not in known:
+        raise InputError(f"unknown {what} {value!r}; known: {', '.join(known)}", field=field)
+    return value
+
+
 def check_order(order: str) -> str:
     """Validate a priority order name.
 
     Raises:
         InputError: unknown name (the message lists the known ones).
     """
-    if order not in ORDERS:
-        raise InputError(f"unknown priority order {order!r}; known: {', '.join(ORDERS)}", field="order")
-    return order
+    return _check_name(order, ORDERS, "priority order", "order")
 
 
 def check_backfill(backfill: str) -> str:
@@ -73,9 +78,7 @@ def check_backfill(backfill: str) -> str:
     Raises:
         InputError: unknown name (the message lists the known ones).
     """
-    if backfill not in BACKFILLS:
-        raise InputError(f"unknown backfilling {backfill!r}; known: {', '.join(BACKFILLS)}", field="backfill")
-    return backfill
+    return _check_name(backfill, BACKFILLS, "backfilling", "backfill")
 
 
 def discipline_options(policy: str, discipline: str) -> dict[str, str]:
@@ -92,9 +95,7 @@ def discipline_options(policy: str, discipline: str) -> dict[str, str]:
     Raises:
         InputError: unknown discipline.
     """
-    if discipline not in DISCIPLINES:
-        raise InputError(f"unknown discipline {discipline!r}; known: {', '.join(DISCIPLINES)}",
-                         field="--discipline")
+    _check_name(discipline, DISCIPLINES, "discipline", "--discipline")
     if discipline == "default":
         return {}
     if discipline == "shared":

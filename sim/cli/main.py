@@ -366,31 +366,21 @@ def _run(args) -> int:
             print(decompose.format_ladder(ladder))
             print(f"wrote {args.out / 'summary.csv'} and {args.out / decompose.LADDER_FILE}")
             return 0
-        if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
-            from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
-
-            seeds = parse_seeds(args.seeds)  # range and emptiness, before any run
-
-            def seeds_table(table, summaries):
-                _header(args, run_policies, added)
-                for pol, s in summaries.items():
-                    _coverage(args, coverage_line(pol, s))
-                _fidelity_warning(summaries, args.cluster, args.cost_model)
-                print(format_table(table))
-                print(f"wrote {args.out / 'summary.csv'} (mean and 95% CI over {int(table['seeds'].max())} seeds)")
-
-            compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds,
-                          on_table=seeds_table, **kw)
-            return 0
-
         def printed(table, summaries):
             _header(args, run_policies, added)
             for pol, s in summaries.items():
                 _coverage(args, coverage_line(pol, s))
             _fidelity_warning(summaries, args.cluster, args.cost_model)
             print(format_table(table))
-            print(f"wrote {args.out / 'summary.csv'}")
+            over = f" (mean and 95% CI over {int(table['seeds'].max())} seeds)" if args.seeds is not None else ""
+            print(f"wrote {args.out / 'summary.csv'}{over}")
 
+        if args.seeds is not None:  # --seeds='' is an error, not an unseeded run
+            from tlora_sim.sim.experiments.seeds import compare_seeds, parse_seeds
+
+            seeds = parse_seeds(args.seeds)  # range and emptiness, before any run
+            compare_seeds(_base_config(args, policies[0]), policies, args.out, seeds, on_table=printed, **kw)
+            return 0
         compare(_base_config(args, policies[0]), policies, args.out, on_table=printed, **kw)
     elif args.command == "traces":
         from tlora_sim.traces import read_trace

@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
-from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS
+from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS, ratio_to
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _TIMELINE_COLUMNS, _check_formats, _finite, _numeric, _policy_name, _read_csv, _read_jobs, _read_json_object, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
@@ -385,9 +385,7 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
             continue
         vals = pd.to_numeric(table[col], errors="coerce").reindex(order).to_numpy(dtype=float)
         base = float(pd.to_numeric(pd.Series([table.at[baseline, col]]), errors="coerce").iloc[0])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = vals / base if kind == "x" else base / vals
-        out[name] = np.where(np.isfinite(ratio), ratio, np.nan)
+        out[name] = ratio_to(vals, base, kind)
     return out
 
 

@@ -32,6 +32,15 @@ SPEEDUPS = (
 SPEEDUP_COLUMNS = tuple(s[0] for s in SPEEDUPS)
 
 
+def ratio_to(values: np.ndarray, base: float, kind: str) -> np.ndarray:
+    """Each of ``values`` against ``base``: ``kind`` ``"x"`` gives value / base (throughput,
+    utilization: above 1 is better), any other kind base / value (JCT, makespan: above 1 is
+    better). Dimensionless; NaN where a value is missing or a denominator is 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = values / base if kind == "x" else base / values
+    return np.where(np.isfinite(ratio), ratio, np.nan)
+
+
 def speedups(table: pd.DataFrame, reference: str) -> pd.DataFrame:
     """``table`` with :data:`SPEEDUP_COLUMNS` against the ``reference`` row and a ``reference``
     column (the reference's name); the columns whose summary column is absent are left out.
@@ -53,9 +62,7 @@ def speedups(table: pd.DataFrame, reference: str) -> pd.DataFrame:
             continue
         vals = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
         base = pd.to_numeric(pd.Series([ref[col]]), errors="coerce").to_numpy(dtype=float, na_value=np.nan)[0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = vals / base if kind == "x" else base / vals
-        ratio = np.where(np.isfinite(ratio), ratio, np.nan)
+        ratio = ratio_to(vals, base, kind)
         ratio[[p == reference for p in pols]] = 1.0 if math.isfinite(base) and base != 0 else np.nan
         out[name] = ratio
     out["reference"] = reference
