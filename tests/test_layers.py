@@ -193,16 +193,11 @@ def test_no_import_cycle_between_modules():
 
 # Private names imported across modules today, outside sim/costmodel (which has none), by
 # importing module: the splits of large files into rooms that kept their helpers private. Remove
-# an entry when its import goes; add none. Counts: sim/report 46, sim/experiments 3, profiler 4.
+# an entry when its import goes; add none. Counts: sim/report 22, profiler 2 (unused re-exports removed).
 KNOWN_PRIVATE_IMPORTS = {
     "tlora_sim.sim.report.plots": {
-        "tlora_sim.sim.report.rundata": "_BARS_COLUMN_MAX_POLICIES _BAR_METRICS _LW _S_PER_DAY _S_PER_H "
-                                        "_TIMELINE_COLUMNS _check_formats _finite _numeric _policy_name _read_csv "
-                                        "_read_jobs _read_json_object _read_timeline _warn",
-        "tlora_sim.sim.report.figures": "_available_bar_metrics _cdf_figure _ecdf_points _legend _plain_log_ticks "
-                                        "_si_scale",
-        "tlora_sim.sim.report.load_sweep": "_first _lookup_load _natural_key _sweep_title _time_unit "
-                                           "_trace_without_load",
+        "tlora_sim.sim.report.rundata": "_BAR_METRICS _TIMELINE_COLUMNS _check_formats _read_timeline _warn",
+        "tlora_sim.sim.report.figures": "_available_bar_metrics",
     },
     "tlora_sim.sim.report.load_sweep": {
         "tlora_sim.sim.report.rundata": "_LW _S_PER_H _check_formats _numeric _warn",
@@ -212,13 +207,8 @@ KNOWN_PRIVATE_IMPORTS = {
         "tlora_sim.sim.report.rundata": "_BARS_COLUMN_MAX_POLICIES _BAR_METRICS _LW _S_PER_DAY _S_PER_H _warn",
     },
     "tlora_sim.sim.report.profiler_plots": {
-        "tlora_sim.sim.report.kernel_figures": "_BAND _RELATIVE _TIMINGS _log_ticks _mix_label _split_list _warn",
+        "tlora_sim.sim.report.kernel_figures": "_BAND _RELATIVE _log_ticks _warn",
     },
-    "tlora_sim.sim.experiments.sweep": {
-        "tlora_sim.sim.experiments.sweep_file": "_EXAMPLES _list _no_duplicates",
-    },
-    "tlora_sim.profiler.profile": {"tlora_sim.profiler.grid": "_precompile_one"},
-    "tlora_sim.profiler.measure": {"tlora_sim.profiler.grid": "_precompile_one"},
     "tlora_sim.profiler.data.kernel_small4_h100_2026-11-27.gpu29_sanity": {
         "tlora_sim.profiler.kernels._tiny": "_tb_kernel _tf_kernel",
     },

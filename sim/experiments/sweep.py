@@ -69,7 +69,7 @@ from typing import Any, Callable, Iterable
 
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.experiments.sweep_dir import check_sweep_out, read_cell_summary, remove_stale_stages
-from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, _EXAMPLES, _list, _no_duplicates, load_sweep, parse_sweep  # noqa: F401
+from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, load_sweep, parse_sweep  # noqa: F401
 # ---- one cell --------------------------------------------------------------------------------------
 def _replay_config(cell: Cell):
     from dataclasses import fields

@@ -50,7 +50,7 @@ import pandas as pd
 
 from tlora_sim.sim.report import style as fs
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.kernel_figures import DEFAULT_HOLDOUT_EVERY, KERNEL_COLUMNS, ProfilerPlotWarning, _BAND, _RELATIVE, _TIMINGS, _log_ticks, _mix_label, _split_list, _warn, kernel_figure, kernel_table, plot_kernels, read_kernel_bench  # noqa: F401
+from tlora_sim.sim.report.kernel_figures import DEFAULT_HOLDOUT_EVERY, KERNEL_COLUMNS, ProfilerPlotWarning, _BAND, _RELATIVE, _log_ticks, _warn, kernel_figure, kernel_table, plot_kernels, read_kernel_bench  # noqa: F401
 
 __all__ = [
     "KERNEL_COLUMNS",
