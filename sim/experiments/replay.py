@@ -276,9 +276,11 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
         load_policy_module(module)
     if policy is None:
         opts = dict(cfg.policy_options or {})
-        if "regroup_pause_s" not in opts and "regroup_pause_s" in config_of(make_policy(cfg.policy, opts)):
-            opts["regroup_pause_s"] = cfg.regroup_pause_s  # the join test prices the engine's pause
         policy = make_policy(cfg.policy, opts)
+        own = config_of(policy).get("regroup_pause_s")
+        if "regroup_pause_s" not in opts and own is not None and own != cfg.regroup_pause_s:
+            # the join test prices the engine's pause (built again only when the two differ)
+            policy = make_policy(cfg.policy, {**opts, "regroup_pause_s": cfg.regroup_pause_s})
     if cfg.early_exit:
         from tlora_sim.policies.early_exit import WithEarlyExit
 
