@@ -176,8 +176,7 @@ def lorafusion_compile_keys(model: str, mixes: list) -> list[tuple[str, int, int
 
 def _precompile_lorafusion_one(model: str, max_r: int, total_r: int, device: str):
     """Compile LoRAFusion's kernels for one (model, MAX_R, total rank): a forward and backward of
-    the model's real decoder layer (its N and K are constexpr there) over one 128-token block per
-    adapter, ranks ``[max_r]`` plus chunks of at most ``max_r`` summing to ``total_r``."""
+    the model's real decoder layer (its N and K are constexpr there) over 256 tokens per adapter, ranks ``[max_r]`` plus chunks of at most ``max_r`` summing to ``total_r``."""
     import torch
 
     from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, layer_forward, shape_of
@@ -193,8 +192,9 @@ def _precompile_lorafusion_one(model: str, max_r: int, total_r: int, device: str
         ranks.append(min(left, max_r))
         left -= ranks[-1]
     base = BaseWeights(shape, device)
-    lora = LoRASet(base, [(r, 1, 128) for r in ranks], "lorafusion")
-    x = torch.randn(128 * len(ranks), shape.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    # two 128-token blocks per adapter: no integer argument is 1 (Triton specialises on it), as in the runs
+    lora = LoRASet(base, [(r, 1, 256) for r in ranks], "lorafusion")
+    x = torch.randn(256 * len(ranks), shape.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     y = layer_forward(base, lora, x)
     torch.autograd.grad(y, [x] + lora.params, torch.randn_like(y))
     if torch.device(device).type == "cuda":
