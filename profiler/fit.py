@@ -362,7 +362,7 @@ def predict_rows(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
         e = art["models"].get(r["model"])
         if e is None or PLAN_FAMILY.get(r["plan"]) not in e["plans"]:
             continue
-        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False)
+        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False, plan=r["plan"])
         out.append({"model": r["model"], "plan": r["plan"], "adapters": len(m), "mix": mix_key(m),
                     "tokens": sum(b * s for _, b, s in m), "measured_ms": float(r["step_ms"]), "predicted_ms": pred,
                     "ape": abs(pred - r["step_ms"]) / r["step_ms"], "extrapolated": ext})
