@@ -34,7 +34,7 @@ LOG=$OUT/item5.log
 say() { echo "[$(date -u +%T)] $*" | tee -a "$LOG"; }
 run() { say "+ $*"; "$@" >> "$LOG" 2>&1; local rc=$?; say "rc=$rc"; return $rc; }
 T0=$(date +%s)
-python3 -c "import simpy" 2>/dev/null || run pip install -q --no-index --no-deps \
+[ -d .device_carry/wheels ] && ! python3 -c "import simpy" 2>/dev/null && run pip install -q --no-index --no-deps \
   --find-links .device_carry/wheels --target /tmp/pydeps simpy
 if [ -z "${TLORA_GIT_COMMIT:-}" ]; then
   TLORA_GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
