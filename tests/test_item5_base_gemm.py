@@ -69,3 +69,20 @@ def test_dry_run_checks_layers_and_configs(capsys):
         base_gemm.main(["--layers", "4096x999", "--dry-run"])
     with pytest.raises(TypeError):
         base_gemm.main(["--configs", json.dumps([{"bm": 128, "nope": 1}]), "--dry-run"])
+
+
+def test_failed_step_timings_leave_the_shape_to_cublas(tmp_path):
+    """A configuration that fails on a shape is timed NaN (``_step_or_nan``); ``choose`` keeps the
+    measured token counts, and a shape with no step timing left is not in the table (cuBLAS)."""
+    path = tmp_path / "rows.csv"
+    _csv(path)
+    rows = base_gemm.read_rows(str(path))
+    for r in rows:
+        if r["kind"] == "step" and (r["K"], r["N"]) == (4096, 1024):
+            r["ms"] = float("nan")
+        if r["kind"] == "step" and (r["pass_"], r["K"], r["N"], r["M"]) == ("fwd", 4096, 4096, 2048):
+            r["ref_ms"] = float("nan")
+    base_gemm.write_csv(str(path), rows)
+    e = base_gemm.choose(base_gemm.read_rows(str(path)), 0.0)
+    assert "fwd|4096|1024" not in e and "bwd|4096|1024" not in e and len(e) == 2 * len(H200_LAYERS) - 2
+    assert e["fwd|4096|4096"]["impl"] == "triton" and set(e["fwd|4096|4096"]["step_ratio_by_tokens"]) == {"8192", "16384"}
