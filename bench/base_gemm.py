@@ -17,14 +17,19 @@ graph), so host launch costs do not enter.
    cublas). Our GEMM is chosen from the smallest M at which it is faster at that M and every
    larger one measured (``min_tokens``); else cuBLAS keeps the shape.
 
-Outputs: ``--csv`` (one row per timing) and ``--table`` (JSON: {"gpus": {name: {"fwd|K|N": ...}},
-plus provenance}); an existing table keeps its other GPUs' entries.
+Outputs: ``--csv`` (one row per timing, rewritten after every layer so a run cut short keeps the
+layers it finished) and ``--table`` (JSON: {"gpus": {name: {"fwd|K|N": ...}}, plus provenance}); an
+existing table keeps its other GPUs' entries (bytes unchanged).
 
 Usage (GPU machine, repository root):
     python3 bench/base_gemm.py --csv $OUT/base_gemm.csv --table profiler/data/base_gemm.json
 Re-choosing from such a CSV with another margin (no GPU):
     python3 bench/base_gemm.py --from-csv profiler/data/base_gemm_h100.csv --margin 0 \
         --gpu "NVIDIA H100 80GB HBM3" --table profiler/data/base_gemm.json
+The H200 row (issue 43 item 5; the device run is profiler/validation/h200_item5.sh, layers of
+llama3-8b and qwen3-8b), with the device run's provenance:
+    python3 bench/base_gemm.py --from-csv OUT/base_gemm_h200.csv --margin 0 --gpu "NVIDIA H200" \
+        --provenance-from OUT/base_gemm.json --table profiler/data/base_gemm.json
 """
 from __future__ import annotations
 
@@ -42,6 +47,10 @@ if ROOT not in sys.path:
 
 LAYERS = {"4096x4096": (4096, 4096), "4096x14336": (4096, 14336),
           "14336x4096": (14336, 4096), "8192x8192": (8192, 8192)}
+DEFAULT_LAYERS = ",".join(LAYERS)
+# the other linear shapes of llama3-8b and qwen3-8b (k/v projections, qwen3-8b's MLP): not in the
+# default list (the H100 runs of record), named with --layers
+LAYERS.update({"4096x1024": (4096, 1024), "4096x12288": (4096, 12288), "12288x4096": (12288, 4096)})
 # Triton's warp-specialised loop (tl.range(..., warp_specialize=True)) was tried in this sweep on
 # an H100 with Triton 3.6 (2026-11-25): with 4 warps the run hung until the call's limit, so it is
 # not offered. In the persistent kernel (session 16) it compiles for sm_90 to the same code as
@@ -64,7 +73,8 @@ def parse_args(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--csv", default="base_gemm.csv", help="timings CSV (default: %(default)s)")
     ap.add_argument("--table", default=None, help="write/merge the choice table JSON here")
-    ap.add_argument("--layers", default=",".join(LAYERS), help="comma list of KxN layers")
+    ap.add_argument("--layers", default=DEFAULT_LAYERS, help=f"comma list of KxN layers of {', '.join(LAYERS)} "
+                                                             "(default %(default)s)")
     ap.add_argument("--tokens", default="2048,4096,8192,16384", help="comma list of M")
     ap.add_argument("--configs", default=None, help="JSON list of GemmConfig dicts to sweep")
     ap.add_argument("--margin", type=float, default=0.01,
@@ -72,6 +82,11 @@ def parse_args(argv=None):
     ap.add_argument("--from-csv", default=None,
                     help="no GPU: re-choose from a CSV an earlier run wrote (with --gpu, --table)")
     ap.add_argument("--gpu", default=None, help="GPU name of --from-csv's rows")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check --layers, --tokens and --configs and print what would be timed (no GPU)")
+    ap.add_argument("--provenance-from", default=None, metavar="TABLE",
+                    help="with --from-csv: take --gpu's provenance from this table (the device run's "
+                         "--table) instead of --table's")
     return ap.parse_args(argv)
 
 
@@ -87,6 +102,15 @@ def read_rows(path):
     return rows
 
 
+def write_csv(path, rows):
+    """Write the timing rows (replaces ``path`` atomically)."""
+    with open(path + ".tmp", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["kind", "pass_", "K", "N", "M", "impl", "config", "ms", "ref_ms"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(path + ".tmp", path)
+
+
 def write_table(path, gpu, entries, prov):
     """Merge ``entries`` for ``gpu`` (and its provenance ``prov``) into the table at ``path``."""
     table = {"gpus": {}}
@@ -95,8 +119,10 @@ def write_table(path, gpu, entries, prov):
             table = json.load(f)
     table.setdefault("gpus", {})[gpu] = entries
     table.setdefault("provenance", {})[gpu] = prov
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def _bench(fn):
@@ -171,12 +197,26 @@ def step_ms(K, N, M, fwd, bwd):
     return _bench(step)
 
 
+def _step_or_nan(K, N, M, fwd, bwd):
+    """``step_ms``, or NaN (printed) where that configuration fails on this GPU and shape."""
+    try:
+        return step_ms(K, N, M, fwd, bwd)
+    except Exception as e:  # noqa: BLE001 - record, go on (choose() leaves the shape to cuBLAS)
+        print(f"  step {K}x{N} M={M} fwd={fwd} bwd={bwd}: FAILED {e!r}"[:300], flush=True)
+        return float("nan")
+
+
 def choose(rows, margin):
-    """Per (pass, K, N): the table entry from the step rows (see the module docstring)."""
+    """Per (pass, K, N): the table entry from the step rows (see the module docstring); step rows
+    with a failed timing (NaN) are left out, and a shape with none left is not in the table
+    (cuBLAS)."""
     out = {}
     keys = sorted({(r["pass_"], r["K"], r["N"]) for r in rows if r["kind"] == "step"})
     for pas, K, N in keys:
-        st = {r["M"]: r for r in rows if r["kind"] == "step" and (r["pass_"], r["K"], r["N"]) == (pas, K, N)}
+        st = {r["M"]: r for r in rows if r["kind"] == "step" and (r["pass_"], r["K"], r["N"]) == (pas, K, N)
+              and r["ms"] == r["ms"] and r["ref_ms"] is not None and r["ref_ms"] == r["ref_ms"]}
+        if not st:
+            continue
         Ms = sorted(st)
         ratio = {M: st[M]["ms"] / st[M]["ref_ms"] for M in Ms}
         wins = [M for M in Ms if ratio[M] <= 1.0 - margin]
@@ -208,19 +248,35 @@ def main(argv=None):
             raise SystemExit("--from-csv needs --gpu and --table")
         entries = choose(read_rows(args.from_csv), args.margin)
         old = {}
-        if os.path.exists(args.table):
-            with open(args.table) as f:
+        src = args.provenance_from or args.table
+        if os.path.exists(src):
+            with open(src) as f:
                 old = json.load(f).get("provenance", {}).get(args.gpu, {})
+        elif args.provenance_from:
+            raise SystemExit(f"{src}: no such table (--provenance-from)")
         prov = dict(old, rechosen=f"python3 bench/base_gemm.py --from-csv {args.from_csv} "
                     f"--margin {args.margin} (" + datetime.date.today().isoformat() + ")")
         write_table(args.table, args.gpu, entries, prov)
         for k, e in entries.items():
             print(f"{k}: {e['impl']} from {e['min_tokens']} tokens; {e['step_ratio_by_tokens']}")
         return
-    import torch
-    import triton
+    bad = [lay for lay in args.layers.split(",") if lay not in LAYERS]
+    if bad:
+        raise SystemExit(f"--layers: unknown {', '.join(bad)} (known: {', '.join(LAYERS)})")
     configs = json.loads(args.configs) if args.configs else DEFAULT_CONFIGS
     Ms = [int(v) for v in args.tokens.split(",")]
+    if args.dry_run:
+        import triton.testing  # noqa: F401 - what the GPU run imports
+        from tlora_sim.profiler.kernels import KernelConfig, build_plan, multi_lora_linear  # noqa: F401
+        from tlora_sim.profiler.kernels.config import GemmConfig
+        from tlora_sim.profiler.kernels.lora_gemm import base_gemm  # noqa: F401
+        for c in configs:
+            GemmConfig(**c)
+        for layer in args.layers.split(","):
+            print(f"{layer} {LAYERS[layer]}: M {Ms}, {len(configs)} configs, steps fwd/bwd vs cuBLAS")
+        return
+    import torch
+    import triton
     rows = []
     gpu = torch.cuda.get_device_name(0)
     for layer in args.layers.split(","):
@@ -233,17 +289,14 @@ def main(argv=None):
                     and (r["K"], r["N"], r["M"]) == (K, N, max(Ms)) and r["ms"] == r["ms"]]
             best[pas] = json.loads(min(cand, key=lambda r: r["ms"])["config"]) if cand else DEFAULT_CONFIGS[0]
         for M in Ms:
-            ref = step_ms(K, N, M, None, None)
+            ref = _step_or_nan(K, N, M, None, None)
             for pas in ("fwd", "bwd"):
-                ms = step_ms(K, N, M, best[pas] if pas == "fwd" else None, best[pas] if pas == "bwd" else None)
+                ms = _step_or_nan(K, N, M, best[pas] if pas == "fwd" else None, best[pas] if pas == "bwd" else None)
                 rows.append(dict(kind="step", pass_=pas, K=K, N=N, M=M, impl="triton",
                                  config=json.dumps(best[pas]), ms=ms, ref_ms=ref))
             print(f"{layer} M={M}: step cublas {ref:.3f} ms, fwd-ours "
                   f"{rows[-2]['ms']:.3f}, bwd-ours {rows[-1]['ms']:.3f}", flush=True)
-    with open(args.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["kind", "pass_", "K", "N", "M", "impl", "config", "ms", "ref_ms"])
-        w.writeheader()
-        w.writerows(rows)
+        write_csv(args.csv, rows)
     entries = choose(rows, args.margin)
     for k, e in entries.items():
         print(f"{k}: {e['impl']} from {e['min_tokens']} tokens; step ratio {e['step_ratio_by_tokens']}; "

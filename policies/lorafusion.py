@@ -22,8 +22,11 @@ longer than a micro-batch's token capacity fills a micro-batch alone.
 
 Plans: groups of two or more run ``plan_group`` (``lorafusion``); a job that starts alone (no
 partner, grouping off, or backfilled) runs ``plan_alone``, by default ``lorafusion`` too (its
-kernels over one adapter: the cost model extrapolates them, since they were profiled with two or
-more adapters; ``--option lorafusion.plan_alone=fused`` or ``alone`` changes it). Groups are fixed
+kernels over one adapter: the cost model flags the prediction extrapolated where the artifact's
+``lorafusion`` fit was profiled with two or more adapters only, its ``coverage.adapters_min``, as
+the H100 artifact's; one-adapter rows folded in, ``python -m tlora_sim.profiler.fit fold-in`` after
+``profiler/validation/h200_item5.sh`` (issue 43 item 5), make them measured;
+``--option lorafusion.plan_alone=fused`` or ``alone`` changes it). Groups are fixed
 once started, so a lone job never receives members.
 """
 

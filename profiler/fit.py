@@ -362,7 +362,7 @@ def predict_rows(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
         e = art["models"].get(r["model"])
         if e is None or PLAN_FAMILY.get(r["plan"]) not in e["plans"]:
             continue
-        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False)
+        pred, ext = layer_ms(tabs[r["model"]], e["plans"][PLAN_FAMILY[r["plan"]]], m, in_model=False, plan=r["plan"])
         out.append({"model": r["model"], "plan": r["plan"], "adapters": len(m), "mix": mix_key(m),
                     "tokens": sum(b * s for _, b, s in m), "measured_ms": float(r["step_ms"]), "predicted_ms": pred,
                     "ape": abs(pred - r["step_ms"]) / r["step_ms"], "extrapolated": ext})
@@ -444,3 +444,166 @@ def build(paths: list, gpu: str, out_dir: str | Path, k: int = 4, correction: bo
         merged.to_csv(tmpc, index=False)
         tmpc.replace(csvp)
     return p, s
+
+
+# ------------------------------------------------------------------------------------- fold-in
+ROW_ID = ("profile_id", "kind", "model", "plan", "ranks", "batch_sizes", "seq_lens", "timestamp")
+GPU_BOUND_MS = 10.0  # layer steps at or above this are GPU-bound (the H100/H200 checks of COSTMODEL.md)
+
+
+def _raw_rows(paths) -> list[dict]:
+    """The rows of profile CSVs (files, or directories holding ``profile_*.csv``) as written (strings)."""
+    import csv
+
+    out = []
+    for p in paths:
+        p = Path(p)
+        files = sorted(p.glob("profile_*.csv")) if p.is_dir() else [p]
+        if not files:
+            raise InputError("no profile_*.csv in this directory", file=str(p))
+        for f in files:
+            try:
+                with open(f, newline="") as fh:
+                    out += [dict(r, _file=str(f)) for r in csv.DictReader(fh)]
+            except OSError as e:
+                raise InputError(f"cannot read profile CSV: {e.strerror}", file=str(f)) from None
+    return out
+
+
+def drift_table(art: dict, rows: pd.DataFrame) -> pd.DataFrame:
+    """Measured / predicted layer step of ``rows`` (mix rows) under ``art`` by model, plan and bound
+    (``gpu``: measured >= GPU_BOUND_MS, else ``host``): rows, median and p10/p90 of the ratio, and how
+    many predictions were extrapolated. Empty where ``art`` fits none of their plans."""
+    pred = predict_rows(art, rows)
+    if pred.empty:
+        return pd.DataFrame(columns=["model", "plan", "bound", "rows", "median_ratio", "p10_ratio", "p90_ratio",
+                                     "extrapolated"])
+    pred = pred.assign(ratio=pred.measured_ms / pred.predicted_ms,
+                       bound=np.where(pred.measured_ms >= GPU_BOUND_MS, "gpu", "host"))
+    out = []
+    for (m, pl, b), g in pred.groupby(["model", "plan", "bound"]):
+        out.append({"model": m, "plan": pl, "bound": b, "rows": len(g), "median_ratio": float(g.ratio.median()),
+                    "p10_ratio": float(g.ratio.quantile(0.1)), "p90_ratio": float(g.ratio.quantile(0.9)),
+                    "extrapolated": int(g.extrapolated.sum())})
+    return pd.DataFrame(out)
+
+
+def fold_in(into: str | Path, new: list, gpu: str, plans=("lorafusion",), adapters: int | None = 1,
+            dry_run: bool = False) -> dict:
+    """Append the successful ``kind == mix`` rows of ``plans`` with ``adapters`` adapters (None: any)
+    and GPU type ``gpu`` from the profile CSVs ``new`` to the profile CSV ``into`` (the measurements
+    an artifact is fitted on, e.g. ``profiler/data/profile_h200.csv``), as written by the profiler
+    (same header required; rows already there, by ``ROW_ID``, are not added twice). The file is
+    replaced atomically (its earlier bytes kept, the new lines appended); ``dry_run`` writes nothing.
+    Then ``tlora-sim costmodel fit --gpu GPU --data INTO --out DIR`` refits (issue 43 item 5).
+    Returns {"added", "already", "skipped": {reason: rows}, "plans", "models"}. Raises InputError
+    (file, row, field) for an unreadable file, another header, or when no row qualifies."""
+    import csv
+    import io
+
+    into = Path(into)
+    try:
+        text = into.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read profile CSV: {e.strerror}", file=str(into)) from None
+    header = next(csv.reader(io.StringIO(text)), None)
+    if not header:
+        raise InputError("empty profile CSV", file=str(into))
+    have = {tuple(r.get(k, "") for k in ROW_ID) for r in csv.DictReader(io.StringIO(text))}
+    added, skipped, already, files = [], {}, 0, {}
+    for i, r in enumerate(_raw_rows(new)):
+        f = r.pop("_file")
+        files[f] = files.get(f, 0) + 1
+        if list(r) != header:
+            raise InputError(f"its header differs from {into}'s ({len(r)} vs {len(header)} columns)", file=f, row=1)
+        why = None
+        if r["kind"] != "mix":
+            why = "kind"
+        elif r["plan"] not in plans:
+            why = "plan"
+        elif str(r["gpu"]).upper() != gpu.upper():
+            why = "gpu"
+        elif adapters is not None and r["n_adapters"] != str(adapters):
+            why = "adapters"
+        elif r["error"]:
+            why = "error"
+        else:
+            try:
+                if not float(r["step_ms"]) > 0:
+                    why = "step_ms"
+            except ValueError:
+                raise InputError(f"not a number: {r['step_ms']!r}", file=f, row=files[f], field="step_ms") from None
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        key = tuple(r.get(k, "") for k in ROW_ID)
+        if key in have:
+            already += 1
+            continue
+        have.add(key)
+        added.append(r)
+    if not added and not already:
+        raise InputError(f"no successful {gpu} mix rows of plan(s) {', '.join(plans)}"
+                         + (f" with {adapters} adapter(s)" if adapters is not None else "")
+                         + f" in {', '.join(map(str, new))} (skipped: {skipped})")
+    if added and not dry_run:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+        w.writerows(added)
+        tmp = into.with_name(into.name + ".tmp")
+        tmp.write_text(text + ("" if text.endswith("\n") else "\n") + buf.getvalue())
+        tmp.replace(into)
+    return {"added": len(added), "already": already, "skipped": skipped, "plans": sorted({r["plan"] for r in added}),
+            "models": sorted({r["model"] for r in added})}
+
+
+def main(argv=None) -> int:
+    """``python -m tlora_sim.profiler.fit fold-in ...`` (see ``fold_in``); prints what was added and,
+    against ``--artifact``, the measured/predicted drift of the new rows (reference plans too).
+    Exit status 2 on bad input."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.profiler.fit",
+                                 description="Fold new profile rows into the measurements an artifact is fitted on.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fold-in", help="append one plan's rows of a new profile to a profile CSV (then refit)")
+    f.add_argument("--into", type=Path, required=True, metavar="CSV", help="e.g. profiler/data/profile_h200.csv")
+    f.add_argument("--rows", action="append", type=Path, required=True, metavar="CSV_OR_DIR",
+                   help="the new profile's CSV (or its directory)")
+    f.add_argument("--gpu", default="H200", help="GPU type of the rows (default %(default)s)")
+    f.add_argument("--plans", default="lorafusion", help="plans whose rows are added (default %(default)s)")
+    f.add_argument("--adapters", default="1", help="adapters per mix of the rows added ('any': all; default 1)")
+    f.add_argument("--reference", default="alone,fused",
+                   help="plans measured beside, only compared with --artifact (default %(default)s)")
+    f.add_argument("--artifact", type=Path, default=None,
+                   help="artifact to compare the new rows with (default: the shipped one of --gpu)")
+    f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    args = ap.parse_args(argv)
+    try:
+        from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+
+        plans = tuple(p.strip() for p in args.plans.split(",") if p.strip())
+        adapters = None if args.adapters == "any" else int(args.adapters)
+        res = fold_in(args.into, args.rows, args.gpu, plans, adapters, args.dry_run)
+        print(f"{'would add' if args.dry_run else 'added'} {res['added']} rows ({', '.join(res['plans']) or '-'}; "
+              f"models {', '.join(res['models']) or '-'}) to {args.into}; {res['already']} already there; "
+              f"skipped {res['skipped']}")
+        art = load_artifact(args.artifact or artifact_path(args.gpu))
+        ref = tuple(p.strip() for p in args.reference.split(",") if p.strip())
+        df = read_rows(args.rows)
+        df = df[(df.kind == "mix") & df.plan.isin(plans + ref) & (df.gpu.astype(str).str.upper() == args.gpu.upper())]
+        if adapters is not None:
+            df = df[df.n_adapters == adapters]
+        tab = drift_table(art, df)
+        print(f"measured / predicted by {art['id']} (before the refit; gpu-bound: >= {GPU_BOUND_MS:g} ms):")
+        print(tab.to_string(index=False, float_format=lambda v: f"{v:.3f}") if not tab.empty else "  (no rows)")
+        print(f"then: tlora-sim costmodel fit --gpu {args.gpu} --data {args.into} --out {args.into.parent}")
+    except (InputError, ValueError) as e:
+        print(f"fold-in: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

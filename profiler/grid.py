@@ -10,9 +10,10 @@ from tlora_sim.profiler.provenance import log, variant  # noqa: F401
 
 
 PLAN_IMPL = {"alone": "loop", "loop": "loop", "fused": "fused", "lorafusion": "lorafusion", "grouped": "grouped"}
-# plans measured on multi-adapter mixes only (one adapter: the same kernels as a mix of one; this keeps
-# the added GPU time of the seed systems' plans modest)
-MULTI_ONLY_PLANS = ("loop", "lorafusion", "grouped")
+# plans measured on multi-adapter mixes only (one adapter in a loop is a job alone, the same code; the
+# grouped GEMM of one adapter is a plain GEMM). LoRAFusion's kernels run one-adapter mixes too: its
+# policy starts a job alone under plan ``lorafusion`` (issue 43 item 5: measured, not extrapolated)
+MULTI_ONLY_PLANS = ("loop", "grouped")
 DEFAULT_PLANS = "alone,loop,fused,lorafusion,grouped"
 RANKS = (2, 4, 8, 16, 32, 64, 128)
 BATCHES = (1, 2, 4, 8)
@@ -78,6 +79,23 @@ def quick_mixes(model: str, t_max: int, n_random: int = 20, seed: int = 0) -> li
     return [order_members(m) for m in out]
 
 
+def lone_mixes(ranks, tokens, seq_max: int = 2048) -> list[list[tuple[int, int, int]]]:
+    """One-adapter mixes (a job alone) for every token count x rank: ``[(r, T // s, s)]`` with
+    ``s = min(T, seq_max)`` tokens per sequence. Token counts are taken coarse to fine
+    (``spread``), ranks in the given order inside each, so a run cut short still spans the range.
+    Raises ValueError for a token count that ``s`` does not divide or a value below 1."""
+    out = []
+    for T in spread(sorted({int(t) for t in tokens})):
+        s = min(T, int(seq_max))
+        if T < 1 or s < 1 or T % s:
+            raise ValueError(f"lone mix of {T} tokens: not a whole number of {s}-token sequences")
+        for r in ranks:
+            if int(r) < 1:
+                raise ValueError(f"lone mix rank {r} < 1")
+            out.append([(int(r), T // s, s)])
+    return out
+
+
 def spread(values: list) -> list:
     """Coarse-to-fine order of a sorted grid (ends and middle first) for budgeted runs."""
     vals, out = list(values), []
@@ -140,3 +158,63 @@ def precompile(mixes: list, device: str, workers: int = 8):
         log(f"precompiled fused kernels for {len(keys)} rank-bucket sets in {time.time() - t0:.1f} s")
     except Exception as e:  # noqa: BLE001 (the main process compiles lazily anyway)
         log(f"precompile failed ({e!r}); compiling lazily")
+
+
+def lorafusion_compile_keys(model: str, mixes: list) -> list[tuple[str, int, int]]:
+    """What LoRAFusion's kernels compile anew for, per model: (model, MAX_R, total rank) of each
+    runnable mix (their ``fused_multi_lora_xw_sb`` takes both as ``tl.constexpr``, with the layer's
+    N and K; the backward kernels MAX_R, N and K), sorted; mixes their kernels cannot run (largest
+    rank below 16 or not a power of two) are left out."""
+    keys = set()
+    for mem in mixes:
+        rs = [r for r, _, _ in mem]
+        mr = max(rs)
+        if mr >= 16 and not mr & (mr - 1):
+            keys.add((model, mr, sum(rs)))
+    return sorted(keys)
+
+
+def _precompile_lorafusion_one(model: str, max_r: int, total_r: int, device: str):
+    """Compile LoRAFusion's kernels for one (model, MAX_R, total rank): a forward and backward of
+    the model's real decoder layer (its N and K are constexpr there) over 256 tokens per adapter, ranks ``[max_r]`` plus chunks of at most ``max_r`` summing to ``total_r``."""
+    import torch
+
+    from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, layer_forward, shape_of
+
+    if model == TINY.name:
+        shape = TINY
+    else:
+        from tlora_sim.sim.costmodel.models import get_model
+
+        shape = shape_of(get_model(model))
+    ranks, left = [max_r], total_r - max_r
+    while left > 0:
+        ranks.append(min(left, max_r))
+        left -= ranks[-1]
+    base = BaseWeights(shape, device)
+    # two 128-token blocks per adapter: no integer argument is 1 (Triton specialises on it), as in the runs
+    lora = LoRASet(base, [(r, 1, 256) for r in ranks], "lorafusion")
+    x = torch.randn(256 * len(ranks), shape.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    y = layer_forward(base, lora, x)
+    torch.autograd.grad(y, [x] + lora.params, torch.randn_like(y))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    return True
+
+
+def precompile_lorafusion(keys: list, device: str, workers: int = 8):
+    """Warm Triton's on-disk cache for LoRAFusion's kernels at every ``lorafusion_compile_keys``
+    entry, in parallel processes (their first launch at a new key otherwise compiles for 2-20 s in
+    the timed process: the 2026-11-25 H200 profile's LoRAFusion rows took 8 s each, median)."""
+    import multiprocessing as mp
+
+    if not keys:
+        return
+    t0 = time.time()
+    try:
+        with mp.get_context("spawn").Pool(min(workers, len(keys))) as pool:
+            pool.starmap(_precompile_lorafusion_one, [(m, mr, tr, device) for m, mr, tr in keys])
+        log(f"precompiled LoRAFusion's kernels for {len(keys)} (model, max rank, total rank) keys in "
+            f"{time.time() - t0:.1f} s")
+    except Exception as e:  # noqa: BLE001 (the main process compiles lazily anyway)
+        log(f"LoRAFusion precompile failed ({e!r}); compiling lazily")

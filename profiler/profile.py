@@ -16,8 +16,9 @@ keeps what it measured):
 * ``mix``    the full decoder layer with a mix of adapters (``ranks``, ``batch_sizes``,
              ``seq_lens``: one entry per adapter) under plan ``alone`` (one adapter, eager torch
              LoRA as PEFT runs it), ``loop`` (mLoRA style), ``fused`` (our Triton kernel),
-             ``lorafusion`` (LoRAFusion's own kernels, from ``.ext/lorafusion``) or ``grouped``
-             (ALTO-style grouped GEMMs): forward, backward (dX and adapter gradients) and the
+             ``lorafusion`` (LoRAFusion's own kernels, from ``.ext/lorafusion``; one-adapter mixes
+             too, since its policy starts lone jobs under it) or ``grouped`` (ALTO-style grouped
+             GEMMs; two or more adapters): forward, backward (dX and adapter gradients) and the
              layer's AdamW step. Mixes a plan cannot run are written with an error starting "not
              runnable" and counted in the summary; ``lorafusion`` without its source is skipped
              (counted too). The row's ``kernel_variant`` names the implementation
@@ -37,6 +38,13 @@ Run (on the GPU machine, from the repository root)::
         --quick --out OUT --budget-s 540 --e2e
     python3 -m tlora_sim.profiler.profile --device cpu --tiny --out /tmp/p   # a dry run on the CPU
 
+Jobs alone only (issue 43 item 5: one adapter, every ``--lone-ranks`` x ``--lone-tokens``, no
+component grids; ``profiler/validation/h200_item5.sh``)::
+
+    python3 -m tlora_sim.profiler.profile --models llama3-8b,qwen3-8b --quick --mixes-only \
+        --plans alone,fused,lorafusion --lone-ranks 16,64,128 --lone-tokens 512,1024,2048,4096,8192,16384 \
+        --budget-s 170 --out OUT
+
 LoRAFusion's source is never committed: ``profiler/fetch_lorafusion.sh MIRROR`` copies it to
 ``.ext/lorafusion`` (carry that folder to the GPU machine).
 """
@@ -51,7 +59,8 @@ from pathlib import Path
 from tlora_sim.profiler.provenance import COLUMNS, ROOT, Writer, git_commit, kernel_hash, log, provenance, short_gpu_name, variant  # noqa: F401
 from tlora_sim.profiler.grid import BATCHES, MINI_MIXES, MODEL_WEIGHT, PLAN_IMPL, RANKS, SEQS, STACK_MIXES, T_MAX_FULL, T_MAX_QUICK, mix_key, order_members, precompile, quick_mixes, spread, token_grid  # noqa: F401
 from tlora_sim.profiler.measure import Profiler  # noqa: F401
-from tlora_sim.profiler.grid import DEFAULT_PLANS, MULTI_ONLY_PLANS
+from tlora_sim.profiler.grid import DEFAULT_PLANS, MULTI_ONLY_PLANS, lone_mixes, lorafusion_compile_keys, \
+    precompile_lorafusion
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``tlora-sim profile`` (also ``python3 -m tlora_sim.profiler.profile``)."""
     p.add_argument("--gpu-name", default="auto", help="GPU type recorded in the rows (auto: from the device name)")
@@ -66,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plans", default=DEFAULT_PLANS,
                    help="comma-separated plans to measure: alone, loop, fused, lorafusion (LoRAFusion's kernels; "
                         "skipped, and counted, where their source is absent), grouped (ALTO-style grouped GEMM); "
-                        "lorafusion and grouped run on multi-adapter mixes only")
+                        "loop and grouped run on multi-adapter mixes only, alone on one-adapter mixes only")
     p.add_argument("--lorafusion", default=None, metavar="DIR",
                    help="LoRAFusion's source (default: env TLORA_LORAFUSION, else .ext/lorafusion; "
                         "profiler/fetch_lorafusion.sh fills it)")
@@ -79,6 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minimodel", action="store_true",
                    help="for the first model also time mixes in an 8-layer stack trained as a model (kind model)")
     p.add_argument("--e2e-start", action="store_true", help="also run the end-to-end check at the start")
+    p.add_argument("--lone-ranks", default=None, metavar="R,R,..",
+                   help="instead of the grid's mixes, one-adapter mixes (jobs alone) of these ranks at every "
+                        "--lone-tokens count")
+    p.add_argument("--lone-tokens", default="512,1024,2048,4096,8192,16384", metavar="T,T,..",
+                   help="tokens per step of the --lone-ranks mixes (sequences of min(T, --lone-seq) tokens)")
+    p.add_argument("--lone-seq", type=int, default=2048, help="longest sequence of a --lone-ranks mix (tokens)")
+    p.add_argument("--mixes-only", action="store_true",
+                   help="skip the optimizer and component grids (base curve, attention, head, full layer): "
+                        "mix rows only, to add to an earlier profile of the same GPU type")
     p.add_argument("--stack", action="store_true",
                    help="also time a few mixes with the layer stacked 1x and 3x (the harness's per-call overhead)")
 
@@ -96,6 +114,17 @@ def run(args) -> int:
         print("profile: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr)
         return 2
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
+    lone = None
+    if getattr(args, "lone_ranks", None):
+        try:
+            lone = lone_mixes([int(v) for v in args.lone_ranks.split(",") if v.strip()],
+                              [int(v) for v in args.lone_tokens.split(",") if v.strip()], args.lone_seq)
+        except ValueError as e:
+            print(f"profile: --lone-ranks/--lone-tokens: {e}", file=sys.stderr)
+            return 2
+        if not lone:
+            print("profile: --lone-ranks gives no mix", file=sys.stderr)
+            return 2
     budget = args.budget_s or (540.0 if args.quick else 1e9)
     deadline = t_start + budget
     prov = provenance(device, args.gpu_name, mode)
@@ -127,8 +156,9 @@ def run(args) -> int:
     if args.tiny:
         models = [TINY]
         grids = {"tiny": dict(tokens=[16, 32, 64], seqs=[16, 32], batches=[1, 2], head=[16, 64], t_max=64,
-                              mixes=[order_members(m) for m in
-                                     ([(4, 1, 16)], [(2, 1, 16), (8, 2, 16)], [(16, 1, 32), (4, 1, 16), (2, 2, 16)])])}
+                              mixes=lone or [order_members(m) for m in
+                                             ([(4, 1, 16)], [(2, 1, 16), (8, 2, 16)],
+                                              [(16, 1, 32), (4, 1, 16), (2, 2, 16)])])}
     else:
         models = [shape_of(get_model(m.strip())) for m in args.models.split(",") if m.strip()]
         grids = {}
@@ -137,7 +167,7 @@ def run(args) -> int:
             nr = args.random_mixes or (20 if args.quick else 60)
             grids[sh.name] = dict(tokens=spread(token_grid(t_max)), seqs=list(SEQS),
                                   batches=[1, 2, 4, 8, 16, 32, 64], head=spread(token_grid(min(t_max, 16384))),
-                                  t_max=t_max, mixes=quick_mixes(sh.name, t_max, nr, args.seed))
+                                  t_max=t_max, mixes=lone or quick_mixes(sh.name, t_max, nr, args.seed))
     meta = {"provenance": prov, "args": {k: str(v) for k, v in vars(args).items() if k != "func"}, "lorafusion": lf_info,
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     e2e_done = not (args.e2e or args.e2e_only)
@@ -153,9 +183,13 @@ def run(args) -> int:
             meta["ceilings"] = prof.ceilings()
             opt_cfgs = ([(5000, 14), (20000, 56)] if args.tiny else
                         [(P, nt) for nt in (448, 1792, 7168) for P in (4_000_000, 40_000_000, 300_000_000)])
-            prof.optimizer(opt_cfgs, deadline)
+            if not args.mixes_only:
+                prof.optimizer(opt_cfgs, deadline)
             if "fused" in plans and prof._cuda() and not args.no_precompile:
                 precompile([m for g in grids.values() for m in g["mixes"]], device)
+            if "lorafusion" in plans and lf_info["available"] and prof._cuda() and not args.no_precompile:
+                precompile_lorafusion([k for sh in models for k in lorafusion_compile_keys(sh.name, grids[sh.name]["mixes"])],
+                                      device)
         for i, sh in enumerate(models):
             if args.e2e_only:
                 break
@@ -171,10 +205,11 @@ def run(args) -> int:
                 prof._error(f"{sh.name} weights", e, kind="noattn", model=sh.name)
                 continue
             comp_deadline = now + 0.3 * (mdl_deadline - now)
-            prof.noattn(base, sh.name, g["tokens"], comp_deadline)
-            prof.attn(base, sh.name, g["seqs"], g["batches"], g["t_max"], comp_deadline)
-            prof.head(sh, sh.name, g["head"], comp_deadline)
-            if not args.tiny:  # the full frozen layer at a few points: does base + attention add up?
+            if not args.mixes_only:
+                prof.noattn(base, sh.name, g["tokens"], comp_deadline)
+                prof.attn(base, sh.name, g["seqs"], g["batches"], g["t_max"], comp_deadline)
+                prof.head(sh, sh.name, g["head"], comp_deadline)
+            if not args.tiny and not args.mixes_only:  # the full frozen layer at a few points: does base + attention add up?
                 pts = [(2048, 512), (8192, 2048), (16384, 4096)]
                 for T, s in pts:
                     if T <= g["t_max"]:
