@@ -13,7 +13,12 @@ so the condition that moves the step time shows:
 * ``gc_off``: ``fresh`` with Python's cyclic collector paused (what the profiler's tables had);
 * ``after_exec``: ``fresh`` again after a short in-process ``execute`` run (the executor's
   process state: its imports, its allocator history, its heap);
-* ``executor``: the steps of that run itself (``steps.csv``, steady steps), by job shape.
+* ``executor``: the steps of that run itself (``steps.csv``, steady steps), by job shape;
+* ``new_process``: ``fresh`` in a new process started at the end (the machine now, without this
+  process's history).
+
+Every row carries its time since the start and the share of CPU time stolen by the hypervisor
+since the previous row (``/proc/stat``), so a drift of the machine shows apart from the process's.
 
 Writes ``OUT/step_env.csv`` (one row per timed step: condition, shape, k, ms) and
 ``OUT/step_env_summary.csv`` (median / mean / p10 / p90 per condition and shape), and prints the
@@ -42,6 +47,16 @@ SHAPES = [
 ]
 
 
+def cpu_steal() -> tuple[float, float]:
+    """(steal, total) jiffies of all CPUs so far (``/proc/stat``; steal: time the hypervisor ran
+    another guest while this one wanted the CPU); (0, 0) where unreadable."""
+    try:
+        f = [float(x) for x in open("/proc/stat").readline().split()[1:]]
+        return f[7], sum(f)
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+
+
 def _time_group(trainer, model, plan, members, reps, warm=2):
     g = trainer.group(model, plan, members)
     for _ in range(warm):
@@ -61,6 +76,7 @@ def main() -> None:
     ap.add_argument("--exec-jobs", type=int, default=6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run)")
+    ap.add_argument("--only-fresh", action="store_true", help="time the fresh condition only (a new process)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -68,17 +84,25 @@ def main() -> None:
     from tlora_sim.sim.executor.trainer import DeviceTrainer
 
     rows = []
+    T0 = time.perf_counter()
+    last = [cpu_steal()]
 
     def add(cond, label, ts):
-        rows.extend({"condition": cond, "shape": label, "k": k, "ms": t} for k, t in enumerate(ts))
+        st, tot = cpu_steal()
+        steal = (st - last[0][0]) / max(1e-9, tot - last[0][1])
+        last[0] = (st, tot)
+        rows.extend({"condition": cond, "shape": label, "k": k, "ms": t, "t_s": time.perf_counter() - T0,
+                     "steal_share": steal} for k, t in enumerate(ts))
         t = np.asarray(ts)
-        print(f"{cond:11s} {label:24s} median {np.median(t):8.2f} mean {t.mean():8.2f} ms", flush=True)
+        print(f"{cond:11s} {label:24s} median {np.median(t):8.2f} mean {t.mean():8.2f} ms  "
+              f"t {time.perf_counter() - T0:6.1f} s steal {100 * steal:5.1f}%", flush=True)
 
     print("torch threads", torch.get_num_threads(), "gc", gc.get_threshold(), flush=True)
     trainer = DeviceTrainer(a.device, tiny=a.tiny)
     trainer.base("llama3-8b")
     job, ids_of = 0, {}
-    for cond in ("fresh", "restored", "gc_off", "fresh2"):
+    conds = ("fresh",) if a.only_fresh else ("fresh", "restored", "gc_off", "fresh2")
+    for cond in conds:
         for label, model, plan, mix in SHAPES:
             if cond == "restored":
                 ids = ids_of[label]
@@ -96,6 +120,9 @@ def main() -> None:
             finally:
                 gc.enable()
             add(cond, label, ts)
+    if a.only_fresh:
+        pd.DataFrame(rows).to_csv(a.out / "step_env_fresh_process.csv", index=False)
+        return
     # a short in-process execute run (workload A's first jobs, independent), then fresh again
     from tlora_sim.sim.executor.execute import ExecuteConfig, execute
 
@@ -117,7 +144,14 @@ def main() -> None:
         members = [(-5000 - job - i, r, b, s) for i, (r, b, s) in enumerate(mix)]
         job += len(mix)
         add("after_exec", label, _time_group(trainer, model, plan, members, a.reps))
-    df = pd.DataFrame(rows)
+    # the same shapes in a new process, now (machine state vs this process's age)
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, __file__, "--out", str(a.out), "--reps", str(a.reps), "--device", a.device,
+                    "--only-fresh"] + (["--tiny"] if a.tiny else []), check=True)
+    late = pd.read_csv(a.out / "step_env_fresh_process.csv").assign(condition="new_process")
+    df = pd.concat([pd.DataFrame(rows), late], ignore_index=True)
     df.to_csv(a.out / "step_env.csv", index=False)
     s = df.groupby(["condition", "shape"], sort=False).ms.agg(
         median="median", mean="mean", p10=lambda x: x.quantile(0.1), p90=lambda x: x.quantile(0.9), n="count")
