@@ -76,7 +76,7 @@ from tlora_sim.sim.costmodel.parallelism import parse_parallelism
 from tlora_sim.sim.costmodel.profiled.artifact import MEASURED_PLANS, PLAN_FAMILY, SCHEMA, TERMS, load_artifact, \
     measured_plans, plan_measured, register, registered, terms_now
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, FusedBatch, adapter_tensors_per_linear, \
-    layer_ms, memory_breakdown, opt_ms, per_gpu_mix
+    layer_ms, memory_breakdown, opt_ms, per_gpu_mix, step_s
 from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch, best_plan
 from tlora_sim.sim.costmodel.profiled.tables import tables_of
 from tlora_sim.traces.errors import InputError
@@ -298,7 +298,7 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     n_tensors = LINEARS_PER_LAYER * m.layers * adapter_tensors_per_linear(plan, len(members))
     params = sum(m.lora_params(x.rank) for x in members)
     opt = opt_ms(art, params, n_tensors)
-    step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
+    step = step_s(micro, m.layers, lay, head, opt)
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
     if plan == "lorafusion" and max(x.rank for x in members) < LORAFUSION_MIN_RANK:
         reasons.append("lorafusion:max_rank<16")  # its kernels cannot run this mix: never measured
