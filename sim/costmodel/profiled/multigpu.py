@@ -86,7 +86,7 @@ from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, profiled_sour
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, \
     TOKENS, FusedBatch, adapter_tensors_per_linear, layer_ms, memory_breakdown, opt_ms, rows_memoised
 from tlora_sim.sim.costmodel.profiled.formula import WIDTH as SUB
-from tlora_sim.sim.costmodel.profiled.tables import tables_of
+from tlora_sim.sim.costmodel.profiled.tables import libm, tables_of
 
 _NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
 
@@ -339,8 +339,6 @@ class PlannerBatch:
         self._hs = float(hs["fused"] if isinstance(hs, dict) else hs)  # busy GPUs > 1 on every plan here
         self._per_tensor_ms, self._sync_ms = float(terms["per_tensor_ms"]), float(terms["sync_ms"])
         self._net = GPUS[gpu_name].net_bw_bytes_s / 1e3 if n > GPUS_PER_NODE else None
-        c = self.art["optimizer"]["coef"]
-        self._optc = (c["const"], c["per_mparam"], c["per_tensor"])
         self.plans = tuple(p for p in candidates(m, n, 1, pipeline=True) if p.kind != "local")
         self.ds = tuple(sorted({p.dp for p in self.plans}, reverse=True))
         self.WIDTH = SUB * len(self.ds)
@@ -459,8 +457,7 @@ class PlannerBatch:
         params = rows[:, LORA_PARAMS]
         L, tensors = self._j_L, self._j_tensors
         compute = self._j_mult * lay[self._j_shape] + head[self._j_k]
-        oc, opm, opt_t = self._optc
-        opt = oc + opm * (params * L / m.layers) / 1e6 + opt_t * tensors
+        opt = opt_ms(self.art, params * L / m.layers, tensors)
         # communication: adapter all-reduces, then the fsdp gathers, tp activations, sync
         q_bytes = [4.0 * params * La / m.layers for La, _ in self._ar]
         q_n = [np.full(P, float(r)) for _, r in self._ar]
@@ -564,8 +561,7 @@ class PlannerBatch:
         L = m.layers
         lay = fb.layer_rows(X, nn, 1.0, np.repeat(np.array(hs), counts))
         compute = L * lay + fb.head_rows(X[:, TOKENS])
-        oc, opm, opt_t = self._optc
-        total = compute + (oc + opm * (X[:, LORA_PARAMS] * L / L) / 1e6 + opt_t * (2 * LINEARS_PER_LAYER * L))
+        total = compute + opt_ms(self.art, X[:, LORA_PARAMS] * L / L, LINEARS_PER_LAYER * L * 2)
         out[owners] = np.maximum.reduceat(total, starts) / 1e3
         return out
 
@@ -612,8 +608,8 @@ def collective_ms_rows(curve: tuple, nbytes: np.ndarray, n: np.ndarray, net: np.
     xs, lxs, lys, floor, f2 = curve
     x = np.clip(nbytes, xs[0], xs[-1])
     i = np.clip(np.searchsorted(xs, x, side="left"), 1, len(xs) - 1)
-    w = (np.log(x) - lxs[i - 1]) / (lxs[i] - lxs[i - 1])
-    t = np.exp(lys[i - 1] + w * (lys[i] - lys[i - 1]))  # the measured two-GPU time at x
+    w = (libm(math.log, x) - lxs[i - 1]) / (lxs[i] - lxs[i - 1])
+    t = libm(math.exp, lys[i - 1] + w * (lys[i] - lys[i - 1]))  # the measured two-GPU time at x
     bw = np.where(t > floor, f2 * x / np.maximum(t - floor, 1e-6 * t), f2 * x / t)
     bw = np.minimum(bw, net)
     ring = floor * (n - 1) + (2.0 * (n - 1) / n) * nbytes / bw
