@@ -67,12 +67,14 @@ def test_planner_batch_memos_give_the_fresh_answers():
 
 def test_table_memos_give_the_fresh_answers():
     cm = default_cost_model("H100")
-    from tlora_sim.sim.costmodel.profiled.tables import tables_of
+    from tlora_sim.sim.costmodel.profiled.tables import Tables, tables_of
 
     tab = tables_of(cm.key, "llama3-8b")
+    fresh = lambda: Tables("llama3-8b", "H100", cm.artifact["models"]["llama3-8b"])  # noqa: E731 no answers kept
     for t in (1.0, 100.0, 3000.5, 1e5, 1e7):
-        assert tab.l0g(t) == tab._l0g(t) == tab.l0g(t)
+        assert tab.l0g(t) == fresh().l0g(t) == tab.l0g(t)
+        assert tab.head(t) == fresh().head(t) == tab.head(t)
     for s in (100, 512, 1000, 4096, 20000):
         for b in (0, 0.5, 1, 3, 64, 1e4):
             for gpu in (False, True):
-                assert tab.attn_ms(s, b, gpu) == tab._attn_ms(s, b, gpu) == tab.attn_ms(s, b, gpu)
+                assert tab.attn_ms(s, b, gpu) == fresh().attn_ms(s, b, gpu) == tab.attn_ms(s, b, gpu)
