@@ -99,7 +99,7 @@ def test_the_c_library_helpers_and_piecewise_agree_with_floats():
     assert libm(math.log, x).tolist() == [math.log(v) for v in x.tolist()]
     assert libm(math.exp, x[:50] / 1e8).tolist() == [math.exp(v) for v in (x[:50] / 1e8).tolist()]
     assert libm(pow, x / x.max(), 8.0).tolist() == [v ** 8.0 for v in (x / x.max()).tolist()]
-    cases = [(lambda t: t < 10.0, lambda t: t * 3.0), (lambda t: t > 1e6, lambda t: t / 7.0)]
+    cases = [("<", 10.0, lambda t: t * 3.0), (">", 1e6, lambda t: t / 7.0), ("<", 20.0, lambda t: t - 1.0)]
     got = piecewise(x, cases, lambda t: t + 1.0)
     assert got.tolist() == [piecewise(v, cases, lambda t: t + 1.0) for v in x.tolist()]
     tab = tables_of(default_cost_model("H100").key, "llama3-8b")

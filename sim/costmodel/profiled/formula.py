@@ -126,8 +126,10 @@ def smoothmax(a, b, p: float):
         if hi <= 0:
             return 0.0
         return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+    # one of a / hi, b / hi is hi / hi = 1.0 exactly, and pow(1.0, p) = 1.0 (C99): the C library
+    # runs on the other ratio only; the sum's order does not matter (IEEE addition commutes)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = hi * libm(pow, libm(pow, a / hi, p) + libm(pow, b / hi, p), 1.0 / p)
+        out = hi * libm(pow, 1.0 + libm(pow, np.minimum(a, b) / hi, p), 1.0 / p)
     return np.where(hi <= 0, 0.0, out)
 
 
@@ -313,6 +315,7 @@ class FusedBatch:
         self.seq_col: dict[int, int] = {}
         self.seqs: list[int] = []
         self._order: list[int] = []  # the columns of ``seqs`` in increasing length (the sum's order)
+        self._att_tables: dict[int, np.ndarray] = {}  # column -> attention at 0, 1, 2, ... sequences
         self.art = art
         self._tensors = LINEARS_PER_LAYER * self.m.layers * adapter_tensors_per_linear("fused", 2)
         # step times by (row, nano) bytes (``step_times``): a row's columns keep their meaning
@@ -434,16 +437,35 @@ class FusedBatch:
     def attention_rows(self, B: np.ndarray) -> np.ndarray:
         """Attention of each row (ms), shape (P,): ``attention_ms`` of its mix, for the sequences
         per length ``B`` (shape (P, K), columns as ``self.seqs``, 0 = none): ``Tables.attn_values``
-        per length, added in increasing length as ``attention_ms`` adds them."""
+        per length, added in increasing length as ``attention_ms`` adds them. Whole sequence
+        counts (every row of ``row``; ``fill_row``'s callers give whole sequences) are looked up
+        in a table of ``attn_values`` at 0, 1, 2, ... sequences per length (``_attention_table``:
+        the same numbers, computed once)."""
         out = np.zeros(len(B))
         for j in self._order:
             b = B[:, j]
-            has = b > 0
-            if has.all():
-                out = out + self.tab.attn_values(self.seqs[j], b)
-            elif has.any():
-                out[has] = out[has] + self.tab.attn_values(self.seqs[j], b[has])
+            top = b.max()
+            if top <= 0:
+                continue
+            whole = b.astype(np.int64)
+            if top < 1 << 20 and (whole == b).all():
+                v = self._attention_table(j, int(top))[whole]
+            else:
+                v = np.zeros(len(b))
+                has = b > 0
+                v[has] = self.tab.attn_values(self.seqs[j], b[has])
+            out = out + v  # + 0.0 where a row has no sequences of this length: unchanged
         return out
+
+    def _attention_table(self, j: int, top: int) -> np.ndarray:
+        """``attn_values`` of column ``j``'s length at 0 (0.0), 1, ..., at least ``top`` sequences."""
+        tbl = self._att_tables.get(j)
+        if tbl is None or len(tbl) <= top:
+            size = max(64, 1 << top.bit_length())
+            tbl = np.zeros(size)
+            tbl[1:] = self.tab.attn_values(self.seqs[j], np.arange(1.0, size))
+            self._att_tables[j] = tbl
+        return tbl
 
 
 def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.ndarray:

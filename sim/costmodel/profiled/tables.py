@@ -49,29 +49,33 @@ def maximum(a, b):
 
 
 def piecewise(x, cases, default):
-    """``fn(x)`` of the first ``(cond, fn)`` of ``cases`` whose ``cond(x)`` holds, else
-    ``default(x)``: on a float, by ``if``; on an array, element by element (each element gets the
-    value its first true case gives, computed on those elements only), so both give the same
-    numbers. ``cond`` uses ``<``, ``>``, ``&``, ``|`` (valid on floats and arrays)."""
+    """``fn(x)`` of the first case ``(side, bound, fn)`` that holds (``side`` "<": x < bound;
+    ">": x > bound), else ``default(x)``: on a float, by ``if``; on an array, element by element
+    (each element gets the value its first true case gives, every function evaluated on the
+    elements it serves only), so both give the same numbers."""
     if not isinstance(x, np.ndarray):
-        for cond, fn in cases:
-            if cond(x):
+        for side, bound, fn in cases:
+            if (x < bound) if side == "<" else (x > bound):
                 return fn(x)
         return default(x)
-    free = np.ones(x.shape, bool)
-    picked = []
-    for cond, fn in cases:
-        m = cond(x) & free
-        if m.any():
-            picked.append((m, fn))
-            free &= ~m
-    if not picked:
+    if not x.size:
         return default(x)
+    lo, hi = x.min(), x.max()
+    live = [(side, bound, fn) for side, bound, fn in cases if (lo < bound if side == "<" else hi > bound)]
+    if not live:
+        return default(x)
+    side, bound, fn = live[0]
+    if (hi < bound) if side == "<" else (lo > bound):
+        return fn(x)  # the first case that holds anywhere holds everywhere
     out = np.empty(x.shape)
+    free = np.ones(x.shape, bool)
+    for side, bound, fn in live:
+        m = ((x < bound) if side == "<" else (x > bound)) & free
+        if m.any():
+            out[m] = fn(x[m])
+            free &= ~m
     if free.any():
         out[free] = default(x[free])
-    for m, fn in picked:
-        out[m] = fn(x[m])
     return out
 
 
@@ -100,7 +104,7 @@ def gemm_rate(t, gpu):
     scale = gpu.matmul_flops / rf.H100_MATMUL_FLOPS
     t = maximum(t, 1e-9)
     lo = rf.GEMM_TOKENS[0]
-    return piecewise(t, [(lambda t: t < lo, lambda t: rf.GEMM_TFLOPS[0] * 1e12 * scale * t / lo)],
+    return piecewise(t, [("<", lo, lambda t: rf.GEMM_TFLOPS[0] * 1e12 * scale * t / lo)],
                      lambda t: _as_value(np.interp(np.log(t), np.log(rf.GEMM_TOKENS), rf.GEMM_TFLOPS)) * 1e12 * scale)
 
 
@@ -204,10 +208,9 @@ class Tables:
         numbers element by element): log-log inside the table, roofline-shaped beyond it and
         below the first GPU-bound point ``gpu_from``."""
         lo, hi, ms, at = self.l0_t[0], self.l0_t[-1], self.l0_ms, self._roof_at
-        return piecewise(t, [(lambda t: t < self.l0_from,
-                              lambda t: self.l0_from_ms * self._roof(t) / at[self.l0_from]),
-                             (lambda t: t < lo, lambda t: ms[0] * self._roof(t) / at[lo]),
-                             (lambda t: t > hi, lambda t: ms[-1] * self._roof(t) / at[hi])],
+        return piecewise(t, [("<", self.l0_from, lambda t: self.l0_from_ms * self._roof(t) / at[self.l0_from]),
+                             ("<", lo, lambda t: ms[0] * self._roof(t) / at[lo]),
+                             (">", hi, lambda t: ms[-1] * self._roof(t) / at[hi])],
                          lambda t: loglog_interp(t, self.l0_t, ms, self.l0_logs))
 
     def head(self, t: float) -> tuple[float, bool]:
@@ -222,8 +225,8 @@ class Tables:
         """LM head, embedding and loss (ms) at t tokens (a float or an array, as ``l0g_ms``)."""
         lo, hi, ms, at = self.h_t[0], self.h_t[-1], self.h_ms, self._roof_head_at
         m, g = self.m, self.gpu
-        return piecewise(t, [(lambda t: t < lo, lambda t: ms[0] * roofline_head_ms(m, g, t) / at[lo]),
-                             (lambda t: t > hi, lambda t: ms[-1] * roofline_head_ms(m, g, t) / at[hi])],
+        return piecewise(t, [("<", lo, lambda t: ms[0] * roofline_head_ms(m, g, t) / at[lo]),
+                             (">", hi, lambda t: ms[-1] * roofline_head_ms(m, g, t) / at[hi])],
                          lambda t: loglog_interp(t, self.h_t, ms, self.h_logs))
 
     def head_peak(self, t: float) -> float:
@@ -245,9 +248,9 @@ class Tables:
         """Attention of b sequences (a float or an array) at a measured length ``s`` (ms)."""
         bs, ms, b0 = self.attn[s]
         lx = self.attn_logs[s]
-        cases = [(lambda b: b < b0, lambda b: self._attn_b0[s] * b / b0)] if gpu else []
+        cases = [("<", b0, lambda b: self._attn_b0[s] * b / b0)] if gpu else []
         # time per sequence constant beyond the grid
-        cases += [(lambda b: b < bs[0], lambda b: ms[0] * b / bs[0]), (lambda b: b > bs[-1], lambda b: ms[-1] * b / bs[-1])]
+        cases += [("<", bs[0], lambda b: ms[0] * b / bs[0]), (">", bs[-1], lambda b: ms[-1] * b / bs[-1])]
         return piecewise(b, cases, lambda b: loglog_interp(b, bs, ms, lx))
 
     def _attn_flag(self, s: float, b: float, gpu: bool) -> bool:
