@@ -389,7 +389,7 @@ class FusedBatch:
     # ---- the model -----------------------------------------------------------------------------
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
-        ``nano`` (shape (P,) or one int), one micro-batch: ``model.predict_cached`` for the
+        ``nano`` (shape (P,) or one int), one micro-batch: ``model.predict_of`` for the
         ``fused`` plan, row by row. (Written for few numpy calls: the policies call it ~10^5
         times per replay with P mostly under 100, where each call's fixed cost dominates.)
         Answers are kept by (row, nano): the policies ask about the same merged rows again and
@@ -405,7 +405,7 @@ class FusedBatch:
 
     def _step_times(self, rows: np.ndarray, N: np.ndarray | float) -> np.ndarray:
         """``step_times`` evaluated (rows shape (P, WIDTH), P >= 1; ``N`` shape (P,) or a float):
-        ``step_s`` of ``layer_rows``, the head and ``opt_ms``, as ``model.predict_cached``."""
+        ``step_s`` of ``layer_rows``, the head and ``opt_ms``, as ``model.predict_of``."""
         lay = self.layer_rows(rows, N)
         opt = opt_ms(self.art, rows[:, LORA_PARAMS], self._tensors)
         return step_s(1, self.m.layers, lay, self.tab.head_ms(rows[:, TOKENS]), opt)

@@ -86,7 +86,7 @@ from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, profiled_sour
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, \
     TOKENS, FusedBatch, adapter_tensors_per_linear, layer_ms, memory_breakdown, opt_ms, rows_memoised
 from tlora_sim.sim.costmodel.profiled.formula import WIDTH as SUB
-from tlora_sim.sim.costmodel.profiled.tables import libm, tables_of
+from tlora_sim.sim.costmodel.profiled.tables import libm, remember, tables_of
 
 _NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
 
@@ -101,11 +101,6 @@ def _terms(gpu_name: str) -> tuple[dict, Collectives, tuple[str, ...]]:
     return terms, _collectives(gpu_name), (() if own else ("multigpu:gpu",))
 
 
-_PES: dict[int, dict] = {}
-"""id -> plan-family entry whose layer times ``Tables.layer_memo`` holds (kept alive so an id is
-never reused while its answers are kept)."""
-
-
 @lru_cache(maxsize=8)
 def _collectives(gpu_name: str) -> Collectives:
     return Collectives(load_multigpu(gpu_name)[0])
@@ -113,7 +108,7 @@ def _collectives(gpu_name: str) -> Collectives:
 
 def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
               plan: str, nano: int, micro: int, ckpt: bool, terms: dict | None = None,
-              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None,
+              mixes: list | None = None, *, memory: bool = True, memo: dict | None = None,
               above: float | None = None) -> tuple[float, tuple[str, ...], float] | None:
     """(step time s, reasons it is extrapolated, peak memory per GPU bytes) of ``members`` under
     ``par``; ``art``/``key`` the profiled artifact and its key (``model.ProfiledCostModel.key``, ``artifact.register``).
@@ -121,23 +116,23 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     ``terms``: fitted multi-GPU terms to use instead of the shipped file (the fit's trial values);
     ``mixes``: per-GPU mixes instead of ``per_gpu_mixes`` (the profiler's own placement of
     rank-local adapters, when predicting its rows). ``memory=False`` leaves the memory out
-    (returned as NaN; ``plan_memory`` gives it). ``cache``: a dict shared by the calls of one
-    planner question (same artifact, model, GPU type, members, plan, counts): the question's
-    context (model, terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter
-    parameters, and optimizer times, computed once for the parallelism plans that share them
-    (pure functions of their keys). ``above``: return None, without the layer times, where one
+    (returned as NaN; ``plan_memory`` gives it). ``memo``: the profiled model's one answer memo
+    for this artifact (``model.memo_of``; None: a fresh one), where the question's context (model,
+    terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter parameters,
+    optimizer times and layer times are kept under keys that name what they depend on (pure
+    functions of their keys: shared by the plans of one question and by later questions). ``above``: return None, without the layer times, where one
     GPU's step without them, ``(B x head + AdamW) + communication`` in s, already exceeds ``above``
     (the step adds ``B x L x layer >= 0`` to the first sum, the same floating-point operations
     otherwise, and rounding is monotone: the plan's step exceeds ``above`` too)."""
-    cache = {} if cache is None else cache
-    # what every plan of one question reads (the cache is one question's: same model, GPU type,
-    # members, plan and counts); the fitted terms given as ``terms`` are not kept
-    ctx = cache.get("ctx") if terms is None else None
+    memo = {} if memo is None else memo
+    # what every plan of one question reads; the fitted terms given as ``terms`` are not kept
+    ckey = ("ctx", model, gpu_name, plan)
+    ctx = memo.get(ckey) if terms is None else None
     if ctx is None:
         ctx = _context(art, key, model, gpu_name, plan, terms)
         if terms is None:
-            cache["ctx"] = ctx
-    m, net_bw, terms, coll, why, tab, pe, pid, lmemo, opt_ms, breakdown = ctx
+            remember(memo, ckey, ctx)
+    m, net_bw, terms, coll, why, tab, pe, opt_ms, breakdown = ctx
     n = par.n_gpus
     reasons = set(why) if n > 1 else set()
     if n > 2:
@@ -148,10 +143,10 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     if par.kind == "pp":
         reasons.add("multigpu:pp")
     if mixes is None:  # the same mixes for every plan of one data-parallel degree (not local)
-        mk = ("mixes", par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
-        mixes = cache.get(mk)
+        mk = ("mixes", members, par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
+        mixes = memo.get(mk)
         if mixes is None:
-            mixes = cache[mk] = per_gpu_mixes(members, par, micro)
+            mixes = remember(memo, mk, per_gpu_mixes(members, par, micro))
     hs = terms["host_scale"]  # one training process per busy GPU of a host: they share its CPU
     busy = min(len(mixes) if par.kind == "local" else n, GPUS_PER_NODE)
     fam = PLAN_FAMILY[plan]
@@ -166,18 +161,18 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     for mix in mixes:
         mkey = tuple(mix)
         # a mix's sequences, tokens, head and adapter parameters: pure functions of the mix
-        per = cache.get(mkey)
+        per = memo.get(("mix", model, mkey))
         if per is None:
             tokens = sum(b * s for _, b, s in mix)
-            per = cache[mkey] = (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
-                                 sum(m.lora_params(r) for r, _, _ in mix))
+            per = remember(memo, ("mix", model, mkey), (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
+                                                         sum(m.lora_params(r) for r, _, _ in mix)))
         seqs, tokens, (head, e_head), params = per
         n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
         tensors = LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
-        okey = ("opt", params, L, tensors)
-        opt = cache.get(okey)
+        okey = ("opt", params, L, m.layers, tensors)
+        opt = memo.get(okey)
         if opt is None:
-            opt = cache[okey] = opt_ms(art, params * L / m.layers, tensors)
+            opt = remember(memo, okey, opt_ms(art, params * L / m.layers, tensors))
         comm = 0.0
         replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
         if replicas > 1:
@@ -193,12 +188,10 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
             comm += float(terms["sync_ms"])
         if above is not None and ((micro * head + opt) + comm) / 1e3 > above:
             return None
-        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
-        got = lmemo.get(lkey)
+        lkey = ("layer", model, plan, mkey, n_nano, par.tp, hs)
+        got = memo.get(lkey)
         if got is None:
-            if len(lmemo) >= 1 << 17:
-                lmemo.clear()
-            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+            got = remember(memo, lkey, layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs))
         lay, e_layer = got
         if e_layer:
             reasons.add("layer")
@@ -216,20 +209,15 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
 
 def _context(art: dict, key: str, model: str, gpu_name: str, plan: str, terms: dict | None) -> tuple:
     """What ``plan_step`` reads for every plan of one question: the model, the inter-node bandwidth,
-    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry
-    and its id, the layer memo, and ``formula``'s optimizer time and memory breakdown."""
+    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry,
+    and ``formula``'s optimizer time and memory breakdown."""
     if terms is not None:
         coll, why = Collectives(terms), ()
     else:
         terms, coll, why = _terms(gpu_name)
     tab = tables_of(key, model)
-    # layer times kept across questions on the model's tables (a pure function of the key; the
-    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
     pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
-    pid = id(pe)
-    _PES.setdefault(pid, pe)
-    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, pid, tab.layer_memo,
-            opt_ms, memory_breakdown)
+    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, opt_ms, memory_breakdown)
 
 
 def plan_memory(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
@@ -259,24 +247,24 @@ def _memory(art, model, gpu_name, mix, par: Parallelism, micro: int, ckpt: bool,
     return float(sum(parts.values()))
 
 
-@lru_cache(maxsize=1 << 16)
 def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, nano: int,
-              micro: int, ckpt: bool, forced: Parallelism | None = None
+              micro: int, ckpt: bool, forced: Parallelism | None = None, memo: dict | None = None
               ) -> tuple[Parallelism, float, tuple[str, ...], float]:
     """The planner: (plan, step s, reasons, memory bytes) of the fastest plan that fits the GPU's
     memory; where none fits, pipeline plans are added, and failing those the plan that needs the
     least memory is returned (the caller's memory check then rejects it). ``forced``: evaluate that
-    plan only."""
+    plan only. ``memo``: the model's answer memo (``plan_step``'s; None: a fresh one); the
+    answer itself is kept by the caller (``model.predict_of``)."""
+    memo = {} if memo is None else memo
     art = registered(key)
     cap = GPUS[gpu_name].memory_bytes
     m = get_model(model)
     if forced is not None:
-        s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt)
+        s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt, memo=memo)
         return forced, s, r, mem
     # Step times first; memory only in order of step time until a plan fits (the fastest plan
     # that fits, ties in candidate order, as taking the minimum over every fitting plan would).
     tried: list[list] = []  # [plan, step s, reasons, memory bytes or None until asked]
-    cache: dict = {}
 
     def mem_of(t: list) -> float:
         if t[3] is None:
@@ -294,7 +282,7 @@ def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], 
             if fits is not None and par.kind == "fsdp":
                 continue
             got = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
-                            memory=False, cache=cache, above=fits)
+                            memory=False, memo=memo, above=fits)
             if got is None:
                 continue
             tried.append([par, got[0], got[1], None])

@@ -130,13 +130,19 @@ def roofline_head_ms(m, gpu, t):
                   + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
 
 
-def _keep(memo: dict, key, value):
-    """Store ``value`` under ``key`` in one of ``Tables``' answer memos (emptied first when it
-    holds 2^16 answers) and return it."""
-    if len(memo) >= 1 << 16:
+def remember(memo: dict, key, value, cap: int = 1 << 20):
+    """Store ``value`` under ``key`` in the answer memo ``memo`` (emptied first when it holds
+    ``cap`` answers: the answers are pure functions of their keys, so forgetting them changes no
+    answer) and return it."""
+    if len(memo) >= cap:
         memo.clear()
     memo[key] = value
     return value
+
+
+def _keep(memo: dict, key, value):
+    """``remember`` in one of ``Tables``' lookup memos (2^16 answers at most)."""
+    return remember(memo, key, value, 1 << 16)
 
 
 class Tables:
@@ -165,11 +171,9 @@ class Tables:
         self.attn_s = sorted(self.attn)
         self.h_logs = log_table(tuple(self.h_t), tuple(self.h_ms))
         self.attn_logs = {s: log_table(tuple(bs), tuple(ms)) for s, (bs, ms, _) in self.attn.items()}
-        # answers of ``head`` by tokens, and of ``layer_ms`` for ``plan_step`` (``layer_memo``): pure
-        # functions of their arguments, asked again and again by the multi-GPU planner's questions
+        # answers of ``head`` by tokens: pure functions of their arguments, asked again and again
         self._head_memo: dict[float, tuple[float, bool]] = {}
         self._peak_memo: dict[float, float] = {}  # head_peak by tokens (few distinct token counts)
-        self.layer_memo: dict[tuple, tuple[float, bool]] = {}
         # answers of ``l0g`` by tokens and of ``attn_ms`` by (length, sequences, gpu): pure
         # functions of their arguments, asked for every mix the scalar model prices
         self._l0g_memo: dict[float, tuple[float, bool]] = {}
