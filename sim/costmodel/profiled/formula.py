@@ -1,29 +1,29 @@
-"""The profiled step formula, in one module: its scalar form over one mix and its vectorised form
-over numpy rows of mixes (``FusedBatch``, issue 6: cost-model lookups vectorised).
+"""The profiled step formula, in one module and one implementation, over one mix (Python floats)
+or over numpy rows of mixes (``FusedBatch``, issue 6: cost-model lookups vectorised).
 
-Scalar: ``mix_features`` turns a per-GPU mix of (rank, sequences, sequence length) into the
-features the fitted plan terms multiply; ``layer_ms`` is one decoder layer's forward + backward of
-a mix under a plan (``profiler/COSTMODEL.md`` derives it); ``opt_ms`` the AdamW step;
-``memory_breakdown`` the memory terms. ``model.py`` and the multi-GPU planner (``multigpu.py``)
-price groups with these.
+``layer_formula`` is one decoder layer's forward + backward (ms) of a mix under a fitted plan
+(``profiler/COSTMODEL.md`` derives it): ``smoothmax(gpu_scale x (l0 + attention + coef .
+features), host_scale x nano x host; p)``; ``step_s`` the group step from the layer, the head and
+AdamW (``opt_ms``). Each is written once with ``+ - * /`` in one order, over values that are
+floats or arrays (the same IEEE operations element by element), with ``tables.libm`` (the C
+library's log, exp and pow, element by element on arrays), ``tables.maximum`` and
+``tables.piecewise`` where floats and arrays need different spellings of the same numbers.
+
+Scalar entry points: ``mix_features`` turns a per-GPU mix of (rank, sequences, sequence length)
+into the features the fitted plan terms multiply (sums in member order); ``layer_ms`` looks up
+the tables (memoised per value) and calls ``layer_formula`` with floats, adding the coverage flag
+and the residual correction; ``opt_ms`` the AdamW step; ``memory_breakdown`` the memory terms.
+``model.py`` and the multi-GPU planner (``multigpu.py``) price groups with these.
 
 Vectorised: the profiled model sees a group's mix, for the ``fused`` plan, only through sums over
 its members (tokens, rank x tokens, ranks, bucketed rank x tokens, adapters, adapter parameters,
 sequences per sequence length) and its largest rank. So the features of a merged group are its
-parts' features added (the largest rank: their maximum), and ``FusedBatch.step_times`` evaluates
-the same formula on many rows of features at once: the same tables, the same interpolation and
-extrapolation rules, the same terms (layer = smoothmax(GPU part, host part), head, AdamW,
-nano-batching), with one micro-batch. ``multigpu.PlannerBatch`` builds its lower bound of the
-planner on this class's rows (``fill_row``) and layer (``layer_rows``).
-
-Why two forms and not one (issue 42 asked for the scalar path as a one-row call): the scalar form
-uses the C library's ``math.log``/``exp`` and adds the features in member order; the vectorised
-one uses numpy's and associates sums per column. Those differ in the last place (measured worst
-2e-15 relative over the shipped H100 and H200 artifacts; ``tests/test_fused_batch.py`` requires
-< 1e-12), and simulation outputs must stay byte-identical, so the scalar answers (which the
-engine's step times come from) keep their arithmetic. Callers use the batch only to *refuse*
-candidates that miss a threshold by more than ``REL_MARGIN`` (1e-9, three orders above that
-bound) and ask the scalar model about everything else, so no decision depends on the difference.
+parts' features added (the largest rank: their maximum; whole numbers, so exact in any order),
+and ``FusedBatch.step_times`` calls ``layer_formula`` and ``step_s`` on many rows of features at
+once, with one micro-batch: element by element the scalar model's answer, bit for bit
+(``tests/test_profiled_formula.py``). ``multigpu.PlannerBatch`` builds its lower bound of the
+planner on this class's rows (``fill_row``) and layer (``layer_rows``). Callers still act on a
+batch answer only beyond ``REL_MARGIN`` (1e-9), a margin they no longer need.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ LINEARS_PER_LAYER = 7
 # ---------------------------------------------------------------------------------- features
 def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
     """Features of a per-GPU mix, members (rank, sequences, tokens per sequence): one pass, sums
-    in member order (the order ``tlora_sim.sim.costmodel.batch`` adds them in)."""
+    in member order (``FusedBatch.fill_row`` adds them in the same order)."""
     tokens = rank_tokens = bucket_rank_tokens = 0.0
     ranks = max_rank = 0
     for r, b, s in members:
@@ -275,9 +275,6 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
 
 
 # ------------------------------------------------------------------------------ vectorised
-_OFFSET = 32.0
-"""Shift in log(sequences) between columns' attention tables laid end to end (``_attention``):
-above any table's log range (e^32 sequences)."""
 REL_MARGIN = 1e-9
 """Relative margin a batch answer must clear a threshold by before a caller may act on it."""
 
@@ -300,7 +297,7 @@ class FusedBatch:
     ``MAX_SEQ_LENS``).
     """
 
-    #: relative margin within which the batch and the scalar model may disagree (module constant).
+    #: relative margin a caller keeps before acting on a batch answer (module constant; the batch is exact).
     REL_MARGIN = REL_MARGIN
     #: columns of a row.
     WIDTH = WIDTH
@@ -311,7 +308,6 @@ class FusedBatch:
         self.tab = tables_of(cost_model.key, model)
         entry = art["models"][model]
         self.pe = entry["plans"]["fused"]
-        self.opt = art["optimizer"]["coef"]
         self.seq_col: dict[int, int] = {}
         self.seqs: list[int] = []
         self._order: list[int] = []  # the columns of ``seqs`` in increasing length (the sum's order)

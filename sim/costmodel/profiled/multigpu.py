@@ -54,15 +54,12 @@ row equals the union's row bit for bit. The ``local`` plan places whole members 
 (``per_gpu_mixes``'s placement, ``lpt_gpus``), adds the members' rows per GPU and evaluates every
 GPU's mix in one vectorised call.
 
-Exactness: each plan's time is ``plan_step``'s formula on the same inputs (``formula.FusedBatch``'s
-vectorised layer, head and tables; ``collective_ms_rows`` is ``Collectives.time_ms`` vectorised;
-AdamW and communication terms associated as in ``plan_step``). The sums over sequence lengths
-are associated differently and numpy's log/exp may differ from the C library's in the last place,
-so each plan agrees with the scalar ``plan_step`` to a few 1e-16 relative per operation (measured
-worst 1.4e-15 over 22,585 plan evaluations: the shipped H100 and H200 artifacts, all four models,
-2-32 GPUs, 1-16 members, nano 1-29; the bound exceeded ``best_plan``'s step by at most 6.7e-16
-relative; ``tests/test_batch_multigpu.py`` requires < 1e-12); the minimum of values each within a
-relative error keeps that error. ``REL_MARGIN`` (1e-9) is three orders above it.
+Exactness: each plan's time is ``plan_step``'s formula on the same inputs, in the same order
+(``formula.FusedBatch``'s layer and head, which are ``formula.layer_formula`` and the tables'
+lookups on arrays; ``formula.opt_ms``; ``collective_ms_rows`` is ``Collectives.time_ms`` on arrays
+with the C library's log and exp; the communication terms added as ``plan_step`` adds them), so
+each plan's time equals ``plan_step``'s bit for bit and the bound is the minimum of those values
+(``tests/test_batch_multigpu.py``). ``REL_MARGIN`` (1e-9) is kept by the callers as a spare.
 
 What is not reproduced: ``plan_step``'s memory and its extrapolation reasons (not needed for a
 time bound); ``micro`` > 1 (one micro-batch only); a ``terms`` override or explicit ``mixes``.
@@ -300,13 +297,13 @@ class PlannerBatch:
     model, GPU type) under a profiled artifact. Build with ``PlannerBatch.of``.
 
     Attributes:
-        WIDTH: columns of a row (an instance's: ``batch.WIDTH`` x the distinct data-parallel
+        WIDTH: columns of a row (an instance's: ``formula.WIDTH`` x the distinct data-parallel
             degrees ``ds`` of its plans).
         ds: the data-parallel degrees, in sub-row order.
         plans: the non-local plans ``step_times`` minimises over.
     """
 
-    #: relative margin a bound must clear a threshold by before a caller acts on it (``batch.REL_MARGIN``).
+    #: relative margin a bound must clear a threshold by before a caller acts on it (``formula.REL_MARGIN``).
     REL_MARGIN = REL_MARGIN
     WIDTH: int
 
@@ -381,7 +378,7 @@ class PlannerBatch:
         """Feature row of a group for the non-local plans, shape (``WIDTH``,): for each degree d of
         ``ds`` a ``FusedBatch`` row of the mix with ``ceil(batch_size / d)`` sequences per member
         (``per_gpu_mixes``, one micro-batch). None if the group brings more than
-        ``batch.MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
+        ``formula.MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
         got = [self._member_sub_rows(x) for x in members]
         if any(r is None for r in got):
             return None

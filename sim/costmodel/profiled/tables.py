@@ -152,10 +152,12 @@ class Tables:
     and its GPU-time part (``l0g``, ``attg``), which the layer model adds up: where a small
     measurement was bound by host launch overhead (below ``gpu_from``, found at fit time), the
     GPU time is continued from the first GPU-bound point with the roofline's shape (GEMM
-    efficiency curve for the base layer, time proportional to sequences for attention). Every
-    lookup returns ``(value, extrapolated)``; extrapolated means outside the measured range.
+    efficiency curve for the base layer, time proportional to sequences for attention). The
+    memoised lookups on one value (``l0g``, ``head``, ``attn_ms``) return ``(value, extrapolated)``;
+    extrapolated means outside the measured range. Their values are ``l0g_ms``, ``head_ms`` and
+    ``attn_values``, one implementation each over a float or an array (the vectorised model's).
     ``l0_logs``, ``h_logs`` and ``attn_logs[s]`` hold (log x, log y) of each measured table, for
-    the log-log interpolation here and in ``tlora_sim.sim.costmodel.batch``."""
+    the log-log interpolation (``loglog_interp``, on floats and arrays alike)."""
 
     def __init__(self, model: str, gpu: str, entry: dict):
         self.m, self.gpu = get_model(model), GPUS.get(gpu, GPUS["H100"])
