@@ -83,7 +83,7 @@ from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, profiled_sour
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, \
     TOKENS, FusedBatch, adapter_tensors_per_linear, layer_ms, memory_breakdown, opt_ms, rows_memoised
 from tlora_sim.sim.costmodel.profiled.formula import WIDTH as SUB
-from tlora_sim.sim.costmodel.profiled.tables import libm, remember, tables_of
+from tlora_sim.sim.costmodel.profiled.tables import libm, remember, tables_of, where
 
 _NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
 
@@ -170,19 +170,13 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
         opt = memo.get(okey)
         if opt is None:
             opt = remember(memo, okey, opt_ms(art, params * L / m.layers, tensors))
-        comm = 0.0
         replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
-        if replicas > 1:
-            c, _ = coll.time_ms("all_reduce", 4.0 * params * L / m.layers, replicas, net)
-            comm += n_nano * (c + float(terms["per_tensor_ms"]) * tensors)
-        if par.kind == "fsdp":
-            c = sum(coll.time_ms("all_gather", 2.0 * i * o, n, net)[0] for _, i, o in m.linear_shapes)
-            comm += micro * L * c
-        if par.kind == "tp":
-            c, _ = coll.time_ms("all_reduce", 2.0 * tokens * m.hidden, par.tp)
-            comm += micro * 4 * L * c
-        if replicas > 1 or par.kind == "tp":
-            comm += float(terms["sync_ms"])
+        ar = coll.time_ms("all_reduce", 4.0 * params * L / m.layers, replicas, net)[0] if replicas > 1 else 0.0
+        gather = sum(coll.time_ms("all_gather", 2.0 * i * o, n, net)[0] for _, i, o in m.linear_shapes) \
+            if par.kind == "fsdp" else 0.0
+        tp = coll.time_ms("all_reduce", 2.0 * tokens * m.hidden, par.tp)[0] if par.kind == "tp" else 0.0
+        comm = communication_ms(replicas > 1, n_nano, ar, float(terms["per_tensor_ms"]), tensors, gather, tp,
+                                replicas > 1 or par.kind == "tp", float(terms["sync_ms"]), micro, L)
         if above is not None and ((micro * head + opt) + comm) / 1e3 > above:
             return None
         lkey = ("layer", model, plan, mkey, n_nano, par.tp, hs)
@@ -194,14 +188,34 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
             reasons.add("layer")
         if e_head:
             reasons.add("head")
-        if par.kind == "pp":
-            compute = (micro + par.pp - 1) * L * lay + micro * head
-        else:
-            compute = micro * (L * lay + head)
-        worst_ms = max(worst_ms, compute + opt + comm)
+        worst_ms = max(worst_ms, gpu_step_ms(lay, head, opt, comm, L, micro, par.pp, par.kind == "pp"))
         if memory:
             mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, breakdown, tab))
     return worst_ms / 1e3, tuple(sorted(reasons)), mem
+
+
+def communication_ms(replicated, nano, all_reduce_ms, per_tensor_ms: float, tensors, gather_ms, tp_ms, synced,
+                     sync_ms: float, micro, L):
+    """One GPU's communication per step (ms) under a plan, written once over floats (``plan_step``)
+    and arrays (``PlannerBatch``, per plan and row), absent collectives given as 0.0 ms::
+
+        N x (all_reduce + per_tensor_ms x tensors)   where the adapters are replicated
+        + B x L x all_gather                         (fsdp: a layer's weight matrices)
+        + B x 4 L x all_reduce of activations        (tp)
+        + sync_ms                                    where the plan communicates (``synced``)
+    """
+    comm = 0.0 + where(replicated, nano * (all_reduce_ms + per_tensor_ms * tensors), 0.0)
+    comm = comm + micro * L * gather_ms
+    comm = comm + micro * 4 * L * tp_ms
+    return comm + where(synced, sync_ms, 0.0)
+
+
+def gpu_step_ms(lay, head, opt, comm, L, micro, pp, piped):
+    """One GPU's step (ms) under a plan from its layer, head, AdamW and communication (floats or
+    arrays): ``B x (L x layer + head)``, or for a pipeline (``piped``, GPipe) ``(B + pp - 1) x L x
+    layer + B x head``, plus AdamW and communication."""
+    compute = where(piped, (micro + pp - 1) * L * lay + micro * head, micro * (L * lay + head))
+    return compute + opt + comm
 
 
 def _context(art: dict, key: str, model: str, gpu_name: str, plan: str, terms: dict | None) -> tuple:
@@ -330,29 +344,28 @@ class PlannerBatch:
         shapes = sorted({(self.ds.index(p.dp), p.tp) for p in self.plans})  # distinct layer evaluations
         self._shape_k = np.array([k for k, _ in shapes])
         self._shape_g = np.array([1.0 / t for _, t in shapes])
-        # per plan (J of them): its layer shape, degree, layers L, compute multiplier, tensors,
-        # replicas of the adapter all-reduce, fsdp all-gather ms, tp degree, sync ms
+        # per plan (J of them): its layer shape, degree, layers L, pipeline stages and whether it
+        # is a pipeline, AdamW tensors, replicas of the adapter all-reduce, fsdp all-gather ms, tp
+        # degree, whether it synchronises (``plan_step``'s terms, one micro-batch)
         J = []
         for p in self.plans:
             L = math.ceil(m.layers / p.pp)
             replicas = n if p.kind in ("dp", "fsdp", "tp") else p.dp
-            fsdp = 0.0
+            gather = 0.0
             if p.kind == "fsdp":
-                cg = sum(coll.time_ms("all_gather", 2.0 * i * o, n, self._net)[0] for _, i, o in m.linear_shapes)
-                fsdp = L * cg  # one micro-batch
-            sync = self._sync_ms if (replicas > 1 or p.kind == "tp") else 0.0
-            J.append((shapes.index((self.ds.index(p.dp), p.tp)), self.ds.index(p.dp), L,
-                      p.pp * L if p.kind == "pp" else L,  # GPipe: (micro + pp - 1) stage times, micro = 1
-                      2 * LINEARS_PER_LAYER * L, replicas, fsdp,
-                      p.tp if p.kind == "tp" else 1, sync))
+                gather = sum(coll.time_ms("all_gather", 2.0 * i * o, n, self._net)[0] for _, i, o in m.linear_shapes)
+            J.append((shapes.index((self.ds.index(p.dp), p.tp)), self.ds.index(p.dp), L, p.pp, p.kind == "pp",
+                      LINEARS_PER_LAYER * L * adapter_tensors_per_linear("fused", 2), replicas, gather,
+                      p.tp if p.kind == "tp" else 1, replicas > 1 or p.kind == "tp"))
         cols = list(zip(*J))
         self._j_shape, self._j_k = np.array(cols[0]), np.array(cols[1])
-        self._j_L, self._j_mult, self._j_tensors = (np.array(cols[i], float)[:, None] for i in (2, 3, 4))
-        self._j_fsdp, self._j_sync = np.array(cols[6])[:, None], np.array(cols[8])[:, None]
+        self._j_L, self._j_pp, self._j_tensors, self._j_gather = (np.array(cols[i], float)[:, None] for i in (2, 3, 5, 7))
+        self._j_piped, self._j_synced = np.array(cols[4], bool)[:, None], np.array(cols[9], bool)[:, None]
+        self._j_replicated = np.array(cols[6])[:, None] > 1
         # adapter all-reduces: one per distinct (L, replicas > 1); tp activation all-reduces
-        self._ar = sorted({(L, r) for _, _, L, _, _, r, _, _, _ in J if r > 1})
-        self._j_ar = [self._ar.index((L, r)) if r > 1 else -1 for _, _, L, _, _, r, _, _, _ in J]
-        self._tp = [(j, t, J[j][1], J[j][2]) for j, x in enumerate(J) if (t := x[7]) > 1]
+        self._ar = sorted({(x[2], x[6]) for x in J if x[6] > 1})
+        self._j_ar = [self._ar.index((x[2], x[6])) if x[6] > 1 else -1 for x in J]
+        self._tp = [(j, t, x[1], x[2]) for j, x in enumerate(J) if (t := x[8]) > 1]
         xs, ys = coll.curves["all_reduce"]
         self._curve = (np.array(xs), np.array([math.log(v) for v in xs]), np.array([math.log(v) for v in ys]),
                        ys[0], Collectives.factor("all_reduce", 2))
@@ -441,7 +454,6 @@ class PlannerBatch:
         head = fb.head_rows(tokens.reshape(-1)).reshape(-1, P)
         params = rows[:, LORA_PARAMS]
         L, tensors = self._j_L, self._j_tensors
-        compute = self._j_mult * lay[self._j_shape] + head[self._j_k]
         opt = opt_ms(self.art, params * L / m.layers, tensors)
         # communication: adapter all-reduces, then the fsdp gathers, tp activations, sync
         q_bytes = [4.0 * params * La / m.layers for La, _ in self._ar]
@@ -454,15 +466,15 @@ class PlannerBatch:
         if q_bytes:
             net = np.concatenate([np.full(P, np.inf if x is None else x) for x in q_net])
             cms = collective_ms_rows(self._curve, np.concatenate(q_bytes), np.concatenate(q_n), net).reshape(-1, P)
-        comm = np.zeros_like(compute)
+        ar, tp = np.zeros((len(self.plans), P)), np.zeros((len(self.plans), P))
         for j, a in enumerate(self._j_ar):
             if a >= 0:
-                comm[j] = nn[self._j_k[j]] * (cms[a] + self._per_tensor_ms * tensors[j])
-        comm += self._j_fsdp
-        for q, (j, _, _, Lj) in enumerate(self._tp, start=len(self._ar)):
-            comm[j] += 4 * Lj * cms[q]  # one micro-batch
-        comm += self._j_sync
-        return (compute + opt + comm) / 1e3
+                ar[j] = cms[a]
+        for q, (j, _, _, _) in enumerate(self._tp, start=len(self._ar)):
+            tp[j] = cms[q]
+        comm = communication_ms(self._j_replicated, nn[self._j_k], ar, self._per_tensor_ms, tensors, self._j_gather, tp,
+                                self._j_synced, self._sync_ms, 1, L)
+        return gpu_step_ms(lay[self._j_shape], head[self._j_k], opt, comm, L, 1, self._j_pp, self._j_piped) / 1e3
 
     def local_step_times(self, member_lists: Sequence[Sequence[Member]], nano: np.ndarray | int) -> np.ndarray:
         """Shape (P,), seconds: ``plan_step(...)[0]`` of ``Parallelism("local", n_gpus)`` for each
@@ -545,8 +557,9 @@ class PlannerBatch:
         nn = np.maximum(1.0, np.minimum(np.repeat(N[owners], counts), seqs))
         L = m.layers
         lay = fb.layer_rows(X, nn, 1.0, np.repeat(np.array(hs), counts))
-        compute = L * lay + fb.head_rows(X[:, TOKENS])
-        total = compute + opt_ms(self.art, X[:, LORA_PARAMS] * L / L, LINEARS_PER_LAYER * L * 2)
+        opt = opt_ms(self.art, X[:, LORA_PARAMS] * L / L, LINEARS_PER_LAYER * L * adapter_tensors_per_linear("fused", 2))
+        comm = communication_ms(False, nn, 0.0, self._per_tensor_ms, 0.0, 0.0, 0.0, False, self._sync_ms, 1, L)
+        total = gpu_step_ms(lay, fb.head_rows(X[:, TOKENS]), opt, comm, L, 1, 1, False)
         out[owners] = np.maximum.reduceat(total, starts) / 1e3
         return out
 

@@ -48,6 +48,11 @@ def maximum(a, b):
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
+def where(cond, a, b):
+    """``a if cond else b`` for a bool, ``np.where`` for an array of them (the same values)."""
+    return np.where(cond, a, b) if isinstance(cond, np.ndarray) else (a if cond else b)
+
+
 def piecewise(x, cases, default):
     """``fn(x)`` of the first case ``(side, bound, fn)`` that holds (``side`` "<": x < bound;
     ">": x > bound), else ``default(x)``: on a float, by ``if``; on an array, element by element
