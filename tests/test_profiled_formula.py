@@ -38,6 +38,16 @@ GOLDEN = [
     ("H200", "llama3-70b", ((16, 8, 1024), (32, 8, 2048)), 16, "fused", 1, "0x1.18a9de0e5108ep+0"),
 ]
 
+# Peak memory per GPU (bytes, float.hex) and the planner's plan, the same way:
+#   cm = d(GPU); ms = tuple(M(*x) for x in MIX)
+#   print(float(cm.memory_bytes(MODEL, GPU, ms, N, PLAN, MICRO)).hex(), cm.parallelism(MODEL, GPU, ms, N, PLAN))
+GOLDEN_MEMORY = [
+    ("H100", "llama3-8b", ((8, 2, 512), (16, 4, 1024), (64, 1, 2048)), 1, "fused", 1, "0x1.11d1a6c987853p+35", "dp1"),
+    ("H100", "llama3-70b", ((16, 8, 1024), (32, 8, 2048)), 8, "fused", 1, "0x1.3a28285150d0ap+36", "tp4-dp2"),
+    ("H200", "qwen2.5-32b", ((8, 64, 4096),), 2, "alone", 2, "0x1.b70780b33f4ccp+37", "fsdp2"),
+    ("H100", "llama3-70b", ((16, 8, 1024), (32, 8, 2048)), 2, "fused", 1, "0x1.ced87c854342ap+36", "fsdp2"),
+]
+
 RANKS = [1, 4, 8, 16, 32, 64, 128, 256, 300]
 SEQS = [64, 96, 300, 512, 700, 1024, 2048, 3000, 4096, 8192]  # measured lengths, between and beyond
 MIX = st.lists(st.tuples(st.sampled_from(RANKS), st.integers(1, 300), st.sampled_from(SEQS)), min_size=1, max_size=8)
@@ -48,6 +58,14 @@ def test_step_times_are_mains(gpu, model, mix, n, plan, nano, want):
     cm = default_cost_model(gpu)
     got = cm.step_time_s(model, gpu, tuple(Member(*x) for x in mix), n, plan, nano)
     assert got.hex() == want
+
+
+@pytest.mark.parametrize("gpu, model, mix, n, plan, micro, want, par", GOLDEN_MEMORY)
+def test_memory_and_plans_are_mains(gpu, model, mix, n, plan, micro, want, par):
+    cm = default_cost_model(gpu)
+    ms = tuple(Member(*x) for x in mix)
+    assert float(cm.memory_bytes(model, gpu, ms, n, plan, micro)).hex() == want
+    assert cm.parallelism(model, gpu, ms, n, plan) == par
 
 
 @settings(max_examples=40, deadline=None)
