@@ -1,5 +1,6 @@
-"""The cost model's answer memos (``FusedBatch.step_times``, ``PlannerBatch.step_times`` and
-``local_step_times`` by their inputs; ``Tables.l0g`` and ``Tables.attn_ms`` by their arguments)
+"""The cost model's answer memos (the model's one memo, ``model.memo_of``, by the query;
+``FusedBatch.step_times``, ``PlannerBatch.step_times`` and ``local_step_times`` by their inputs;
+``Tables.l0g``, ``Tables.head`` and ``Tables.attn_ms`` by their arguments)
 give, bit for bit, what a fresh evaluation gives, whatever was asked before and in whatever
 company (rows asked alone, in batches, again, after the memo is cleared)."""
 
@@ -78,3 +79,30 @@ def test_table_memos_give_the_fresh_answers():
         for b in (0, 0.5, 1, 3, 64, 1e4):
             for gpu in (False, True):
                 assert tab.attn_ms(s, b, gpu) == fresh().attn_ms(s, b, gpu) == tab.attn_ms(s, b, gpu)
+
+
+def test_the_models_one_memo_gives_the_fresh_answers_and_is_shared():
+    """``model.memo_of``: one memo per artifact and memory convention, keyed by the query, shared
+    by instances; answers asked through it (in any order, after it is emptied) are the fresh ones."""
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel, memo_of
+
+    cm = default_cost_model("H100")
+    other = ProfiledCostModel(cm.artifact)
+    assert other.memo is cm.memo is memo_of(cm.key, True)
+    assert ProfiledCostModel(cm.artifact, checkpointing=False).memo is not cm.memo
+    rng = np.random.default_rng(9)
+    qs = [(tuple(g), int(n), plan, int(k)) for g, n, plan, k in zip(
+        _groups(rng, 30, 5), rng.choice([1, 2, 8, 16], 30), rng.choice(["fused", "loop", "alone"], 30),
+        rng.integers(1, 5, 30))]
+
+    def answers(model, order=qs):
+        return [(model.step_time_s("llama3-8b", "H100", g, n, plan, k),
+                 model.memory_bytes("llama3-8b", "H100", g, n, plan),
+                 model.predict("llama3-8b", "H100", g, n, plan, k)) for g, n, plan, k in order]
+
+    cm.memo.clear()
+    fresh = answers(cm)
+    assert ("step", "llama3-8b", "H100", qs[0][0], qs[0][1], qs[0][2], qs[0][3], 1) in cm.memo
+    assert answers(other) == fresh  # the same memo, every answer kept
+    cm.memo.clear()
+    assert answers(other, qs[::-1]) == fresh[::-1]  # asked in the other order, from nothing
