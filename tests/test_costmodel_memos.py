@@ -102,7 +102,10 @@ def test_the_models_one_memo_gives_the_fresh_answers_and_is_shared():
 
     cm.memo.clear()
     fresh = answers(cm)
-    assert ("step", "llama3-8b", "H100", qs[0][0], qs[0][1], qs[0][2], qs[0][3], 1) in cm.memo
-    assert answers(other) == fresh  # the same memo, every answer kept
+    assert ("predict", "llama3-8b", "H100", tuple(sorted(qs[0][0])), qs[0][1], qs[0][2], qs[0][3], 1, None) in cm.memo
+    counted = other.describe()["predictions"]
+    assert answers(other) == fresh  # the same memo: the normalised answers kept
+    # ... and each instance still counts the distinct questions asked of it (config.json)
+    assert other.describe()["predictions"] == cm.describe()["predictions"] > counted
     cm.memo.clear()
     assert answers(other, qs[::-1]) == fresh[::-1]  # asked in the other order, from nothing

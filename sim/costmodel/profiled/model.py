@@ -63,6 +63,7 @@ is the configuration that was timed, and it matches the end-to-end runs' peak me
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -102,14 +103,17 @@ class Prediction:
 
 _MEMOS: dict[tuple[str, bool], dict] = {}
 """(artifact key, checkpointing) -> the one answer memo of the profiled models of that artifact."""
+_ASKERS = itertools.count()
+"""Numbers of ``ProfiledCostModel`` instances, in their ``("step", ...)`` queries (``memo_of``)."""
 
 
 def memo_of(key: str, ckpt: bool) -> dict:
     """The one answer memo of the profiled models of the artifact registered under ``key``
     (``artifact.register``) with memory convention ``ckpt``: query tuple -> answer, shared by
     every instance (as the answers are pure functions of the query, their artifact and convention).
-    It holds the public queries (``("step", ...)``, ``("memory", ...)`` with the arguments as
-    given), the normalised ones (``("predict", ...)``, ``("memory_of", ...)``) and the planner's
+    It holds the public queries (``("step", asker, ...)``, ``("memory", ...)`` with the arguments as
+    given; a step query names the instance that asked it, whose counters ``describe`` counts each
+    distinct question once, when first asked of it), the normalised ones (``("predict", ...)``, ``("memory_of", ...)``) and the planner's
     parts (``multigpu.plan_step``'s keys); ``tables.remember`` empties it at 2^20 answers."""
     got = _MEMOS.get((key, ckpt))
     if got is None:
@@ -147,6 +151,7 @@ class ProfiledCostModel:
         # validation, no sort: policies ask the same questions many times), the normalised ones
         # and the planner's parts; bounded, and pure, so it never changes an answer
         self.memo = memo_of(self.key, self.checkpointing)
+        self._asker = next(_ASKERS)
 
     def __getstate__(self):
         return {"artifact": self.artifact, "checkpointing": self.checkpointing}
@@ -182,7 +187,7 @@ class ProfiledCostModel:
             InputError: unknown model, GPU or plan.
             ValueError: nano_batches or micro_batches below 1, or no members.
         """
-        key = ("step", model, gpu, tuple(members), n_gpus, plan, nano_batches, micro_batches)
+        key = ("step", self._asker, model, gpu, tuple(members), n_gpus, plan, nano_batches, micro_batches)
         t = self.memo.get(key)
         if t is None:
             t = remember(self.memo, key,
