@@ -312,6 +312,10 @@ class FusedBatch:
         self.seqs: list[int] = []
         self._order: list[int] = []  # the columns of ``seqs`` in increasing length (the sum's order)
         self._att_tables: dict[int, np.ndarray] = {}  # column -> attention at 0, 1, 2, ... sequences
+        # the tables' base layer and head by tokens (``values_memoised``): rows asked of the batch
+        # share token counts again and again
+        self._l0_memo: dict[float, float] = {}
+        self._head_memo: dict[float, float] = {}
         self.art = art
         self._tensors = LINEARS_PER_LAYER * self.m.layers * adapter_tensors_per_linear("fused", 2)
         # step times by (row, nano) bytes (``step_times``): a row's columns keep their meaning
@@ -404,7 +408,7 @@ class FusedBatch:
         ``step_s`` of ``layer_rows``, the head and ``opt_ms``, as ``model.predict_of``."""
         lay = self.layer_rows(rows, N)
         opt = opt_ms(self.art, rows[:, LORA_PARAMS], self._tensors)
-        return step_s(1, self.m.layers, lay, self.tab.head_ms(rows[:, TOKENS]), opt)
+        return step_s(1, self.m.layers, lay, self.head_rows(rows[:, TOKENS]), opt)
 
     def layer_rows(self, rows: np.ndarray, N: np.ndarray | float, gpu_scale: np.ndarray | float = 1.0,
                    host_scale: np.ndarray | float = 1.0) -> np.ndarray:
@@ -423,12 +427,12 @@ class FusedBatch:
             at = self.attention_rows(B)
         else:
             groups, at = 0.0, 0.0
-        return layer_formula(self.pe, feats, self.tab.l0g_ms(T / N), at, groups, N, True, "fused",
-                             gpu_scale, host_scale)
+        l0 = values_memoised(self._l0_memo, T / N, self.tab.l0g_ms)
+        return layer_formula(self.pe, feats, l0, at, groups, N, True, "fused", gpu_scale, host_scale)
 
     def head_rows(self, t: np.ndarray) -> np.ndarray:
-        """``Tables.head_ms`` of tokens ``t`` (shape (P,))."""
-        return self.tab.head_ms(t)
+        """``Tables.head_ms`` of tokens ``t`` (shape (P,)), kept by value (``values_memoised``)."""
+        return values_memoised(self._head_memo, t, self.tab.head_ms)
 
     def attention_rows(self, B: np.ndarray) -> np.ndarray:
         """Attention of each row (ms), shape (P,): ``attention_ms`` of its mix, for the sequences
@@ -462,6 +466,23 @@ class FusedBatch:
             tbl[1:] = self.tab.attn_values(self.seqs[j], np.arange(1.0, size))
             self._att_tables[j] = tbl
         return tbl
+
+
+def values_memoised(memo: dict, x: np.ndarray, fn, cap: int = 1 << 16) -> np.ndarray:
+    """``fn(x)`` (an elementwise function of a float array, shape (P,)) with its values kept in
+    ``memo`` by element value: the elements not seen before are evaluated in one call of ``fn``
+    (the same floats: ``fn`` works element by element); ``memo`` is emptied when it would pass
+    ``cap`` entries."""
+    keys = x.tolist()
+    got = list(map(memo.get, keys))
+    if None in got:
+        miss = [i for i, v in enumerate(got) if v is None]
+        vals = fn(x[miss]).tolist()
+        if len(memo) + len(miss) > cap:
+            memo.clear()
+        for i, v in zip(miss, vals):
+            got[i] = memo[keys[i]] = v
+    return np.array(got)
 
 
 def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.ndarray:

@@ -56,8 +56,10 @@ def where(cond, a, b):
 def piecewise(x, cases, default):
     """``fn(x)`` of the first case ``(side, bound, fn)`` that holds (``side`` "<": x < bound;
     ">": x > bound), else ``default(x)``: on a float, by ``if``; on an array, element by element
-    (each element gets the value its first true case gives, every function evaluated on the
-    elements it serves only), so both give the same numbers."""
+    (each element gets the value its first true case gives: ``default`` and every case's
+    function evaluated on the elements they may serve, the cases written last to first, so the
+    first true one is written last), so both give the same numbers. The functions must accept
+    any element of their input (``default`` every element)."""
     if not isinstance(x, np.ndarray):
         for side, bound, fn in cases:
             if (x < bound) if side == "<" else (x > bound):
@@ -72,15 +74,10 @@ def piecewise(x, cases, default):
     side, bound, fn = live[0]
     if (hi < bound) if side == "<" else (lo > bound):
         return fn(x)  # the first case that holds anywhere holds everywhere
-    out = np.empty(x.shape)
-    free = np.ones(x.shape, bool)
-    for side, bound, fn in live:
-        m = ((x < bound) if side == "<" else (x > bound)) & free
-        if m.any():
-            out[m] = fn(x[m])
-            free &= ~m
-    if free.any():
-        out[free] = default(x[free])
+    out = np.array(default(x), dtype=float)
+    for side, bound, fn in reversed(live):
+        m = (x < bound) if side == "<" else (x > bound)
+        out[m] = fn(x[m])
     return out
 
 
