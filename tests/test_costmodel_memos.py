@@ -109,3 +109,18 @@ def test_the_models_one_memo_gives_the_fresh_answers_and_is_shared():
     assert other.describe()["predictions"] == cm.describe()["predictions"] > counted
     cm.memo.clear()
     assert answers(other, qs[::-1]) == fresh[::-1]  # asked in the other order, from nothing
+
+
+def test_values_memoised_gives_the_fresh_values():
+    from tlora_sim.sim.costmodel.profiled.formula import values_memoised
+    from tlora_sim.sim.costmodel.profiled.tables import tables_of
+
+    tab = tables_of(default_cost_model("H100").key, "llama3-8b")
+    rng = np.random.default_rng(4)
+    memos: dict = {tab.l0g_ms: {}, tab.head_ms: {}}  # one memo per function: kept across the rounds
+    for _ in range(5):
+        t = rng.choice([10.0, 64.0, 700.5, 1536.0, 4096.0, 1e5], 12)
+        for fn, memo in memos.items():
+            assert values_memoised(memo, t, fn).tolist() == fn(t).tolist() == [fn(float(v)) for v in t]
+    assert set(memos[tab.head_ms]) <= {10.0, 64.0, 700.5, 1536.0, 4096.0, 1e5}
+    assert values_memoised({}, np.zeros(0), tab.l0g_ms).shape == (0,)
