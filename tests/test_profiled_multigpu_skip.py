@@ -61,7 +61,7 @@ def _same(got, want):
 def test_best_plan_is_the_plain_planner(q):
     gpu, model, members, n, plan, nano, micro, ckpt = q
     cm = default_cost_model(gpu)
-    got = best_plan.__wrapped__(cm.key, model, gpu, members, n, plan, nano, micro, ckpt)
+    got = best_plan(cm.key, model, gpu, members, n, plan, nano, micro, ckpt)
     _same(got, _plain(cm, model, gpu, members, n, plan, nano, micro, ckpt))
 
 
@@ -71,7 +71,7 @@ def test_the_shortcuts_are_taken_and_memory_decides_too():
     cm = default_cost_model("H100")
     ms = (Member(16, 8, 4096), Member(64, 16, 2048))
     for model, n, kinds in (("llama3-8b", 8, {"dp"}), ("llama3-70b", 2, {"fsdp", "pp", "tp"})):
-        got = best_plan.__wrapped__(cm.key, model, "H100", ms, n, "fused", 4, 1, True)
+        got = best_plan(cm.key, model, "H100", ms, n, "fused", 4, 1, True)
         _same(got, _plain(cm, model, "H100", ms, n, "fused", 4, 1, True))
         assert got[0].kind in kinds
 
@@ -86,7 +86,7 @@ def test_above_returns_none_only_for_a_slower_plan(q, f):
         want = plan_step(cm.artifact, cm.key, model, gpu, members, par, plan, nano, micro, ckpt, memory=False)
         above = want[0] * f
         got = plan_step(cm.artifact, cm.key, model, gpu, members, par, plan, nano, micro, ckpt, memory=False,
-                        cache={}, above=above)
+                        memo={}, above=above)
         if got is None:
             assert want[0] > above
         else:

@@ -4,7 +4,7 @@ schema's constants (plan families, measured plans, term texts), and the artifact
 ``load_artifact`` reads a ``costmodel_<gpu>.json`` (``profiler/fit.py`` writes it; a calibrated
 one from ``tlora-sim costmodel calibrate`` or any ``--artifact FILE`` is read the same way) and
 checks every field the model computes with. ``register`` gives a loaded artifact its key
-(``<id>:<sha256>``), under which ``tables.tables_of``, ``model.predict_cached`` and the
+(``<id>:<sha256>``), under which ``tables.tables_of``, ``model.predict_of`` and the
 multi-GPU planner find it again (their memos are keyed by it, not by the dict).
 """
 

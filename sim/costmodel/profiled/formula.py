@@ -1,29 +1,29 @@
-"""The profiled step formula, in one module: its scalar form over one mix and its vectorised form
-over numpy rows of mixes (``FusedBatch``, issue 6: cost-model lookups vectorised).
+"""The profiled step formula, in one module and one implementation, over one mix (Python floats)
+or over numpy rows of mixes (``FusedBatch``, issue 6: cost-model lookups vectorised).
 
-Scalar: ``mix_features`` turns a per-GPU mix of (rank, sequences, sequence length) into the
-features the fitted plan terms multiply; ``layer_ms`` is one decoder layer's forward + backward of
-a mix under a plan (``profiler/COSTMODEL.md`` derives it); ``opt_ms`` the AdamW step;
-``memory_breakdown`` the memory terms. ``model.py`` and the multi-GPU planner (``multigpu.py``)
-price groups with these.
+``layer_formula`` is one decoder layer's forward + backward (ms) of a mix under a fitted plan
+(``profiler/COSTMODEL.md`` derives it): ``smoothmax(gpu_scale x (l0 + attention + coef .
+features), host_scale x nano x host; p)``; ``step_s`` the group step from the layer, the head and
+AdamW (``opt_ms``). Each is written once with ``+ - * /`` in one order, over values that are
+floats or arrays (the same IEEE operations element by element), with ``tables.libm`` (the C
+library's log, exp and pow, element by element on arrays), ``tables.maximum`` and
+``tables.piecewise`` where floats and arrays need different spellings of the same numbers.
+
+Scalar entry points: ``mix_features`` turns a per-GPU mix of (rank, sequences, sequence length)
+into the features the fitted plan terms multiply (sums in member order); ``layer_ms`` looks up
+the tables (memoised per value) and calls ``layer_formula`` with floats, adding the coverage flag
+and the residual correction; ``opt_ms`` the AdamW step; ``memory_breakdown`` the memory terms.
+``model.py`` and the multi-GPU planner (``multigpu.py``) price groups with these.
 
 Vectorised: the profiled model sees a group's mix, for the ``fused`` plan, only through sums over
 its members (tokens, rank x tokens, ranks, bucketed rank x tokens, adapters, adapter parameters,
 sequences per sequence length) and its largest rank. So the features of a merged group are its
-parts' features added (the largest rank: their maximum), and ``FusedBatch.step_times`` evaluates
-the same formula on many rows of features at once: the same tables, the same interpolation and
-extrapolation rules, the same terms (layer = smoothmax(GPU part, host part), head, AdamW,
-nano-batching), with one micro-batch. ``multigpu.PlannerBatch`` builds its lower bound of the
-planner on this class's rows (``fill_row``) and layer (``layer_rows``).
-
-Why two forms and not one (issue 42 asked for the scalar path as a one-row call): the scalar form
-uses the C library's ``math.log``/``exp`` and adds the features in member order; the vectorised
-one uses numpy's and associates sums per column. Those differ in the last place (measured worst
-2e-15 relative over the shipped H100 and H200 artifacts; ``tests/test_fused_batch.py`` requires
-< 1e-12), and simulation outputs must stay byte-identical, so the scalar answers (which the
-engine's step times come from) keep their arithmetic. Callers use the batch only to *refuse*
-candidates that miss a threshold by more than ``REL_MARGIN`` (1e-9, three orders above that
-bound) and ask the scalar model about everything else, so no decision depends on the difference.
+parts' features added (the largest rank: their maximum; whole numbers, so exact in any order),
+and ``FusedBatch.step_times`` calls ``layer_formula`` and ``step_s`` on many rows of features at
+once, with one micro-batch: element by element the scalar model's answer, bit for bit
+(``tests/test_profiled_formula.py``). ``multigpu.PlannerBatch`` builds its lower bound of the
+planner on this class's rows (``fill_row``) and layer (``layer_rows``). Callers still act on a
+batch answer only beyond ``REL_MARGIN`` (1e-9), a margin they no longer need.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.costmodel.interface import Member
 from tlora_sim.sim.costmodel.models import get_model
 from tlora_sim.sim.costmodel.profiled.artifact import ADAPTERS_MIN_DEFAULT, PLAN_FAMILY, profiled_source
-from tlora_sim.sim.costmodel.profiled.tables import Tables, tables_of
+from tlora_sim.sim.costmodel.profiled.tables import Tables, is_rows, libm, maximum, tables_of
 
 FEATURES = ("const", "adapters", "tokens", "rank_tokens", "ranks", "bucket_rank_tokens", "max_rank_tokens")
 BUCKETS = (16, 32, 64, 128, 256)  # the fused kernel's rank buckets (profiler/kernels: tiles per bucket)
@@ -48,7 +48,7 @@ LINEARS_PER_LAYER = 7
 # ---------------------------------------------------------------------------------- features
 def mix_features(members: Sequence[tuple[int, float, int]]) -> dict:
     """Features of a per-GPU mix, members (rank, sequences, tokens per sequence): one pass, sums
-    in member order (the order ``tlora_sim.sim.costmodel.batch`` adds them in)."""
+    in member order (``FusedBatch.fill_row`` adds them in the same order)."""
     tokens = rank_tokens = bucket_rank_tokens = 0.0
     ranks = max_rank = 0
     for r, b, s in members:
@@ -90,31 +90,85 @@ def attention_ms(tab: Tables, members, gpu: bool = True) -> tuple[float, bool]:
 
 def plan_term_ms(pe: dict, members) -> float:
     """The fitted GPU time of the adapters of a plan family (ms)."""
-    f = mix_features(members)
-    return float(sum(pe["coef"].get(k, 0.0) * f[k] for k in FEATURES))
+    return adapter_term(pe["coef"], mix_features(members))
+
+
+def adapter_term(coef: dict, feats) -> float:
+    """``coef . features`` (ms): ``feats`` maps each of ``FEATURES`` but ``const`` to a float or
+    to an array (one value per row; the same numbers element by element), summed in ``FEATURES``
+    order (terms with a zero coefficient add nothing)."""
+    term = coef.get("const", 0.0) * 1.0
+    for name in FEATURES[1:]:
+        c = coef.get(name, 0.0)
+        if c:
+            term = term + c * feats[name]
+    return term
 
 
 def host_ms(pe: dict, members) -> float:
     """The fitted host (launch) time of one layer step (ms): cpu0 + cpu_n x adapters + cpu_g x
     sequence-length groups."""
-    return pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * len(members) + pe.get("cpu_g", 0.0) * len(seq_groups(members))
+    return host_of(pe, len(members), len(seq_groups(members)))
 
 
-def smoothmax(a: float, b: float, p: float) -> float:
-    """(a^p + b^p)^(1/p): max(a, b) for large p, a bit above it where the two are close."""
+def host_of(pe: dict, adapters, groups):
+    """``host_ms`` from the counts (floats, or arrays of one value per row)."""
+    return pe.get("cpu0", 0.0) + pe.get("cpu_n", 0.0) * adapters + pe.get("cpu_g", 0.0) * groups
+
+
+def smoothmax(a, b, p: float):
+    """(a^p + b^p)^(1/p): max(a, b) for large p, a bit above it where the two are close (floats,
+    or arrays elementwise: the C library's ``pow`` either way)."""
     if p >= 64:
-        return max(a, b)
-    hi = max(a, b)
-    if hi <= 0:
-        return 0.0
-    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+        return maximum(a, b)
+    hi = maximum(a, b)
+    if not is_rows(hi):
+        if hi <= 0:
+            return 0.0
+        return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+    # one of a / hi, b / hi is hi / hi = 1.0 exactly, and pow(1.0, p) = 1.0 (C99): the C library
+    # runs on the other ratio only; the sum's order does not matter (IEEE addition commutes)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = hi * libm(pow, 1.0 + libm(pow, np.minimum(a, b) / hi, p), 1.0 / p)
+    return np.where(hi <= 0, 0.0, out)
+
+
+def when_split(nano, split, whole):
+    """``split`` where ``nano`` > 1 (nano-batched), else ``whole`` (floats, or arrays per row)."""
+    if is_rows(nano):
+        return np.where(nano > 1, split, whole)
+    return split if nano > 1 else whole
+
+
+def layer_formula(pe: dict, feats, l0, at, groups, nano, in_model: bool = True, plan: str = "",
+                  gpu_scale=1.0, host_scale=1.0):
+    """The layer model (ms), the one implementation behind ``layer_ms`` (one mix, floats) and
+    ``FusedBatch.layer_rows`` (many rows, arrays; the same numbers element by element):
+    ``smoothmax(gpu_scale x (l0 + at + term), host_scale x nano x host; p)``.
+
+    ``feats``: the mix's features (``mix_features``' keys but ``const``); ``l0``: the base
+    layer's GPU time at tokens / nano (``Tables.l0g_ms``); ``at``: the attention's GPU time
+    (``attention_ms``); ``groups``: distinct sequence lengths; ``nano``: nano-batches. The other
+    arguments are ``layer_ms``'s."""
+    l0 = l0 * nano
+    term = adapter_term(pe["coef"], feats)
+    c = pe["coef"].get("const", 0.0)
+    term = when_split(nano, c * nano + (term - c) / nano, term)
+    host = host_of(pe, feats["adapters"], groups)
+    if in_model:
+        call = pe.get("call_ms_alone", pe.get("call_ms", 0.0)) if plan == "alone" else pe.get("call_ms", 0.0)
+        host = maximum(host - call, 0.5 * host)
+    nh = pe.get("nano_host", 1.0)
+    if nh != 1.0:  # the host time of one nano-batch, relative to a whole step's (calibrated)
+        host = when_split(nano, host * nh, host)
+    return smoothmax(gpu_scale * (l0 + at + term), host_scale * nano * host, pe.get("p", 64.0))
 
 
 def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = True, plan: str = "",
              gpu_scale: float = 1.0, host_scale: float = 1.0) -> tuple[float, bool]:
     """One decoder layer (forward + backward) of a per-GPU mix under a fitted plan family (ms):
     ``smoothmax(gpu, host)`` with gpu = base curve + attention + adapter term (GPU parts) and host
-    the launch time of the eager step. ``in_model``: the layer inside a model, whose host time
+    the launch time of the eager step (``layer_formula``, with the mix's features). ``in_model``: the layer inside a model, whose host time
     lacks the profiling harness's per-call overhead (``call_ms``, measured with stacked layers);
     ``in_model=False`` predicts what the profiler measures for one layer alone. ``plan="alone"``
     removes the overhead measured for jobs alone (``call_ms_alone``, where the artifact has it:
@@ -128,25 +182,14 @@ def layer_ms(tab: Tables, pe: dict, members, nano: int = 1, in_model: bool = Tru
     its constant) shrinks by ``nano`` (tLoRA's overlap, as in the roofline) and the host time is
     paid ``nano`` times (eager launches), each nano-batch's times ``pe["nano_host"]`` where the
     artifact has it (``tlora-sim costmodel calibrate``: a nano-batch launches for fewer members and
-    sequence lengths than the whole step; 1 otherwise)."""
-    T = sum(b * s for _, b, s in members)
-    if nano > 1:
-        l0, e0 = tab.l0g(T / nano)
-        l0 *= nano
-    else:
-        l0, e0 = tab.l0g(T)
+    sequence lengths than the whole step; 1 otherwise). The flag: any table left its measured
+    grid, or the mix is outside the plan's fitted coverage; a residual correction, where the
+    artifact has one, multiplies the value (``residual_correction``)."""
+    f = mix_features(members)
+    T = f["tokens"]
+    l0, e0 = tab.l0g(T / nano) if nano > 1 else tab.l0g(T)
     at, e1 = attention_ms(tab, members)
-    term = plan_term_ms(pe, members)
-    if nano > 1:
-        c = pe["coef"].get("const", 0.0)
-        term = c * nano + (term - c) / nano
-    host = host_ms(pe, members)
-    if in_model:
-        call = pe.get("call_ms_alone", pe.get("call_ms", 0.0)) if plan == "alone" else pe.get("call_ms", 0.0)
-        host = max(host - call, 0.5 * host)
-    if nano > 1:  # the host time of one nano-batch, relative to a whole step's (calibrated; default 1)
-        host *= pe.get("nano_host", 1.0)
-    val = smoothmax(gpu_scale * (l0 + at + term), host_scale * nano * host, pe.get("p", 64.0))
+    val = layer_formula(pe, f, l0, at, len(seq_groups(members)), nano, in_model, plan, gpu_scale, host_scale)
     cov = pe.get("coverage", {})
     fewest = cov.get("adapters_min", ADAPTERS_MIN_DEFAULT.get(PLAN_FAMILY.get(plan, ""), 1))
     e2 = bool(cov) and (len(members) > cov["adapters_max"] or len(members) < fewest
@@ -194,6 +237,12 @@ def opt_ms(art: dict, params: float, tensors: float) -> float:
     return c["const"] + c["per_mparam"] * params / 1e6 + c["per_tensor"] * tensors
 
 
+def step_s(micro, layers: int, lay, head, opt):
+    """One group step on one GPU (s) from its parts in ms (floats, or arrays per row):
+    ``micro x (layers x layer + head) / 1e3 + AdamW / 1e3``."""
+    return micro * (layers * lay + head) / 1e3 + opt / 1e3
+
+
 def per_gpu_mix(members: tuple[Member, ...], div: float) -> list[tuple[int, float, int]]:
     """The mix of (rank, sequences / ``div``, seq_len) per member (``div`` = GPUs x micro-batches)."""
     return [(x.rank, x.batch_size / div, x.seq_len) for x in members]
@@ -226,9 +275,6 @@ def memory_breakdown(art: dict, model: str, gpu_name: str, members: Sequence[Mem
 
 
 # ------------------------------------------------------------------------------ vectorised
-_OFFSET = 32.0
-"""Shift in log(sequences) between columns' attention tables laid end to end (``_attention``):
-above any table's log range (e^32 sequences)."""
 REL_MARGIN = 1e-9
 """Relative margin a batch answer must clear a threshold by before a caller may act on it."""
 
@@ -251,7 +297,7 @@ class FusedBatch:
     ``MAX_SEQ_LENS``).
     """
 
-    #: relative margin within which the batch and the scalar model may disagree (module constant).
+    #: relative margin a caller keeps before acting on a batch answer (module constant; the batch is exact).
     REL_MARGIN = REL_MARGIN
     #: columns of a row.
     WIDTH = WIDTH
@@ -262,27 +308,16 @@ class FusedBatch:
         self.tab = tables_of(cost_model.key, model)
         entry = art["models"][model]
         self.pe = entry["plans"]["fused"]
-        self.opt = art["optimizer"]["coef"]
-        self._att = None  # attention tables per column (``_attention_tables``), for len(self.seqs) columns
         self.seq_col: dict[int, int] = {}
         self.seqs: list[int] = []
-        t = self.tab
-        coef = self.pe["coef"]
-        cols = (("adapters", ADAPTERS), ("tokens", TOKENS), ("rank_tokens", RANK_TOKENS), ("ranks", RANKS),
-                ("bucket_rank_tokens", BUCKET_RANK_TOKENS))
-        self._coef = (coef.get("const", 0.0), [(col, coef[name]) for name, col in cols if coef.get(name)])
-        self._c_max = coef.get("max_rank_tokens", 0.0)
-        pe, c = self.pe, self.opt
-        self._host = (pe.get("cpu0", 0.0), pe.get("cpu_n", 0.0), pe.get("cpu_g", 0.0), pe.get("call_ms", 0.0))
-        self._nano_host = float(pe.get("nano_host", 1.0))  # host time of one nano-batch / a step's
-        self._p = pe.get("p", 64.0)
-        self._opt = (c["const"] + c["per_tensor"] * (2 * LINEARS_PER_LAYER * self.m.layers), c["per_mparam"])
-        # inputs inside every table edge take the plain log-log path (``_l0g``, ``head_rows``)
-        self._l0_in = (max(t.l0_from, t.l0_t[0]), t.l0_t[-1])
-        self._head_in = (t.h_t[0], t.h_t[-1])
-        # the roofline at the table edges that extrapolations scale from
-        self._l0_edge = {x: float(self._roof(np.float64(x))) for x in (t.l0_t[0], t.l0_t[-1], t.l0_from)}
-        self._head_edge = {x: float(self._roof_head(np.float64(x))) for x in (t.h_t[0], t.h_t[-1])}
+        self._order: list[int] = []  # the columns of ``seqs`` in increasing length (the sum's order)
+        self._att_tables: dict[int, np.ndarray] = {}  # column -> attention at 0, 1, 2, ... sequences
+        # the tables' base layer and head by tokens (``values_memoised``): rows asked of the batch
+        # share token counts again and again
+        self._l0_memo: dict[float, float] = {}
+        self._head_memo: dict[float, float] = {}
+        self.art = art
+        self._tensors = LINEARS_PER_LAYER * self.m.layers * adapter_tensors_per_linear("fused", 2)
         # step times by (row, nano) bytes (``step_times``): a row's columns keep their meaning
         # (sequence lengths are numbered once), so an answer is a pure function of the key
         self._step_memo: dict[bytes, float] = {}
@@ -318,6 +353,7 @@ class FusedBatch:
                 return None
             c = self.seq_col[seq_len] = N_FIXED + len(self.seqs)
             self.seqs.append(int(seq_len))
+            self._order = sorted(range(len(self.seqs)), key=self.seqs.__getitem__)
         return c
 
     def fill_row(self, out: np.ndarray, mix) -> bool:
@@ -353,7 +389,7 @@ class FusedBatch:
     # ---- the model -----------------------------------------------------------------------------
     def step_times(self, rows: np.ndarray, nano: np.ndarray | int) -> np.ndarray:
         """Step times (s), shape (P,), of ``rows`` (shape (P, WIDTH)) at nano-batch counts
-        ``nano`` (shape (P,) or one int), one micro-batch: ``model.predict_cached`` for the
+        ``nano`` (shape (P,) or one int), one micro-batch: ``model.predict_of`` for the
         ``fused`` plan, row by row. (Written for few numpy calls: the policies call it ~10^5
         times per replay with P mostly under 100, where each call's fixed cost dominates.)
         Answers are kept by (row, nano): the policies ask about the same merged rows again and
@@ -368,174 +404,85 @@ class FusedBatch:
         return rows_memoised(self._step_memo, rows, N, self._step_times, 1 << 16)
 
     def _step_times(self, rows: np.ndarray, N: np.ndarray | float) -> np.ndarray:
-        """``step_times`` evaluated (rows shape (P, WIDTH), P >= 1; ``N`` shape (P,) or a float)."""
+        """``step_times`` evaluated (rows shape (P, WIDTH), P >= 1; ``N`` shape (P,) or a float):
+        ``step_s`` of ``layer_rows``, the head and ``opt_ms``, as ``model.predict_of``."""
         lay = self.layer_rows(rows, N)
-        opt_const, per_mparam = self._opt
-        return (self.m.layers * lay + self.head_rows(rows[:, TOKENS])) / 1e3 \
-            + (opt_const + per_mparam * rows[:, LORA_PARAMS] / 1e6) / 1e3
+        opt = opt_ms(self.art, rows[:, LORA_PARAMS], self._tensors)
+        return step_s(1, self.m.layers, lay, self.head_rows(rows[:, TOKENS]), opt)
 
     def layer_rows(self, rows: np.ndarray, N: np.ndarray | float, gpu_scale: np.ndarray | float = 1.0,
                    host_scale: np.ndarray | float = 1.0) -> np.ndarray:
         """One decoder layer, forward + backward (ms), shape (P,), of each row of ``rows`` (shape
-        (P, ``WIDTH``)) at ``N`` nano-batches (shape (P,) or a float): ``layer_ms``
-        of the ``fused`` plan inside a model, vectorised, with its ``gpu_scale`` (GPU part, e.g.
-        1 / tp) and ``host_scale`` (host part), each shape (P,) or a float."""
-        k, T = rows[:, ADAPTERS], rows[:, TOKENS]
-        # layer: GPU part (base curve, attention, adapter term) and host part (``layer_ms``)
-        gpu_ms = self._l0g(T / N) * N
+        (P, ``WIDTH``)) at ``N`` nano-batches (shape (P,) or a float): ``layer_formula`` of the
+        ``fused`` plan inside a model on the rows' features (``layer_ms`` of each row's mix, bit
+        for bit), with its ``gpu_scale`` (GPU part, e.g. 1 / tp) and ``host_scale`` (host part),
+        each shape (P,) or a float."""
+        T = rows[:, TOKENS]
+        feats = {"adapters": rows[:, ADAPTERS], "tokens": T, "rank_tokens": rows[:, RANK_TOKENS],
+                 "ranks": rows[:, RANKS], "bucket_rank_tokens": rows[:, BUCKET_RANK_TOKENS],
+                 "max_rank_tokens": rows[:, MAX_RANK] * T}
         if self.seqs:
             B = rows[:, N_FIXED:N_FIXED + len(self.seqs)]
             groups = np.count_nonzero(B, axis=1)
-            gpu_ms = gpu_ms + self._attention(B)
+            at = self.attention_rows(B)
         else:
-            groups = 0.0
-        c0, coefs = self._coef
-        term = c0 * 1.0
-        for col, c in coefs:
-            term = term + c * rows[:, col]
-        if self._c_max:
-            term = term + self._c_max * (rows[:, MAX_RANK] * T)
-        if isinstance(N, np.ndarray):
-            term = np.where(N > 1, c0 * N + (term - c0) / N, term)
-        elif N > 1:
-            term = c0 * N + (term - c0) / N
-        cpu0, cpu_n, cpu_g, call_ms = self._host
-        host = cpu0 + cpu_n * k + cpu_g * groups
-        host = np.maximum(host - call_ms, 0.5 * host)
-        gpu = gpu_ms + term
-        if not (isinstance(gpu_scale, float) and gpu_scale == 1.0):
-            gpu = gpu_scale * gpu
-        if self._nano_host != 1.0:
-            N = np.where(N > 1, N * self._nano_host, N) if isinstance(N, np.ndarray) else (
-                N * self._nano_host if N > 1 else N)
-        return smoothmax_rows(gpu, host_scale * N * host, self._p)
-
-    def _gemm_rate(self, t: np.ndarray) -> np.ndarray:
-        scale = self.gpu.matmul_flops / rf.H100_MATMUL_FLOPS
-        t = np.maximum(t, 1e-9)
-        lo = rf.GEMM_TOKENS[0]
-        low = rf.GEMM_TFLOPS[0] * 1e12 * scale * t / lo
-        high = np.interp(np.log(t), np.log(rf.GEMM_TOKENS), rf.GEMM_TFLOPS) * 1e12 * scale
-        return np.where(t < lo, low, high)
-
-    def _roof(self, t: np.ndarray) -> np.ndarray:
-        """``tables.roofline_l0_ms``, vectorised."""
-        m, gpu = self.m, self.gpu
-        t = np.maximum(t, 1e-6)
-        p = m.block_linear_params
-        base = np.maximum(4.0 * p * t / self._gemm_rate(t), 2 * 2 * p / gpu.mem_bw_bytes_s)
-        return 1e3 * (base + t * rf.ELEMENTWISE_BYTES_PER_TOKEN(m) / gpu.mem_bw_bytes_s)
-
-    def _roof_head(self, t: np.ndarray) -> np.ndarray:
-        m, gpu = self.m, self.gpu
-        t = np.maximum(t, 1e-6)
-        p = m.vocab * m.hidden
-        return 1e3 * (np.maximum(4.0 * p * t / self._gemm_rate(t), 2 * 2 * p / gpu.mem_bw_bytes_s)
-                      + 3 * 4 * t * m.vocab / gpu.mem_bw_bytes_s)
-
-    def _l0g(self, t: np.ndarray) -> np.ndarray:
-        """``Tables.l0g``, vectorised: log-log inside the table, roofline-shaped beyond it and
-        below the first GPU-bound point."""
-        tab = self.tab
-        xs, ys = tab.l0_t, tab.l0_ms
-        out = loglog_interp_rows(t, *tab.l0_logs, len(xs), ys[0])
-        if self._l0_in[0] <= t.min() and t.max() <= self._l0_in[1]:
-            return out
-        hi = t > xs[-1]
-        if hi.any():
-            out[hi] = ys[-1] * self._roof(t[hi]) / self._l0_edge[xs[-1]]
-        lo = t < tab.l0_from
-        if lo.any():
-            out[lo] = tab.l0_from_ms * self._roof(t[lo]) / self._l0_edge[tab.l0_from]
-            # below the first measured point: only where the first GPU-bound point is not that one
-            below = (t >= tab.l0_from) & (t < xs[0])
-            if below.any():
-                out[below] = ys[0] * self._roof(t[below]) / self._l0_edge[xs[0]]
-        return out
+            groups, at = 0.0, 0.0
+        l0 = values_memoised(self._l0_memo, T / N, self.tab.l0g_ms)
+        return layer_formula(self.pe, feats, l0, at, groups, N, True, "fused", gpu_scale, host_scale)
 
     def head_rows(self, t: np.ndarray) -> np.ndarray:
-        """``Tables.head``, vectorised."""
-        xs, ys = self.tab.h_t, self.tab.h_ms
-        out = loglog_interp_rows(t, *self.tab.h_logs, len(xs), ys[0])
-        if self._head_in[0] <= t.min() and t.max() <= self._head_in[1]:
-            return out
-        for edge, v, side in ((xs[-1], ys[-1], t > xs[-1]), (xs[0], ys[0], t < xs[0])):
-            if side.any():
-                out[side] = v * self._roof_head(t[side]) / self._head_edge[edge]
-        return out
+        """``Tables.head_ms`` of tokens ``t`` (shape (P,)), kept by value (``values_memoised``)."""
+        return values_memoised(self._head_memo, t, self.tab.head_ms)
 
-    def _attention(self, B: np.ndarray) -> np.ndarray:
-        """Attention of each row (ms): Σ over sequence lengths of ``Tables.attg(s, b)``, for the
-        sequences per length ``B`` (shape (P, K), columns as ``self.seqs``, 0 = none)."""
-        if self._att is None or self._att[0] != len(self.seqs):
-            self._att = (len(self.seqs), self._attention_tables())
-        _, (measured, b0, last, c_lin, c_hi, lx, ly) = self._att
+    def attention_rows(self, B: np.ndarray) -> np.ndarray:
+        """Attention of each row (ms), shape (P,): ``attention_ms`` of its mix, for the sequences
+        per length ``B`` (shape (P, K), columns as ``self.seqs``, 0 = none): ``Tables.attn_values``
+        per length, added in increasing length as ``attention_ms`` adds them. Whole sequence
+        counts (every row of ``row``; ``fill_row``'s callers give whole sequences) are looked up
+        in a table of ``attn_values`` at 0, 1, 2, ... sequences per length (``_attention_table``:
+        the same numbers, computed once)."""
         out = np.zeros(len(B))
-        if measured.any():
-            Bm = B[:, measured]
-            at = np.where(Bm < b0, Bm * c_lin, Bm * c_hi)  # below the first GPU-bound count, beyond the grid
-            mid = (Bm >= b0) & (Bm <= last)
-            if mid.any():
-                r, c = np.nonzero(mid)
-                at[r, c] = np.exp(np.interp(np.log(Bm[r, c]) + c * _OFFSET, lx, ly))
-            out += at.sum(axis=1)
-        for j in np.flatnonzero(~measured).tolist():
+        for j in self._order:
             b = B[:, j]
-            has = b > 0
-            if has.any():
-                out[has] += self._attg(self.seqs[j], b[has])
+            top = b.max()
+            if top <= 0:
+                continue
+            whole = b.astype(np.int64)
+            if top < 1 << 20 and (whole == b).all():
+                v = self._attention_table(j, int(top))[whole]
+            else:
+                v = np.zeros(len(b))
+                has = b > 0
+                v[has] = self.tab.attn_values(self.seqs[j], b[has])
+            out = out + v  # + 0.0 where a row has no sequences of this length: unchanged
         return out
 
-    def _attention_tables(self) -> tuple:
-        """Per column: whether its length was measured (then: first GPU-bound count, last count,
-        ms per sequence below and beyond the grid, and the log-log tables laid end to end, column
-        c shifted by c x ``_OFFSET`` in log count, so one ``np.interp`` serves every column)."""
-        tab = self.tab
-        measured = np.array([s in tab.attn and tab.attn[s][2] >= tab.attn[s][0][0] >= 1
-                             and math.log(tab.attn[s][0][-1]) < _OFFSET for s in self.seqs], bool)
-        b0, last, c_lin, c_hi, lx, ly = [], [], [], [], [], []
-        for c, s in enumerate(x for x, ok in zip(self.seqs, measured) if ok):
-            bs, ms, g0 = tab.attn[s]
-            llx, lly = tab.attn_logs[s]
-            b0.append(g0)
-            last.append(bs[-1])
-            c_lin.append(float(loglog_interp_rows(np.float64(g0), llx, lly, len(bs), ms[0])) / g0)
-            c_hi.append(ms[-1] / bs[-1])
-            lx.append(llx + c * _OFFSET)
-            ly.append(lly)
-        cat = (lambda v: np.concatenate(v)) if lx else (lambda v: np.zeros(0))
-        return measured, np.array(b0), np.array(last), np.array(c_lin), np.array(c_hi), cat(lx), cat(ly)
+    def _attention_table(self, j: int, top: int) -> np.ndarray:
+        """``attn_values`` of column ``j``'s length at 0 (0.0), 1, ..., at least ``top`` sequences."""
+        tbl = self._att_tables.get(j)
+        if tbl is None or len(tbl) <= top:
+            size = max(64, 1 << top.bit_length())
+            tbl = np.zeros(size)
+            tbl[1:] = self.tab.attn_values(self.seqs[j], np.arange(1.0, size))
+            self._att_tables[j] = tbl
+        return tbl
 
-    def _attn_at(self, s: int, b: np.ndarray) -> np.ndarray:
-        """``Tables._attn_at(s, b, gpu=True)`` for a measured sequence length, vectorised."""
-        bs, ms, b0 = self.tab.attn[s]
-        lx, ly = self.tab.attn_logs[s]
-        out = loglog_interp_rows(b, lx, ly, len(bs), ms[0])
-        hi = b > bs[-1]
-        if hi.any():
-            out[hi] = ms[-1] * b[hi] / bs[-1]
-        lo = b < b0
-        if lo.any():
-            at_b0 = float(loglog_interp_rows(np.float64(b0), lx, ly, len(bs), ms[0]))
-            out[lo] = at_b0 * b[lo] / b0
-            below = (b >= b0) & (b < bs[0])
-            if below.any():
-                out[below] = ms[0] * b[below] / bs[0]
-        return out
 
-    def _attg(self, s: int, b: np.ndarray) -> np.ndarray:
-        """``Tables.attg``, vectorised over sequence counts ``b`` (> 0)."""
-        ss = self.tab.attn_s
-        if s in self.tab.attn:
-            return self._attn_at(s, b)
-        if s < ss[0] or s > ss[-1]:
-            edge = ss[0] if s < ss[0] else ss[-1]
-            return self._attn_at(edge, b) * (s / edge) ** 2
-        j = int(np.searchsorted(ss, s))
-        s0, s1 = ss[j - 1], ss[j]
-        v0, v1 = self._attn_at(s0, b), self._attn_at(s1, b)
-        w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
-        return np.exp((1 - w) * np.log(v0) + w * np.log(v1))
+def values_memoised(memo: dict, x: np.ndarray, fn, cap: int = 1 << 16) -> np.ndarray:
+    """``fn(x)`` (an elementwise function of a float array, shape (P,)) with its values kept in
+    ``memo`` by element value: the elements not seen before are evaluated in one call of ``fn``
+    (the same floats: ``fn`` works element by element); ``memo`` is emptied when it would pass
+    ``cap`` entries."""
+    keys = x.tolist()
+    got = list(map(memo.get, keys))
+    if None in got:
+        miss = [i for i, v in enumerate(got) if v is None]
+        vals = fn(x[miss]).tolist()
+        if len(memo) + len(miss) > cap:
+            memo.clear()
+        for i, v in zip(miss, vals):
+            got[i] = memo[keys[i]] = v
+    return np.array(got)
 
 
 def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.ndarray:
@@ -562,22 +509,6 @@ def rows_memoised(memo: dict, rows: np.ndarray, nano, evaluate, cap: int) -> np.
     for i, v in zip(miss, t.tolist()):
         got[i] = memo[keys[i]] = v
     return np.fromiter(got, float, P)
-
-
-def loglog_interp_rows(x, lx: np.ndarray, ly: np.ndarray, n: int, y0: float):
-    """``tables.loglog_interp`` on an array (values outside the table are the edge values;
-    callers replace them)."""
-    if n == 1:
-        return np.full(np.shape(x), float(y0))
-    return np.exp(np.interp(np.log(x), lx, ly))
-
-
-def smoothmax_rows(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
-    """``smoothmax``, vectorised (a, b > 0)."""
-    if p >= 64:
-        return np.maximum(a, b)
-    hi = np.maximum(a, b)
-    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
 
 
 __all__ = ["FusedBatch", "REL_MARGIN", "layer_ms", "memory_breakdown", "mix_features", "opt_ms"]

@@ -1,7 +1,7 @@
 """The profiled cost model: predictions from measurements of real GPUs (no torch needed).
 
-This module is the ``CostModel`` (``ProfiledCostModel``) and its one answer memo per question
-(``predict_cached``, ``memory_bytes_of``); the package's other rooms: ``artifact.py`` (files,
+This module is the ``CostModel`` (``ProfiledCostModel``) and its one answer memo (``memo_of``:
+every answer a step-time or memory query computes, keyed by the query); the package's other rooms: ``artifact.py`` (files,
 checks, identity), ``tables.py`` (measured curves), ``formula.py`` (the step formula, scalar and
 vectorised), ``multigpu.py`` (the planner on several GPUs and its vectorised bound).
 
@@ -63,8 +63,8 @@ is the configuration that was timed, and it matches the end-to-end runs' peak me
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -76,9 +76,9 @@ from tlora_sim.sim.costmodel.parallelism import parse_parallelism
 from tlora_sim.sim.costmodel.profiled.artifact import MEASURED_PLANS, PLAN_FAMILY, SCHEMA, TERMS, load_artifact, \
     measured_plans, plan_measured, register, registered, terms_now
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, FusedBatch, adapter_tensors_per_linear, \
-    layer_ms, memory_breakdown, opt_ms, per_gpu_mix
+    layer_ms, memory_breakdown, opt_ms, per_gpu_mix, step_s
 from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch, best_plan
-from tlora_sim.sim.costmodel.profiled.tables import tables_of
+from tlora_sim.sim.costmodel.profiled.tables import remember, tables_of
 from tlora_sim.traces.errors import InputError
 
 LORAFUSION_MIN_RANK = 16
@@ -101,7 +101,24 @@ class Prediction:
     memory_bytes: float = float("nan")
 
 
-_MEMO_MAX = 1 << 18  # entries of each per-instance answer memo
+_MEMOS: dict[tuple[str, bool], dict] = {}
+"""(artifact key, checkpointing) -> the one answer memo of the profiled models of that artifact."""
+_ASKERS = itertools.count()
+"""Numbers of ``ProfiledCostModel`` instances, in their ``("step", ...)`` queries (``memo_of``)."""
+
+
+def memo_of(key: str, ckpt: bool) -> dict:
+    """The one answer memo of the profiled models of the artifact registered under ``key``
+    (``artifact.register``) with memory convention ``ckpt``: query tuple -> answer, shared by
+    every instance (as the answers are pure functions of the query, their artifact and convention).
+    It holds the public queries (``("step", asker, ...)``, ``("memory", ...)`` with the arguments as
+    given; a step query names the instance that asked it, whose counters ``describe`` counts each
+    distinct question once, when first asked of it), the normalised ones (``("predict", ...)``, ``("memory_of", ...)``) and the planner's
+    parts (``multigpu.plan_step``'s keys); ``tables.remember`` empties it at 2^20 answers."""
+    got = _MEMOS.get((key, ckpt))
+    if got is None:
+        got = _MEMOS[(key, ckpt)] = {}
+    return got
 
 
 class ProfiledCostModel:
@@ -130,10 +147,11 @@ class ProfiledCostModel:
         self.artifact = art
         self.gpu = art["gpu"]
         self.roofline = rf.RooflineCostModel()
-        # answers by the arguments as given (no validation, no sort): policies ask the same
-        # questions many times; bounded, and pure, so it never changes an answer
-        self._step_memo: dict = {}
-        self._mem_memo: dict = {}
+        # the one answer memo (``memo_of``): the public questions by their arguments as given (no
+        # validation, no sort: policies ask the same questions many times), the normalised ones
+        # and the planner's parts; bounded, and pure, so it never changes an answer
+        self.memo = memo_of(self.key, self.checkpointing)
+        self._asker = next(_ASKERS)
 
     def __getstate__(self):
         return {"artifact": self.artifact, "checkpointing": self.checkpointing}
@@ -169,13 +187,11 @@ class ProfiledCostModel:
             InputError: unknown model, GPU or plan.
             ValueError: nano_batches or micro_batches below 1, or no members.
         """
-        key = (model, gpu, tuple(members), n_gpus, plan, nano_batches, micro_batches)
-        t = self._step_memo.get(key)
+        key = ("step", self._asker, model, gpu, tuple(members), n_gpus, plan, nano_batches, micro_batches)
+        t = self.memo.get(key)
         if t is None:
-            t = self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).step_time_s
-            if len(self._step_memo) >= _MEMO_MAX:
-                self._step_memo.clear()
-            self._step_memo[key] = t
+            t = remember(self.memo, key,
+                         self.predict(model, gpu, members, n_gpus, plan, nano_batches, micro_batches).step_time_s)
         return t
 
     def predict(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
@@ -200,7 +216,7 @@ class ProfiledCostModel:
             forced = parse_parallelism(parallelism, int(n_gpus))
         args = (model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan), int(nano_batches),
                 int(micro_batches))
-        pred = predict_cached(self.key, *args, self.checkpointing, forced)
+        pred = predict_of(self.memo, self.key, *args, self.checkpointing, forced)
         if args not in self._counted:
             self._counted.add(args)
             self._count(pred)
@@ -224,19 +240,15 @@ class ProfiledCostModel:
     def memory_bytes(self, model: str, gpu: str, members: Sequence[Member], n_gpus: int, plan: str,
                      micro_batches: int = 1) -> float:
         """Peak memory per GPU (bytes); see the module docstring."""
-        key = (model, gpu, tuple(members), n_gpus, plan, micro_batches)
-        b = self._mem_memo.get(key)
+        key = ("memory", model, gpu, tuple(members), n_gpus, plan, micro_batches)
+        b = self.memo.get(key)
         if b is not None:
             return b
         if micro_batches < 1 or not members or n_gpus < 1:
             raise ValueError("need members, n_gpus >= 1 and micro_batches >= 1")
         get_model(model)
-        b = memory_bytes_of(self.key, model, gpu, tuple(sorted(members)), int(n_gpus), check_plan(plan),
-                    int(micro_batches), self.checkpointing)
-        if len(self._mem_memo) >= _MEMO_MAX:
-            self._mem_memo.clear()
-        self._mem_memo[key] = b
-        return b
+        return remember(self.memo, key, memory_of(self.memo, self.key, model, gpu, tuple(sorted(members)), int(n_gpus),
+                                                  check_plan(plan), int(micro_batches), self.checkpointing))
 
     def step_flops(self, model: str, members: Sequence[Member]) -> float:
         """Model FLOPs of one group step (analytic, as the roofline) (FLOP)."""
@@ -261,9 +273,20 @@ def _rel(p: str) -> str:
 
 
 
-@lru_cache(maxsize=1 << 18)
-def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
-                   nano: int, micro: int, ckpt: bool = True, forced=None) -> Prediction:
+def predict_of(memo: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+               nano: int, micro: int, ckpt: bool = True, forced=None) -> Prediction:
+    """The ``Prediction`` of a normalised question (members sorted, plan checked) to the artifact
+    registered under ``key``, kept in ``memo`` (``memo_of(key, ckpt)``) under
+    ``("predict", model, gpu_name, members, n, plan, nano, micro, forced)``."""
+    q = ("predict", model, gpu_name, members, n, plan, nano, micro, forced)
+    got = memo.get(q)
+    if got is None:
+        got = remember(memo, q, _predict(memo, key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced))
+    return got
+
+
+def _predict(memo: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+             nano: int, micro: int, ckpt: bool, forced) -> Prediction:
     art = registered(key)
     if gpu_name != art["gpu"] or model not in art["models"]:
         why = "gpu" if gpu_name != art["gpu"] else "model"
@@ -271,19 +294,19 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
         return Prediction(rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro), True, (f"roofline:{why}",),
                           name)
     if plan == "alone" and len(members) > 1:
-        parts = [predict_cached(key, model, gpu_name, (x,), n, plan, nano, micro, ckpt, forced) for x in members]
+        parts = [predict_of(memo, key, model, gpu_name, (x,), n, plan, nano, micro, ckpt, forced) for x in members]
         reasons = tuple(sorted({r for p in parts for r in p.reasons}))
         return Prediction(sum(p.step_time_s for p in parts), bool(reasons), reasons, parts[0].parallelism,
                           max(p.memory_bytes for p in parts))
     if not plan_measured(art, model, plan):
         # not measured (lorafusion, grouped in the older artifacts): fused x roofline ratio
-        base = predict_cached(key, model, gpu_name, members, n, "fused", nano, micro, ckpt, forced)
+        base = predict_of(memo, key, model, gpu_name, members, n, "fused", nano, micro, ckpt, forced)
         ratio = (rf.step_time_s_of(model, gpu_name, members, n, plan, nano, micro)
                  / rf.step_time_s_of(model, gpu_name, members, n, "fused", nano, micro))
         reasons = tuple(sorted(set(base.reasons) | {f"analytic_plan:{plan}"}))
         return Prediction(base.step_time_s * ratio, True, reasons, base.parallelism, base.memory_bytes)
     if n > 1 or forced is not None:  # several GPUs: the planner (``multigpu.best_plan``)
-        par, step, reasons, mem = best_plan(key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced)
+        par, step, reasons, mem = best_plan(key, model, gpu_name, members, n, plan, nano, micro, ckpt, forced, memo)
         return Prediction(step, bool(reasons), reasons, par.name, mem)
     m = get_model(model)
     entry = art["models"][model]
@@ -298,7 +321,7 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
     n_tensors = LINEARS_PER_LAYER * m.layers * adapter_tensors_per_linear(plan, len(members))
     params = sum(m.lora_params(x.rank) for x in members)
     opt = opt_ms(art, params, n_tensors)
-    step = micro * (m.layers * lay + head) / 1e3 + opt / 1e3
+    step = step_s(micro, m.layers, lay, head, opt)
     reasons = (["layer"] if e_layer else []) + (["head"] if e_head else [])
     if plan == "lorafusion" and max(x.rank for x in members) < LORAFUSION_MIN_RANK:
         reasons.append("lorafusion:max_rank<16")  # its kernels cannot run this mix: never measured
@@ -306,15 +329,25 @@ def predict_cached(key: str, model: str, gpu_name: str, members: tuple[Member, .
 
 
 
-@lru_cache(maxsize=1 << 18)
-def memory_bytes_of(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, micro: int,
-            ckpt: bool = True) -> float:
+def memory_of(memo: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+              micro: int, ckpt: bool = True) -> float:
+    """Peak memory per GPU (bytes) of a normalised question, kept in ``memo`` under
+    ``("memory_of", model, gpu_name, members, n, plan, micro)``."""
+    q = ("memory_of", model, gpu_name, members, n, plan, micro)
+    got = memo.get(q)
+    if got is None:
+        got = remember(memo, q, _memory_of(memo, key, model, gpu_name, members, n, plan, micro, ckpt))
+    return got
+
+
+def _memory_of(memo: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str,
+               micro: int, ckpt: bool) -> float:
     art = registered(key)
     if gpu_name != art["gpu"] or model not in art["models"]:
         return rf.memory_bytes_of(model, gpu_name, members, n, micro)
     if n > 1:  # the memory of the planner's plan (chosen for one nano-batch)
-        p = predict_cached(key, model, gpu_name, members, n, plan if plan in MEASURED_PLANS else "fused", 1, micro,
-                           ckpt)
+        p = predict_of(memo, key, model, gpu_name, members, n, plan if plan in MEASURED_PLANS else "fused", 1, micro,
+                       ckpt)
         if plan == "alone" or p.memory_bytes == p.memory_bytes:
             return float(p.memory_bytes)
     return float(sum(memory_breakdown(art, model, gpu_name, members, n, plan, micro, ckpt,

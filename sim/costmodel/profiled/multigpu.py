@@ -54,15 +54,12 @@ row equals the union's row bit for bit. The ``local`` plan places whole members 
 (``per_gpu_mixes``'s placement, ``lpt_gpus``), adds the members' rows per GPU and evaluates every
 GPU's mix in one vectorised call.
 
-Exactness: each plan's time is ``plan_step``'s formula on the same inputs (``formula.FusedBatch``'s
-vectorised layer, head and tables; ``collective_ms_rows`` is ``Collectives.time_ms`` vectorised;
-AdamW and communication terms associated as in ``plan_step``). The sums over sequence lengths
-are associated differently and numpy's log/exp may differ from the C library's in the last place,
-so each plan agrees with the scalar ``plan_step`` to a few 1e-16 relative per operation (measured
-worst 1.4e-15 over 22,585 plan evaluations: the shipped H100 and H200 artifacts, all four models,
-2-32 GPUs, 1-16 members, nano 1-29; the bound exceeded ``best_plan``'s step by at most 6.7e-16
-relative; ``tests/test_batch_multigpu.py`` requires < 1e-12); the minimum of values each within a
-relative error keeps that error. ``REL_MARGIN`` (1e-9) is three orders above it.
+Exactness: each plan's time is ``plan_step``'s formula on the same inputs, in the same order
+(``formula.FusedBatch``'s layer and head, which are ``formula.layer_formula`` and the tables'
+lookups on arrays; ``formula.opt_ms``; ``collective_ms_rows`` is ``Collectives.time_ms`` on arrays
+with the C library's log and exp; the communication terms added as ``plan_step`` adds them), so
+each plan's time equals ``plan_step``'s bit for bit and the bound is the minimum of those values
+(``tests/test_batch_multigpu.py``). ``REL_MARGIN`` (1e-9) is kept by the callers as a spare.
 
 What is not reproduced: ``plan_step``'s memory and its extrapolation reasons (not needed for a
 time bound); ``micro`` > 1 (one micro-batch only); a ``terms`` override or explicit ``mixes``.
@@ -86,7 +83,7 @@ from tlora_sim.sim.costmodel.profiled.artifact import PLAN_FAMILY, profiled_sour
 from tlora_sim.sim.costmodel.profiled.formula import LINEARS_PER_LAYER, LORA_PARAMS, MAX_RANK, N_FIXED, REL_MARGIN, \
     TOKENS, FusedBatch, adapter_tensors_per_linear, layer_ms, memory_breakdown, opt_ms, rows_memoised
 from tlora_sim.sim.costmodel.profiled.formula import WIDTH as SUB
-from tlora_sim.sim.costmodel.profiled.tables import tables_of
+from tlora_sim.sim.costmodel.profiled.tables import libm, remember, tables_of, where
 
 _NO_TERMS = {"host_scale": 1.0, "per_tensor_ms": 0.0, "sync_ms": 0.0}
 
@@ -101,11 +98,6 @@ def _terms(gpu_name: str) -> tuple[dict, Collectives, tuple[str, ...]]:
     return terms, _collectives(gpu_name), (() if own else ("multigpu:gpu",))
 
 
-_PES: dict[int, dict] = {}
-"""id -> plan-family entry whose layer times ``Tables.layer_memo`` holds (kept alive so an id is
-never reused while its answers are kept)."""
-
-
 @lru_cache(maxsize=8)
 def _collectives(gpu_name: str) -> Collectives:
     return Collectives(load_multigpu(gpu_name)[0])
@@ -113,7 +105,7 @@ def _collectives(gpu_name: str) -> Collectives:
 
 def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
               plan: str, nano: int, micro: int, ckpt: bool, terms: dict | None = None,
-              mixes: list | None = None, *, memory: bool = True, cache: dict | None = None,
+              mixes: list | None = None, *, memory: bool = True, memo: dict | None = None,
               above: float | None = None) -> tuple[float, tuple[str, ...], float] | None:
     """(step time s, reasons it is extrapolated, peak memory per GPU bytes) of ``members`` under
     ``par``; ``art``/``key`` the profiled artifact and its key (``model.ProfiledCostModel.key``, ``artifact.register``).
@@ -121,23 +113,23 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     ``terms``: fitted multi-GPU terms to use instead of the shipped file (the fit's trial values);
     ``mixes``: per-GPU mixes instead of ``per_gpu_mixes`` (the profiler's own placement of
     rank-local adapters, when predicting its rows). ``memory=False`` leaves the memory out
-    (returned as NaN; ``plan_memory`` gives it). ``cache``: a dict shared by the calls of one
-    planner question (same artifact, model, GPU type, members, plan, counts): the question's
-    context (model, terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter
-    parameters, and optimizer times, computed once for the parallelism plans that share them
-    (pure functions of their keys). ``above``: return None, without the layer times, where one
+    (returned as NaN; ``plan_memory`` gives it). ``memo``: the profiled model's one answer memo
+    for this artifact (``model.memo_of``; None: a fresh one), where the question's context (model,
+    terms, tables), per-GPU mixes, each mix's sequences, tokens, head and adapter parameters,
+    optimizer times and layer times are kept under keys that name what they depend on (pure
+    functions of their keys: shared by the plans of one question and by later questions). ``above``: return None, without the layer times, where one
     GPU's step without them, ``(B x head + AdamW) + communication`` in s, already exceeds ``above``
     (the step adds ``B x L x layer >= 0`` to the first sum, the same floating-point operations
     otherwise, and rounding is monotone: the plan's step exceeds ``above`` too)."""
-    cache = {} if cache is None else cache
-    # what every plan of one question reads (the cache is one question's: same model, GPU type,
-    # members, plan and counts); the fitted terms given as ``terms`` are not kept
-    ctx = cache.get("ctx") if terms is None else None
+    memo = {} if memo is None else memo
+    # what every plan of one question reads; the fitted terms given as ``terms`` are not kept
+    ckey = ("ctx", model, gpu_name, plan)
+    ctx = memo.get(ckey) if terms is None else None
     if ctx is None:
         ctx = _context(art, key, model, gpu_name, plan, terms)
         if terms is None:
-            cache["ctx"] = ctx
-    m, net_bw, terms, coll, why, tab, pe, pid, lmemo, opt_ms, breakdown = ctx
+            remember(memo, ckey, ctx)
+    m, net_bw, terms, coll, why, tab, pe, opt_ms, breakdown = ctx
     n = par.n_gpus
     reasons = set(why) if n > 1 else set()
     if n > 2:
@@ -148,10 +140,10 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     if par.kind == "pp":
         reasons.add("multigpu:pp")
     if mixes is None:  # the same mixes for every plan of one data-parallel degree (not local)
-        mk = ("mixes", par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
-        mixes = cache.get(mk)
+        mk = ("mixes", members, par.kind == "local", par.n_gpus if par.kind == "local" else par.dp, micro)
+        mixes = memo.get(mk)
         if mixes is None:
-            mixes = cache[mk] = per_gpu_mixes(members, par, micro)
+            mixes = remember(memo, mk, per_gpu_mixes(members, par, micro))
     hs = terms["host_scale"]  # one training process per busy GPU of a host: they share its CPU
     busy = min(len(mixes) if par.kind == "local" else n, GPUS_PER_NODE)
     fam = PLAN_FAMILY[plan]
@@ -166,70 +158,77 @@ def plan_step(art: dict, key: str, model: str, gpu_name: str, members: tuple[Mem
     for mix in mixes:
         mkey = tuple(mix)
         # a mix's sequences, tokens, head and adapter parameters: pure functions of the mix
-        per = cache.get(mkey)
+        per = memo.get(("mix", model, mkey))
         if per is None:
             tokens = sum(b * s for _, b, s in mix)
-            per = cache[mkey] = (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
-                                 sum(m.lora_params(r) for r, _, _ in mix))
+            per = remember(memo, ("mix", model, mkey), (sum(b for _, b, _ in mix), tokens, tab.head(tokens),
+                                                         sum(m.lora_params(r) for r, _, _ in mix)))
         seqs, tokens, (head, e_head), params = per
         n_nano = max(1, min(nano, int(seqs))) if plan == "fused" else 1
         tensors = LINEARS_PER_LAYER * L * adapter_tensors_per_linear(plan, len(mix))
-        okey = ("opt", params, L, tensors)
-        opt = cache.get(okey)
+        okey = ("opt", params, L, m.layers, tensors)
+        opt = memo.get(okey)
         if opt is None:
-            opt = cache[okey] = opt_ms(art, params * L / m.layers, tensors)
-        comm = 0.0
+            opt = remember(memo, okey, opt_ms(art, params * L / m.layers, tensors))
         replicas = n if par.kind in ("dp", "fsdp", "tp") else (par.dp if par.kind == "pp" else 1)
-        if replicas > 1:
-            c, _ = coll.time_ms("all_reduce", 4.0 * params * L / m.layers, replicas, net)
-            comm += n_nano * (c + float(terms["per_tensor_ms"]) * tensors)
-        if par.kind == "fsdp":
-            c = sum(coll.time_ms("all_gather", 2.0 * i * o, n, net)[0] for _, i, o in m.linear_shapes)
-            comm += micro * L * c
-        if par.kind == "tp":
-            c, _ = coll.time_ms("all_reduce", 2.0 * tokens * m.hidden, par.tp)
-            comm += micro * 4 * L * c
-        if replicas > 1 or par.kind == "tp":
-            comm += float(terms["sync_ms"])
+        ar = coll.time_ms("all_reduce", 4.0 * params * L / m.layers, replicas, net)[0] if replicas > 1 else 0.0
+        gather = sum(coll.time_ms("all_gather", 2.0 * i * o, n, net)[0] for _, i, o in m.linear_shapes) \
+            if par.kind == "fsdp" else 0.0
+        tp = coll.time_ms("all_reduce", 2.0 * tokens * m.hidden, par.tp)[0] if par.kind == "tp" else 0.0
+        comm = communication_ms(replicas > 1, n_nano, ar, float(terms["per_tensor_ms"]), tensors, gather, tp,
+                                replicas > 1 or par.kind == "tp", float(terms["sync_ms"]), micro, L)
         if above is not None and ((micro * head + opt) + comm) / 1e3 > above:
             return None
-        lkey = (pid, plan, mkey, n_nano, par.tp, hs)
-        got = lmemo.get(lkey)
+        lkey = ("layer", model, plan, mkey, n_nano, par.tp, hs)
+        got = memo.get(lkey)
         if got is None:
-            if len(lmemo) >= 1 << 17:
-                lmemo.clear()
-            got = lmemo[lkey] = layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs)
+            got = remember(memo, lkey, layer_ms(tab, pe, mix, n_nano, plan=plan, gpu_scale=1.0 / par.tp, host_scale=hs))
         lay, e_layer = got
         if e_layer:
             reasons.add("layer")
         if e_head:
             reasons.add("head")
-        if par.kind == "pp":
-            compute = (micro + par.pp - 1) * L * lay + micro * head
-        else:
-            compute = micro * (L * lay + head)
-        worst_ms = max(worst_ms, compute + opt + comm)
+        worst_ms = max(worst_ms, gpu_step_ms(lay, head, opt, comm, L, micro, par.pp, par.kind == "pp"))
         if memory:
             mem = max(mem, _memory(art, model, gpu_name, mix, par, micro, ckpt, L, breakdown, tab))
     return worst_ms / 1e3, tuple(sorted(reasons)), mem
 
 
+def communication_ms(replicated, nano, all_reduce_ms, per_tensor_ms: float, tensors, gather_ms, tp_ms, synced,
+                     sync_ms: float, micro, L):
+    """One GPU's communication per step (ms) under a plan, written once over floats (``plan_step``)
+    and arrays (``PlannerBatch``, per plan and row), absent collectives given as 0.0 ms::
+
+        N x (all_reduce + per_tensor_ms x tensors)   where the adapters are replicated
+        + B x L x all_gather                         (fsdp: a layer's weight matrices)
+        + B x 4 L x all_reduce of activations        (tp)
+        + sync_ms                                    where the plan communicates (``synced``)
+    """
+    comm = 0.0 + where(replicated, nano * (all_reduce_ms + per_tensor_ms * tensors), 0.0)
+    comm = comm + micro * L * gather_ms
+    comm = comm + micro * 4 * L * tp_ms
+    return comm + where(synced, sync_ms, 0.0)
+
+
+def gpu_step_ms(lay, head, opt, comm, L, micro, pp, piped):
+    """One GPU's step (ms) under a plan from its layer, head, AdamW and communication (floats or
+    arrays): ``B x (L x layer + head)``, or for a pipeline (``piped``, GPipe) ``(B + pp - 1) x L x
+    layer + B x head``, plus AdamW and communication."""
+    compute = where(piped, (micro + pp - 1) * L * lay + micro * head, micro * (L * lay + head))
+    return compute + opt + comm
+
+
 def _context(art: dict, key: str, model: str, gpu_name: str, plan: str, terms: dict | None) -> tuple:
     """What ``plan_step`` reads for every plan of one question: the model, the inter-node bandwidth,
-    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry
-    and its id, the layer memo, and ``formula``'s optimizer time and memory breakdown."""
+    the multi-GPU terms, collectives and their reasons, the model's tables, the plan family's entry,
+    and ``formula``'s optimizer time and memory breakdown."""
     if terms is not None:
         coll, why = Collectives(terms), ()
     else:
         terms, coll, why = _terms(gpu_name)
     tab = tables_of(key, model)
-    # layer times kept across questions on the model's tables (a pure function of the key; the
-    # plan family's entry ``pe`` by identity, kept alive by the artifact and by ``_PES``)
     pe = art["models"][model]["plans"][PLAN_FAMILY[plan]]
-    pid = id(pe)
-    _PES.setdefault(pid, pe)
-    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, pid, tab.layer_memo,
-            opt_ms, memory_breakdown)
+    return (get_model(model), GPUS[gpu_name].net_bw_bytes_s / 1e3, terms, coll, why, tab, pe, opt_ms, memory_breakdown)
 
 
 def plan_memory(art: dict, key: str, model: str, gpu_name: str, members: tuple[Member, ...], par: Parallelism,
@@ -259,24 +258,24 @@ def _memory(art, model, gpu_name, mix, par: Parallelism, micro: int, ckpt: bool,
     return float(sum(parts.values()))
 
 
-@lru_cache(maxsize=1 << 16)
 def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], n: int, plan: str, nano: int,
-              micro: int, ckpt: bool, forced: Parallelism | None = None
+              micro: int, ckpt: bool, forced: Parallelism | None = None, memo: dict | None = None
               ) -> tuple[Parallelism, float, tuple[str, ...], float]:
     """The planner: (plan, step s, reasons, memory bytes) of the fastest plan that fits the GPU's
     memory; where none fits, pipeline plans are added, and failing those the plan that needs the
     least memory is returned (the caller's memory check then rejects it). ``forced``: evaluate that
-    plan only."""
+    plan only. ``memo``: the model's answer memo (``plan_step``'s; None: a fresh one); the
+    answer itself is kept by the caller (``model.predict_of``)."""
+    memo = {} if memo is None else memo
     art = registered(key)
     cap = GPUS[gpu_name].memory_bytes
     m = get_model(model)
     if forced is not None:
-        s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt)
+        s, r, mem = plan_step(art, key, model, gpu_name, members, forced, plan, nano, micro, ckpt, memo=memo)
         return forced, s, r, mem
     # Step times first; memory only in order of step time until a plan fits (the fastest plan
     # that fits, ties in candidate order, as taking the minimum over every fitting plan would).
     tried: list[list] = []  # [plan, step s, reasons, memory bytes or None until asked]
-    cache: dict = {}
 
     def mem_of(t: list) -> float:
         if t[3] is None:
@@ -294,7 +293,7 @@ def best_plan(key: str, model: str, gpu_name: str, members: tuple[Member, ...], 
             if fits is not None and par.kind == "fsdp":
                 continue
             got = plan_step(art, key, model, gpu_name, members, par, plan, nano, micro, ckpt,
-                            memory=False, cache=cache, above=fits)
+                            memory=False, memo=memo, above=fits)
             if got is None:
                 continue
             tried.append([par, got[0], got[1], None])
@@ -312,13 +311,13 @@ class PlannerBatch:
     model, GPU type) under a profiled artifact. Build with ``PlannerBatch.of``.
 
     Attributes:
-        WIDTH: columns of a row (an instance's: ``batch.WIDTH`` x the distinct data-parallel
+        WIDTH: columns of a row (an instance's: ``formula.WIDTH`` x the distinct data-parallel
             degrees ``ds`` of its plans).
         ds: the data-parallel degrees, in sub-row order.
         plans: the non-local plans ``step_times`` minimises over.
     """
 
-    #: relative margin a bound must clear a threshold by before a caller acts on it (``batch.REL_MARGIN``).
+    #: relative margin a bound must clear a threshold by before a caller acts on it (``formula.REL_MARGIN``).
     REL_MARGIN = REL_MARGIN
     WIDTH: int
 
@@ -339,37 +338,34 @@ class PlannerBatch:
         self._hs = float(hs["fused"] if isinstance(hs, dict) else hs)  # busy GPUs > 1 on every plan here
         self._per_tensor_ms, self._sync_ms = float(terms["per_tensor_ms"]), float(terms["sync_ms"])
         self._net = GPUS[gpu_name].net_bw_bytes_s / 1e3 if n > GPUS_PER_NODE else None
-        c = self.art["optimizer"]["coef"]
-        self._optc = (c["const"], c["per_mparam"], c["per_tensor"])
         self.plans = tuple(p for p in candidates(m, n, 1, pipeline=True) if p.kind != "local")
         self.ds = tuple(sorted({p.dp for p in self.plans}, reverse=True))
         self.WIDTH = SUB * len(self.ds)
         shapes = sorted({(self.ds.index(p.dp), p.tp) for p in self.plans})  # distinct layer evaluations
         self._shape_k = np.array([k for k, _ in shapes])
         self._shape_g = np.array([1.0 / t for _, t in shapes])
-        # per plan (J of them): its layer shape, degree, layers L, compute multiplier, tensors,
-        # replicas of the adapter all-reduce, fsdp all-gather ms, tp degree, sync ms
+        # per plan (J of them): its layer shape, degree, layers L, pipeline stages and whether it
+        # is a pipeline, AdamW tensors, replicas of the adapter all-reduce, fsdp all-gather ms, tp
+        # degree, whether it synchronises (``plan_step``'s terms, one micro-batch)
         J = []
         for p in self.plans:
             L = math.ceil(m.layers / p.pp)
             replicas = n if p.kind in ("dp", "fsdp", "tp") else p.dp
-            fsdp = 0.0
+            gather = 0.0
             if p.kind == "fsdp":
-                cg = sum(coll.time_ms("all_gather", 2.0 * i * o, n, self._net)[0] for _, i, o in m.linear_shapes)
-                fsdp = L * cg  # one micro-batch
-            sync = self._sync_ms if (replicas > 1 or p.kind == "tp") else 0.0
-            J.append((shapes.index((self.ds.index(p.dp), p.tp)), self.ds.index(p.dp), L,
-                      p.pp * L if p.kind == "pp" else L,  # GPipe: (micro + pp - 1) stage times, micro = 1
-                      2 * LINEARS_PER_LAYER * L, replicas, fsdp,
-                      p.tp if p.kind == "tp" else 1, sync))
+                gather = sum(coll.time_ms("all_gather", 2.0 * i * o, n, self._net)[0] for _, i, o in m.linear_shapes)
+            J.append((shapes.index((self.ds.index(p.dp), p.tp)), self.ds.index(p.dp), L, p.pp, p.kind == "pp",
+                      LINEARS_PER_LAYER * L * adapter_tensors_per_linear("fused", 2), replicas, gather,
+                      p.tp if p.kind == "tp" else 1, replicas > 1 or p.kind == "tp"))
         cols = list(zip(*J))
         self._j_shape, self._j_k = np.array(cols[0]), np.array(cols[1])
-        self._j_L, self._j_mult, self._j_tensors = (np.array(cols[i], float)[:, None] for i in (2, 3, 4))
-        self._j_fsdp, self._j_sync = np.array(cols[6])[:, None], np.array(cols[8])[:, None]
+        self._j_L, self._j_pp, self._j_tensors, self._j_gather = (np.array(cols[i], float)[:, None] for i in (2, 3, 5, 7))
+        self._j_piped, self._j_synced = np.array(cols[4], bool)[:, None], np.array(cols[9], bool)[:, None]
+        self._j_replicated = np.array(cols[6])[:, None] > 1
         # adapter all-reduces: one per distinct (L, replicas > 1); tp activation all-reduces
-        self._ar = sorted({(L, r) for _, _, L, _, _, r, _, _, _ in J if r > 1})
-        self._j_ar = [self._ar.index((L, r)) if r > 1 else -1 for _, _, L, _, _, r, _, _, _ in J]
-        self._tp = [(j, t, J[j][1], J[j][2]) for j, x in enumerate(J) if (t := x[7]) > 1]
+        self._ar = sorted({(x[2], x[6]) for x in J if x[6] > 1})
+        self._j_ar = [self._ar.index((x[2], x[6])) if x[6] > 1 else -1 for x in J]
+        self._tp = [(j, t, x[1], x[2]) for j, x in enumerate(J) if (t := x[8]) > 1]
         xs, ys = coll.curves["all_reduce"]
         self._curve = (np.array(xs), np.array([math.log(v) for v in xs]), np.array([math.log(v) for v in ys]),
                        ys[0], Collectives.factor("all_reduce", 2))
@@ -395,7 +391,7 @@ class PlannerBatch:
         """Feature row of a group for the non-local plans, shape (``WIDTH``,): for each degree d of
         ``ds`` a ``FusedBatch`` row of the mix with ``ceil(batch_size / d)`` sequences per member
         (``per_gpu_mixes``, one micro-batch). None if the group brings more than
-        ``batch.MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
+        ``formula.MAX_SEQ_LENS`` distinct sequence lengths into this instance."""
         got = [self._member_sub_rows(x) for x in members]
         if any(r is None for r in got):
             return None
@@ -458,9 +454,7 @@ class PlannerBatch:
         head = fb.head_rows(tokens.reshape(-1)).reshape(-1, P)
         params = rows[:, LORA_PARAMS]
         L, tensors = self._j_L, self._j_tensors
-        compute = self._j_mult * lay[self._j_shape] + head[self._j_k]
-        oc, opm, opt_t = self._optc
-        opt = oc + opm * (params * L / m.layers) / 1e6 + opt_t * tensors
+        opt = opt_ms(self.art, params * L / m.layers, tensors)
         # communication: adapter all-reduces, then the fsdp gathers, tp activations, sync
         q_bytes = [4.0 * params * La / m.layers for La, _ in self._ar]
         q_n = [np.full(P, float(r)) for _, r in self._ar]
@@ -472,15 +466,15 @@ class PlannerBatch:
         if q_bytes:
             net = np.concatenate([np.full(P, np.inf if x is None else x) for x in q_net])
             cms = collective_ms_rows(self._curve, np.concatenate(q_bytes), np.concatenate(q_n), net).reshape(-1, P)
-        comm = np.zeros_like(compute)
+        ar, tp = np.zeros((len(self.plans), P)), np.zeros((len(self.plans), P))
         for j, a in enumerate(self._j_ar):
             if a >= 0:
-                comm[j] = nn[self._j_k[j]] * (cms[a] + self._per_tensor_ms * tensors[j])
-        comm += self._j_fsdp
-        for q, (j, _, _, Lj) in enumerate(self._tp, start=len(self._ar)):
-            comm[j] += 4 * Lj * cms[q]  # one micro-batch
-        comm += self._j_sync
-        return (compute + opt + comm) / 1e3
+                ar[j] = cms[a]
+        for q, (j, _, _, _) in enumerate(self._tp, start=len(self._ar)):
+            tp[j] = cms[q]
+        comm = communication_ms(self._j_replicated, nn[self._j_k], ar, self._per_tensor_ms, tensors, self._j_gather, tp,
+                                self._j_synced, self._sync_ms, 1, L)
+        return gpu_step_ms(lay[self._j_shape], head[self._j_k], opt, comm, L, 1, self._j_pp, self._j_piped) / 1e3
 
     def local_step_times(self, member_lists: Sequence[Sequence[Member]], nano: np.ndarray | int) -> np.ndarray:
         """Shape (P,), seconds: ``plan_step(...)[0]`` of ``Parallelism("local", n_gpus)`` for each
@@ -563,9 +557,9 @@ class PlannerBatch:
         nn = np.maximum(1.0, np.minimum(np.repeat(N[owners], counts), seqs))
         L = m.layers
         lay = fb.layer_rows(X, nn, 1.0, np.repeat(np.array(hs), counts))
-        compute = L * lay + fb.head_rows(X[:, TOKENS])
-        oc, opm, opt_t = self._optc
-        total = compute + (oc + opm * (X[:, LORA_PARAMS] * L / L) / 1e6 + opt_t * (2 * LINEARS_PER_LAYER * L))
+        opt = opt_ms(self.art, X[:, LORA_PARAMS] * L / L, LINEARS_PER_LAYER * L * adapter_tensors_per_linear("fused", 2))
+        comm = communication_ms(False, nn, 0.0, self._per_tensor_ms, 0.0, 0.0, 0.0, False, self._sync_ms, 1, L)
+        total = gpu_step_ms(lay, fb.head_rows(X[:, TOKENS]), opt, comm, L, 1, 1, False)
         out[owners] = np.maximum.reduceat(total, starts) / 1e3
         return out
 
@@ -612,8 +606,8 @@ def collective_ms_rows(curve: tuple, nbytes: np.ndarray, n: np.ndarray, net: np.
     xs, lxs, lys, floor, f2 = curve
     x = np.clip(nbytes, xs[0], xs[-1])
     i = np.clip(np.searchsorted(xs, x, side="left"), 1, len(xs) - 1)
-    w = (np.log(x) - lxs[i - 1]) / (lxs[i] - lxs[i - 1])
-    t = np.exp(lys[i - 1] + w * (lys[i] - lys[i - 1]))  # the measured two-GPU time at x
+    w = (libm(math.log, x) - lxs[i - 1]) / (lxs[i] - lxs[i - 1])
+    t = libm(math.exp, lys[i - 1] + w * (lys[i] - lys[i - 1]))  # the measured two-GPU time at x
     bw = np.where(t > floor, f2 * x / np.maximum(t - floor, 1e-6 * t), f2 * x / t)
     bw = np.minimum(bw, net)
     ring = floor * (n - 1) + (2.0 * (n - 1) / n) * nbytes / bw
