@@ -22,10 +22,10 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from conftest import make_job, run_engine
-from tlora_sim.policies import tlora_queue
+from tlora_sim.policies.tlora import queue as tlora_queue
 from tlora_sim.policies.nanobatch import NanoBatchTuner
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
-from tlora_sim.policies.tlora_queue import QueueTable
+from tlora_sim.policies.tlora.queue import QueueTable
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
 

@@ -98,8 +98,8 @@ def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_
     """Run the workload under ``fast`` and ``slow`` (``array_min``: kinds with at least that many
     groups take the table path), assert identical job records and timelines, and return how many
     candidates the batch screen refused."""
-    import tlora_sim.policies.tlora_index as index_module
-    import tlora_sim.policies.tlora_join as join_module
+    import tlora_sim.policies.tlora.tables as index_module
+    import tlora_sim.policies.tlora.join as join_module
 
     if array_min is not None:
         monkeypatch.setattr(join_module, "ARRAY_MIN", array_min)
@@ -219,7 +219,7 @@ def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
     (faster launch path) load 0.9 of seed 4 formed too few multi-GPU groups to screen any, and
     with the H100's own two-GPU terms (2026-11-26, session 15) seed 3 at load 3 screened none
     (seed 4: 5 refusals in 3 screens, 25 joins)."""
-    import tlora_sim.policies.tlora_index as index_module
+    import tlora_sim.policies.tlora.tables as index_module
     from conftest import reindex
     from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from conftest import run_engine
-from tlora_sim.policies import tlora_column
+from tlora_sim.policies.tlora import columns as tlora_column
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
-from tlora_sim.policies.tlora_index import job_shape
-from tlora_sim.policies.tlora_queue import QueueTable, _sort_first
+from tlora_sim.policies.tlora.tables import job_shape
+from tlora_sim.policies.tlora.queue import QueueTable, _sort_first
 from tlora_sim.policies.ordering import order_queue
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
@@ -173,7 +173,7 @@ def test_target_memo_keeps_answers_as_a_dict_would():
     "no target" answers in arrays (one at a time or many at once), group answers in a dict, a
     later answer replacing an earlier one of the other sort, validities that are stamps or
     (serial, kind version) pairs."""
-    from tlora_sim.policies.tlora_index import TargetMemo
+    from tlora_sim.policies.tlora.tables import TargetMemo
 
     memo, plain = TargetMemo(), {}
     keys = [(("m", g), ("member", r, 1.5, False)) for g in (1, 2) for r in range(300)]  # grows past 256 ids

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import AFTER_RUNNING, ARRAY_MIN, KindTable, batch_refusals, group_memo, job_shape
+from tlora_sim.policies.tlora.tables import AFTER_RUNNING, ARRAY_MIN, KindTable, batch_refusals, group_memo, job_shape
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Snapshot
 

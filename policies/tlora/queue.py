@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from tlora_sim.policies.ordering import AGING_FACTOR
-from tlora_sim.policies.tlora_index import job_shape
+from tlora_sim.policies.tlora.tables import job_shape
 from tlora_sim.sim.core.jobs import Job
 
 

@@ -66,12 +66,12 @@ from tlora_sim.policies.discipline import check_order
 from tlora_sim.policies.ordering import backfill_starts, order_queue, resolve_discipline
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
-from tlora_sim.policies.tlora_column import ColumnScreen
-from tlora_sim.policies.tlora_index import PAIR_SCREEN_MIN, KindTable, TargetMemo, batch_refusals, group_features
-from tlora_sim.policies.tlora_join import JOIN_RULES, JoinSearch
-from tlora_sim.policies.tlora_promise import NANO_PLANS, SLOWDOWN_REFERENCES, Promise
-from tlora_sim.policies.tlora_queue import QueueTable, QueueWalk
-from tlora_sim.policies.tlora_tune import MAX_PROBES, PROBE_STEPS, NanoTuning  # noqa: F401 (re-exported)
+from tlora_sim.policies.tlora.columns import ColumnScreen
+from tlora_sim.policies.tlora.tables import PAIR_SCREEN_MIN, KindTable, TargetMemo, batch_refusals, group_features
+from tlora_sim.policies.tlora.join import JOIN_RULES, JoinSearch
+from tlora_sim.policies.tlora.promise import NANO_PLANS, SLOWDOWN_REFERENCES, Promise
+from tlora_sim.policies.tlora.queue import QueueTable, QueueWalk
+from tlora_sim.policies.tlora.tune import MAX_PROBES, PROBE_STEPS, NanoTuning  # noqa: F401 (re-exported)
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, Snapshot

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import batch_refusals, group_features
+from tlora_sim.policies.tlora.tables import batch_refusals, group_features
 from tlora_sim.sim.core.snapshot import Snapshot
 
 COLUMN_MIN = 16
