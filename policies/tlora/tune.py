@@ -1,61 +1,39 @@
-"""tLoRA's nano-batch tuning half (a mixin of ``TLoRA``): one AIMD step per running group per
-policy tick (``NanoBatchTuner``), its probes evaluated with the cost model at once."""
+"""tLoRA's nano-batch tuners (``rules.settle_nano``, one AIMD step per running group per policy
+tick), with the speed machinery of the fast policy: a group whose coming ticks are steady
+observations is left unvisited until it changes or a re-probe falls due (``Tuners.defer_steady``)."""
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 from tlora_sim.policies.nanobatch import NanoBatchTuner
+from tlora_sim.policies.tlora.rules import settle_nano
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
 
-PROBE_STEPS = 5
-"""Training steps a nano-batch probe lasts (a controller's measurement window; see ``_settle_nano``)."""
-MAX_PROBES = 8
-"""Most probes per group per tick (AIMD from N=1 reaches N=29 in 8 steps of +4)."""
 
+class Tuners:
+    """The ``NanoBatchTuner`` of every running group of one simulation.
 
-class NanoTuning:
-    """The tuner half of ``TLoRA`` (a mixin: it reads the policy's plan, tuners and picture of the
-    running groups, ``_live`` and ``_kind_of``)."""
+    Args:
+        plan: the plan the groups run (the probes' step times are predicted in it).
+        bound_of: a job's largest tolerated step time (s; ``Promise.job_bound_s``).
+    """
 
-    def _settle_nano(self, snap: Snapshot, kind: tuple[str, int], members: tuple[Job, ...], tuner: NanoBatchTuner,
-                     nano: int, micro: int, step_s: float) -> int:
-        """Run the AIMD controller's probes for one group on a tick and return the count it settles on.
-
-        Each probe lasts ``PROBE_STEPS`` training steps, as a real controller measures a step time
-        over a few steps after the switch; at the step times of these models (0.1-2 s) all the
-        probes of one tick take seconds, under 1% of ``tick_s``, so the probes are evaluated with
-        the cost model at once and only the settled count runs until the next tick (ours: the
-        paper does not say how long a probe lasts). A probe whose predicted step time would take
-        any member past its tolerated slowdown (and is no faster than the current count) is not
-        run (the paper's promise: no member past its bound); the controller treats it as a failed
-        probe. ``kind``: the group's (base model, GPU count); ``members``: its jobs in member order.
-        A group running its best count with no gain and no re-probe due settles at once
-        (``NanoBatchTuner.steady``: the first observation below, without the loop).
-        """
-        if tuner.steady(step_s):
-            return tuner.best_n if tuner.best_time_s < float("inf") else nano
-        bound = adapters = None
-        t = step_s
-        for _ in range(MAX_PROBES):
-            nxt = tuner.observe(t)
-            if nxt == tuner.best_n and tuner.has_measured(nxt):  # settled on a count it has measured
-                break
-            if adapters is None:  # a probe runs: read the group (most ticks settle at once)
-                bound = min(map(self.job_bound_s, members))
-                adapters = tuple(j.member for j in members)
-            t = snap.step_time_s(kind[0], adapters, kind[1], self.plan, nano_batches=nxt, micro_batches=micro)
-            if t > max(bound, step_s) * (1 + 1e-12):  # past the bound, and no better than now
-                tuner.refuse(nxt)
-                t = tuner.best_time_s
-        return tuner.best_n if tuner.best_time_s < float("inf") else nano
+    def __init__(self, plan: str, bound_of: Callable[[Job], float]) -> None:
+        self.plan = plan
+        self.bound_of = bound_of
+        self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
+        self._steady: dict[int, tuple[int, int, float]] = {}  # group id -> (tick no., steady through tick no., step s)
+        self._tick_no = 0  # ticks so far
 
     defer_steady = True
-    """Leave a group unvisited on the ticks its tuner would only observe steadily (``_quiet_ticks``):
-    they are applied when it changes or a re-probe falls due (``_wake``). False: visit every
+    """Leave a group unvisited on the ticks its tuner would only observe steadily (``quiet_ticks``):
+    they are applied when it changes or a re-probe falls due (``wake``). False: visit every
     group on every tick (the plain computation, kept for the tests)."""
 
     @staticmethod
-    def _quiet_ticks(tuner: NanoBatchTuner, step_s: float, nano: int) -> int:
+    def quiet_ticks(tuner: NanoBatchTuner, step_s: float, nano: int) -> int:
         """How many following ticks of an unchanged group (step time ``step_s``, running ``nano``
         nano-batches) its tuner would observe steadily (``NanoBatchTuner.steady``) without a
         change of count, right after an observation that kept ``nano``."""
@@ -65,12 +43,12 @@ class NanoTuning:
         # best_time_s = step_s, so every later one compares step_s with itself: never an improvement.
         # So the ticks stay steady while _since_probe + 1 < reprobe_every, unless the threshold is
         # negative: then a repeat of step_s counts as an improvement, and only the first tick is steady.
-        rest = max(tuner.reprobe_every - 1 - tuner._since_probe, 0)
+        rest = max(tuner.reprobe_every - 1 - tuner.since_probe, 0)
         if rest and step_s < step_s * (1.0 - tuner.threshold):
             return 1
         return rest
 
-    def _wake(self, gid: int, upto: int) -> None:
+    def wake(self, gid: int, upto: int) -> None:
         """Apply a deferred group's steady observations of the ticks up to number ``upto`` (what
         ``steady`` would have recorded on each: the same step time, one more measurement at the
         best count) and stop deferring it."""
@@ -78,12 +56,10 @@ class NanoTuning:
         k = min(upto, until) - t0
         ent = self._tuners.get(gid)
         if k > 0 and ent is not None:
-            tuner = ent[0]
-            tuner._seen[tuner.n] = step_s
-            tuner.best_time_s = step_s
-            tuner._since_probe += k
+            ent[0].record_steady(step_s, k)
 
-    def _tune(self, snap: Snapshot, tick: bool, changed, skip: set) -> list[Action]:
+    def step(self, snap: Snapshot, tick: bool, changed, skip: set, live: Mapping[int, tuple],
+             kind_of: Mapping[int, tuple[str, int]]) -> list[Action]:
         """One AIMD step per group per tick, on its current cost-model step time (groups in
         ``skip`` change membership in this decision and are measured next tick). A group whose
         ticks until its next re-probe are steady observations is visited again only then, or when
@@ -92,7 +68,7 @@ class NanoTuning:
         steady = self._steady
         if steady:
             for gid in (list(steady) if changed is None else [g for g in changed if g in steady]):
-                self._wake(gid, self._tick_no)
+                self.wake(gid, self._tick_no)
             for gid in skip:
                 steady.pop(gid, None)
         if not tick and changed is not None:
@@ -116,7 +92,7 @@ class NanoTuning:
                     ent[0].n = g.nano_batches
                     self._tuners[gid] = (ent[0], ent[1], members)
             return out
-        live = {}
+        kept = {}
         if tick:
             self._tick_no += 1
         now = self._tick_no
@@ -126,22 +102,23 @@ class NanoTuning:
                 continue
             if gid in steady:
                 if steady[gid][1] >= now:  # a steady observation, applied when it is woken
-                    live[gid] = self._tuners[gid]
+                    kept[gid] = self._tuners[gid]
                     continue
-                self._wake(gid, now - 1)  # a re-probe is due
-            members, step_s, nano, micro, paused_until_s = self._live[gid]
+                self.wake(gid, now - 1)  # a re-probe is due
+            members, step_s, nano, micro, paused_until_s = live[gid]
             ent = self._tuners.get(gid)
             tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
             if seen_members != members:
                 tuner.reset()
                 tuner.n = nano
             if tick and paused_until_s <= snap.now_s:
-                nxt = self._settle_nano(snap, self._kind_of[gid], members, tuner, nano, micro, step_s)
+                nxt = settle_nano(snap, kind_of[gid], members, tuner, nano, micro, step_s, plan=self.plan,
+                                  bound_of=self.bound_of)
                 if nxt != nano:
                     out.append(SetExecution(gid, nano_batches=nxt, micro_batches=micro))
-                elif defer and (k := self._quiet_ticks(tuner, step_s, nano)):
+                elif defer and (k := self.quiet_ticks(tuner, step_s, nano)):
                     steady[gid] = (now, now + k, step_s)
                 last = snap.now_s
-            live[gid] = (tuner, last, members)
-        self._tuners = live
+            kept[gid] = (tuner, last, members)
+        self._tuners = kept
         return out
