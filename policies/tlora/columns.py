@@ -66,6 +66,11 @@ class ColumnScreens:
         self._col_at: dict[tuple, dict] = {}
         self._col_pos: dict[tuple, np.ndarray] = {}
 
+    def waiting(self) -> tuple | None:
+        """(the walk's ``QueueOrder``, first position of every shape still queued, their shape ids)
+        while the columns are open, else None."""
+        return None if self._col_q is None else self._col_q[:3]
+
     def close(self) -> None:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
         self._col_q = None

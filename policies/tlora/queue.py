@@ -133,10 +133,10 @@ class QueueTable:
             self._add(queue[p] if by_index is None else by_index(int(idx[p])))
         if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
-            pos = _sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
+            pos = sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
         elif how in ("srpt", "sjf"):
             run = self.runtime[idx]
-            pos = _sort_first(run, lambda: (idx, run))
+            pos = sort_first(run, lambda: (idx, run))
         elif how == "srpt-aged":  # key (starved?, -urgency if starved else runtime, index)
             run = self.runtime[idx]
             urg = np.maximum(now_s - self.submit[idx], 0.0) / run
@@ -201,7 +201,7 @@ SHORT = 24
 per call exceeds a Python sort of key tuples."""
 
 
-def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
+def sort_first(primary: np.ndarray, keys) -> np.ndarray:
     """``numpy.lexsort(keys())`` (whose last key is ``primary``): one plain argsort of ``primary``
     where its values are distinct and not NaN (the later keys then never decide), else the full
     lexsort."""

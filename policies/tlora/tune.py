@@ -23,9 +23,12 @@ class Tuners:
     def __init__(self, plan: str, bound_of: Callable[[Job], float]) -> None:
         self.plan = plan
         self.bound_of = bound_of
-        self._tuners: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
-        self._steady: dict[int, tuple[int, int, float]] = {}  # group id -> (tick no., steady through tick no., step s)
-        self._tick_no = 0  # ticks so far
+        self.of: dict[int, tuple[NanoBatchTuner, float, tuple]] = {}
+        """Group id -> (its tuner, when it last observed (s), the members it tunes)."""
+        self.deferred: dict[int, tuple[int, int, float]] = {}
+        """Group id -> (tick no., steady through tick no., step s) of a group left unvisited (``wake``)."""
+        self.tick_no = 0
+        """Ticks so far."""
 
     defer_steady = True
     """Leave a group unvisited on the ticks its tuner would only observe steadily (``quiet_ticks``):
@@ -52,9 +55,9 @@ class Tuners:
         """Apply a deferred group's steady observations of the ticks up to number ``upto`` (what
         ``steady`` would have recorded on each: the same step time, one more measurement at the
         best count) and stop deferring it."""
-        t0, until, step_s = self._steady.pop(gid)
+        t0, until, step_s = self.deferred.pop(gid)
         k = min(upto, until) - t0
-        ent = self._tuners.get(gid)
+        ent = self.of.get(gid)
         if k > 0 and ent is not None:
             ent[0].record_steady(step_s, k)
 
@@ -65,48 +68,48 @@ class Tuners:
         ticks until its next re-probe are steady observations is visited again only then, or when
         it changes (``defer_steady``): the tuners end in the states visiting every group leaves."""
         out: list[Action] = []
-        steady = self._steady
+        steady = self.deferred
         if steady:
             for gid in (list(steady) if changed is None else [g for g in changed if g in steady]):
-                self.wake(gid, self._tick_no)
+                self.wake(gid, self.tick_no)
             for gid in skip:
                 steady.pop(gid, None)
         if not tick and changed is not None:
             # Between ticks only membership matters: groups that did not change keep their tuner as is,
             # so touch the changed ones and the ones changing now (the full scan below would do the same).
             for gid in skip:
-                self._tuners.pop(gid, None)
+                self.of.pop(gid, None)
             for gid in changed:
                 if gid in skip:
                     continue
                 if gid not in snap.groups:
-                    self._tuners.pop(gid, None)
+                    self.of.pop(gid, None)
                     continue
                 g = snap.groups[gid]
                 members = tuple(g.members)
-                ent = self._tuners.get(gid)
+                ent = self.of.get(gid)
                 if ent is None:
-                    self._tuners[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
+                    self.of[gid] = (NanoBatchTuner(n=g.nano_batches), -1.0, members)
                 elif ent[2] != members:
                     ent[0].reset()
                     ent[0].n = g.nano_batches
-                    self._tuners[gid] = (ent[0], ent[1], members)
+                    self.of[gid] = (ent[0], ent[1], members)
             return out
         kept = {}
         if tick:
-            self._tick_no += 1
-        now = self._tick_no
+            self.tick_no += 1
+        now = self.tick_no
         defer = self.defer_steady and tick and changed is not None
         for gid in snap.groups:  # start order; the state of groups unchanged since is as last noted
             if gid in skip:
                 continue
             if gid in steady:
                 if steady[gid][1] >= now:  # a steady observation, applied when it is woken
-                    kept[gid] = self._tuners[gid]
+                    kept[gid] = self.of[gid]
                     continue
                 self.wake(gid, now - 1)  # a re-probe is due
             members, step_s, nano, micro, paused_until_s = live[gid]
-            ent = self._tuners.get(gid)
+            ent = self.of.get(gid)
             tuner, last, seen_members = ent if ent is not None else (NanoBatchTuner(n=nano), -1.0, members)
             if seen_members != members:
                 tuner.reset()
@@ -120,5 +123,5 @@ class Tuners:
                     steady[gid] = (now, now + k, step_s)
                 last = snap.now_s
             kept[gid] = (tuner, last, members)
-        self._tuners = kept
+        self.of = kept
         return out
