@@ -504,7 +504,7 @@ class TLoRAIndex:
                          kind: tuple, jkey: tuple) -> bool:
         """Whether planned group ``g`` (given members or started in this decision) surely refuses
         ``job`` (shape ``jkey`` of ``kind``): no residual capacity for it, its column's refusal
-        (``tlora_column``), or ``_refused_all`` (kept per planned state, for the decision)."""
+        (``columns.ColumnScreens``), or ``_refused_all`` (kept per planned state, for the decision)."""
         if self._slack(snap, g, bound_job) <= 0 or self.columns.refuses(snap, plan, g, kind, jkey):
             return True
         state = (id(g), len(g.members))
@@ -630,7 +630,7 @@ class TLoRAIndex:
     def _batch_refuses(self, tab: "KindTable", at: np.ndarray, row: np.ndarray, job: Job, bonus: float) -> np.ndarray:
         """Which of the groups in the kind's table slots ``at`` (rows known) the batch cost model
         refuses ``job`` (feature ``row``; ``bonus``: its value apart) by more than its margin
-        (``tlora_index.refused``): ``merge_ok`` would refuse them."""
+        (``tables.refused``): ``merge_ok`` would refuse them."""
         extra = (job.member,)
         return batch_refusals(tab.batch, tab.batch.merge(tab.rows[at], row), tab.nano[at],
                               np.minimum(tab.bound[at], self.job_bound_s(job)),

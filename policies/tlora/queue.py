@@ -70,7 +70,7 @@ class QueueTable:
         self.no_target_at = np.zeros(0, np.int64)
         #: per shape id: its join-memo key unable to start alone (``job_shape(job, False)``), its
         #: tightest bound (max_slowdown x isolated step time, s) and isolated step time (s): what
-        #: the column screens read per waiting shape (``tlora_column``; the member: ``shape_key[s][0]``)
+        #: the column screens read per waiting shape (``columns.ColumnScreens``; the member: ``shape_key[s][0]``)
         self.jkey_of: list[tuple] = []
         self.bound_of = np.zeros(0)
         self.iso_of = np.zeros(0)

@@ -111,7 +111,7 @@ class TargetMemo:
     """tLoRA's kept join answers (``TLoRAIndex.join_target``), per (kind, job shape): (validity,
     answer, running-groups stamp the answer covers). ``key`` gives a pair its id (kept for the
     simulation); "no target" answers (None) live in arrays by id, so that the walk reads and
-    writes the answers of many waiting shapes at once (``ColumnScreen._bulk_no_target``), the
+    writes the answers of many waiting shapes at once (``ColumnScreens.bulk_no_target``), the
     others in a dict. A validity is a stamp (int >= -1) or, inside one decision, (planner serial,
     kind version): one int64 in the arrays (``code``). ``len`` counts the answers kept; ``clear``
     forgets them (not the ids)."""
