@@ -23,8 +23,8 @@ from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
 
 
-@register("tlora-ref", TLoRAConfig, "tLoRA as its plain rules (no memo, no index): what tlora decides, slowly; "
-                                     "for checking tlora")
+@register("tlora-ref", TLoRAConfig, "tLoRA as its plain rules (policies/tlora/rules.py, no memo, no index): "
+                                     "the reference tlora is checked against")
 class TLoRAReference:
     """The plain tLoRA policy (see module docstring). Attributes as ``TLoRA``'s: ``config``,
     ``plan``, ``order``, ``backfill``, ``reference_plan``, ``plan_alone``, ``timer_s``, ``promise``;

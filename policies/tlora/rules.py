@@ -1,6 +1,7 @@
-"""tLoRA's rules (arXiv 2602.07263) as plain functions over the snapshot, in the order a decision
-applies them. No memo, no index: ``reference.py`` is these functions and nothing else, and
-``policy.py`` reaches the same decisions faster (``index.py``).
+"""tLoRA's rules (arXiv 2602.07263) as plain functions over the snapshot, readable top to bottom. No
+memo, no index: ``reference.py`` is these functions and nothing else (a decision: queue order,
+consolidation on ticks, the walk, nano-batching on ticks, EASY backfilling), and ``policy.py``
+reaches the same decisions faster (``index.py``).
 
 A *group* is a super-model: jobs of one base model and GPU count trained together on the same GPUs
 (``tlora_sim.policies.planner.PlannedGroup``). A job's *bound* is the largest step time it
