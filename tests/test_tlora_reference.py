@@ -5,14 +5,17 @@ small contended workloads, as ``lookahead`` and ``tlora-ref`` with ``lookahead``
 
 The regroup pause is not priced here (``--regroup-pause 0``): with it priced, a refusal that the
 index keeps while a group is unchanged can go stale as the members' budgets grow (docs/policies.md,
-"tLoRA's promise"), and the two may differ.
+"tLoRA's promise"), and the two may differ. And the binary cut of ``rules.py`` finds the largest
+feasible prefix.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import given, strategies as st
 
+from tlora_sim.policies.tlora import rules
 from tlora_sim.sim.cli.main import main
 
 CASES = [
@@ -52,3 +55,17 @@ def test_tlora_ref_with_lookaheads_options_writes_lookaheads_jobs_csv(tmp_path, 
     fast, ref = _compare(tmp_path, "lookahead,tlora-ref", trace, spec, cost_model, *LOOKAHEAD)
     _exercised(tmp_path / "cmp" / "tlora-ref" / "jobs.csv")
     assert fast == ref
+
+
+@given(st.integers(0, 40), st.integers(0, 50))
+def test_binary_cut_finds_the_largest_feasible_prefix(n, last_ok):
+    """``rules.binary_cut`` over a predicate true up to ``last_ok`` and false after: the largest k
+    in 0..n it holds for, in O(log n) calls."""
+    calls = []
+
+    def ok(k: int) -> bool:
+        calls.append(k)
+        return k <= last_ok
+
+    assert rules.binary_cut(ok, n) == min(n, last_ok)
+    assert len(calls) <= max(n, 1).bit_length() + 1 and all(1 <= k <= n for k in calls)
