@@ -17,10 +17,11 @@ the later jobs shortest first (``backfill_order="sjf"``: the ones most likely to
 the reservation, and the ones whose completion lowers the mean most), so the edge stays even
 where the priority order is set to FIFO for every policy (``compare --discipline shared``).
 Joins pick the group with the largest predicted rise of collective throughput (``join_rule =
-"throughput"``, ``tlora_join.py``) rather than the most residual capacity. Everything else
+"throughput"``, ``tlora/rules.py`` ``throughput_target``) rather than the most residual capacity. Everything else
 (slowdown bounds against the fused kernel, the join test's pause, binary-cut search, tiers,
 nano-batching, the incremental index) is tLoRA's: this module only names a configuration of
-``TLoRA`` through its public config.
+``TLoRA`` through its public config (``tlora-ref`` with ``--option tlora-ref.join_rule=throughput``
+and this config's order is its plain reading).
 """
 
 from __future__ import annotations

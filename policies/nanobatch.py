@@ -77,6 +77,18 @@ class NanoBatchTuner:
         self._since_probe += 1
         return True
 
+    @property
+    def since_probe(self) -> int:
+        """Measurements at the best count since the last probe (a re-probe falls due at ``reprobe_every``)."""
+        return self._since_probe
+
+    def record_steady(self, step_time_s: float, k: int) -> None:
+        """Record ``k`` >= 1 observations that ``steady`` would each accept, at once: the time
+        ``step_time_s`` measured again at the running (best) count, no re-probe."""
+        self._seen[self.n] = step_time_s
+        self.best_time_s = step_time_s
+        self._since_probe += k
+
     def measured(self) -> set[int]:
         """The counts measured since the last reset."""
         return set(self._seen)

@@ -66,6 +66,13 @@ class PlannedGroup:
         self.step_time_s(snap, plan)
         return self._cached[2]
 
+    @property
+    def cached(self) -> tuple:
+        """(member count, step time s, slowdown bound s) as last computed or given
+        (``know_step_time``), () if never: for a caller that reads many groups' cached values
+        without a snapshot at hand."""
+        return self._cached
+
     def fits(self, snap: Snapshot, plan: str, extra: Job) -> bool:
         """Whether the group with ``extra`` added fits in GPU memory."""
         return snap.fits_memory(self.model, [j.member for j in self.members + [extra]], self.n_gpus, plan)
@@ -133,6 +140,18 @@ class Planner:
     def touched_ids(self):
         """Ids of the running groups given members or merged away in this decision."""
         return self._joined.keys() | self._removed_ids
+
+    @property
+    def removed_ids(self) -> set[int]:
+        """Ids of the running groups merged away in this decision (the planner's own set: read it,
+        do not change it)."""
+        return self._removed_ids
+
+    @property
+    def joined_groups(self) -> Mapping[int, PlannedGroup]:
+        """Running group id -> its planned copy, for the groups given members in this decision (the
+        planner's own dict: read it, do not change it)."""
+        return self._joined
 
     def removed(self, gid: int) -> bool:
         """Whether running group ``gid`` was merged away in this decision."""

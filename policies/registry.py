@@ -166,7 +166,7 @@ def config_of(policy: Policy) -> dict:
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
 
 
-BUILTIN_MODULES = ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead")
+BUILTIN_MODULES = ("independent", "mlora", "tlora", "lorafusion", "alto", "lookahead", "tlora.reference")
 ENTRY_POINT_GROUP = "tlora_sim.policies"
 _loaded = False
 

@@ -132,7 +132,7 @@ def test_srpt_aged_reservation_goes_to_the_starved_job():
 def test_queue_table_orders_srpt_aged_as_order_queue():
     """The array sort (long queues) and the short-queue sort give ``order_queue``'s order."""
     from tlora_sim.policies.ordering import order_queue
-    from tlora_sim.policies.tlora_queue import SHORT, QueueTable
+    from tlora_sim.policies.tlora.queue import SHORT, QueueTable
 
     jobs = [make_job(i, submit=37.0 * i, gpus=1 + i % 4, steps=10 + (i * 7919) % 500) for i in range(3 * SHORT)]
     table = QueueTable()
@@ -150,7 +150,7 @@ def test_srpt_aged_indexed_walk_matches_the_plain_walk():
     from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
     from tlora_sim.policies.ordering import urgency, AGING_FACTOR
-    from tlora_sim.policies.tlora_queue import SHORT
+    from tlora_sim.policies.tlora.queue import SHORT
 
     class Plain(Lookahead):
         index_queue = False

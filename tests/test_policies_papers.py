@@ -134,6 +134,7 @@ def test_tlora_tunes_nano_batches_of_a_running_group_on_ticks():
 def test_tlora_tuner_never_takes_a_member_past_its_bound():
     """A probe whose predicted step time breaks a member's tolerated slowdown is not run."""
     from tlora_sim.policies.nanobatch import NanoBatchTuner
+    from tlora_sim.policies.tlora.rules import settle_nano
 
     jobs = [make_job(i, batch=8, seq=2048, slowdown=1.01) for i in range(4)]
     g = group_view(0, jobs, ((0, 1),))
@@ -141,8 +142,10 @@ def test_tlora_tuner_never_takes_a_member_past_its_bound():
     members = [j.member for j in jobs]
     bound = min(j.max_slowdown * j.isolated_step_time_s for j in jobs)
     tuner = NanoBatchTuner(n=1)
-    got = pol._settle_nano(snapshot([], groups=[g], now=1000.0), (g.model, g.n_gpus), g.members, tuner, 1, 1,
-                          g.step_time_s)
+    snap = snapshot([], groups=[g], now=1000.0)
+    pol.promise.use_cost_model(snap)
+    got = settle_nano(snap, (g.model, g.n_gpus), g.members, tuner, 1, 1, g.step_time_s, plan=pol.plan,
+                      bound_of=pol.job_bound_s)
     pred = CM.step_time_s("llama3-8b", "H100", members, 1, "fused", nano_batches=got)
     assert pred <= max(bound, g.step_time_s) * (1 + 1e-9)
     refused = [n for n, t in tuner._seen.items() if t == float("inf")]

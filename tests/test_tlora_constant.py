@@ -7,7 +7,7 @@ plain computation decides.
 * ``QueueTable._order_short``: a short queue sorted in Python gives the numpy path's order (ties,
   signed zeros, zero and infinite runtimes and NaN keys fall back to it).
 * ``NanoBatchTuner.steady``: where it applies, the tuner ends in the state ``observe`` leaves, and
-  ``_settle_nano`` would settle on the same count.
+  ``rules.settle_nano`` would settle on the same count.
 * ``KindTable.chk_hi``: a consolidation source refused by every partner while freed GPUs were worth
   1 stays refused, by its unchanged partners, when they are worth 0 (the brute-force reading agrees).
 """
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from conftest import make_job, run_engine
-from tlora_sim.policies import tlora_queue
+from tlora_sim.policies.tlora import queue as tlora_queue
 from tlora_sim.policies.nanobatch import NanoBatchTuner
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
-from tlora_sim.policies.tlora_queue import QueueTable
+from tlora_sim.policies.tlora.queue import QueueTable
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
 
@@ -41,9 +41,9 @@ class Counting(TLoRA):
     deferred = 0
 
     def decide(self, snap):
-        before = self._stamp
+        before = self.index.stamp
         out = super().decide(snap)
-        if not out and not snap.queue and self._idle_changed and self._stamp == before + 1:
+        if not out and not snap.queue and self._idle_changed and self.index.stamp == before + 1:
             self.deferred += 1
         return out
 
@@ -116,23 +116,29 @@ def test_steady_is_observe_where_it_applies(seen, n, best_n, best, since, down, 
     b = copy.deepcopy(a)
     if a.steady(t):
         nxt = b.observe(t)
-        assert nxt == b.best_n == a.n and b.has_measured(nxt)  # ``_settle_nano`` stops here
+        assert nxt == b.best_n == a.n and b.has_measured(nxt)  # ``rules.settle_nano`` stops here
         assert a == b or (t != t and repr(a) == repr(b))
     else:
         assert repr(a) == repr(_tuner(seen, n, best_n, best, since, down))
 
 
-class Lowered(TLoRA):
-    """tLoRA counting the consolidation sources whose refusal at a freed value of 1 stood at 0."""
+def lowered(cfg: TLoRAConfig) -> TLoRA:
+    """tLoRA counting (in ``.lowered``) the consolidation sources whose refusal at a freed value of 1
+    stood at 0."""
+    pol = TLoRA(cfg)
+    pol.lowered = 0
+    ix = pol.index
+    real = ix.pair_candidates
 
-    lowered = 0
-
-    def _pair_candidates(self, kind, views, at, freed_value):
-        tab = self._tables[kind]
+    def pair_candidates(kind, views, at, freed_value):
+        tab = ix.table(kind)
         if not freed_value and len(views) >= 2:
             hi, lo, stamp = tab.chk_hi[at], tab.chk_lo[at], tab.stamp[at]
-            self.lowered += int(((hi > lo) & (stamp <= hi)).sum())
-        return super()._pair_candidates(kind, views, at, freed_value)
+            pol.lowered += int(((hi > lo) & (stamp <= hi)).sum())
+        return real(kind, views, at, freed_value)
+
+    ix.pair_candidates = pair_candidates
+    return pol
 
 
 @pytest.mark.parametrize("trace, spec, cost_model", [
@@ -143,12 +149,12 @@ def test_refusals_at_a_higher_freed_value_stand_at_a_lower_one(trace, spec, cost
     """A source refused by every partner while freed GPUs were worth 1 is not asked again about
     unchanged partners when they are worth 0 (``KindTable.chk_hi``): the same merges as the
     brute-force reading (every pair of every kind on every tick)."""
-    from test_tlora_incremental import Reference
+    from tlora_sim.policies.tlora.reference import TLoRAReference
 
     jobs, _, model, *_ = load_workload(ReplayConfig(trace=trace, policy="tlora", cluster=spec, seed=0,
                                                     cost_model=cost_model))
     cfg = TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)
-    fast, ref = Lowered(cfg), Reference(cfg)
+    fast, ref = lowered(cfg), TLoRAReference(cfg)
     a = run_engine(jobs, fast, spec, cost_model=model, check=False)
     b = run_engine(jobs, ref, spec, cost_model=model, check=False)
     assert fast.lowered > 0, "sources refused at freed value 1 must be read at 0"

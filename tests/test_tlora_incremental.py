@@ -1,10 +1,11 @@
 """tLoRA's incremental bookkeeping (issue 6) decides exactly what examining everything would.
 
 ``TLoRA`` consolidates by examining only pairs of groups where one side changed since it was last
-refused, and finds join targets from per-group and per-shape memos. ``Reference`` below is the
-plain reading of the same rules: every pair of every kind on every tick (no memo), every running
-group for every join. Whole simulations under both must produce identical job records, with merges
-and joins actually happening (so the comparison is not vacuous).
+refused, and finds join targets from per-group and per-shape memos (``policies/tlora/index.py``).
+``TLoRAReference`` (``tlora-ref``, ``policies/tlora/reference.py``) is the plain reading of the same
+rules (``rules.py``): every pair of every kind on every tick (no memo), every running group for every
+join. Whole simulations under both must produce identical job records, with merges and joins actually
+happening (so the comparison is not vacuous).
 """
 
 from __future__ import annotations
@@ -15,61 +16,11 @@ import pytest
 
 from conftest import group_view, make_job, run_engine, snapshot
 from tlora_sim.policies.lookahead import Lookahead, LookaheadConfig
-from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
+from tlora_sim.policies.tlora.reference import TLoRAReference
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
-from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, Snapshot
-
-
-class Reference(TLoRA):
-    """tLoRA with the brute-force consolidation and join-target search and the plain queue walk."""
-
-    index_queue = False
-
-    def __init__(self, config: TLoRAConfig | None = None) -> None:
-        super().__init__(config)
-        self.merges = 0
-        self.joins = 0
-
-    def decide(self, snap: Snapshot):
-        actions = super().decide(snap)
-        self.merges += sum(isinstance(a, RemoveMembers) for a in actions)
-        return actions
-
-    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
-        best, best_slack = None, 0.0
-        for g in plan.candidates(job):
-            step = g.step_time_s(snap, self.plan)
-            slack = min(g.slowdown_bound_s(snap, self.plan), self.job_bound_s(job)) - step
-            if slack <= 0 or slack <= best_slack:
-                continue
-            if self.merge_ok(snap, g, [job], self.collective_rate(g.members, step) + (1.0 if can_start else 0.0)):
-                best, best_slack = g, slack
-        if best is not None and best.group_id is not None:
-            self.joins += 1
-        return best
-
-    def _consolidate(self, snap: Snapshot, plan: Planner, smallest_wait: int | None) -> None:
-        cluster = snap.cluster
-
-        def tier(a, b):
-            na, nb = a.placement[0][0], b.placement[0][0]
-            return 0 if na == nb else 1 if cluster.rack_of(na) == cluster.rack_of(nb) else 2
-
-        running = [g for g in plan.groups if g.group_id is not None]
-        for src in sorted(running, key=lambda g: (len(g.members), g.group_id)):
-            if src.added or not src.members:
-                continue
-            freed = 1.0 if smallest_wait is not None and smallest_wait <= src.n_gpus else 0.0
-            rate_src = self.collective_rate(src.members, src.step_time_s(snap, self.plan))
-            allowed = [d for d in plan.candidates(src.members[0])
-                       if d is not src and d.group_id is not None and len(d.members) >= len(src.members)
-                       and self.merge_ok(snap, d, list(src.members), rate_src - freed
-                                         + self.collective_rate(d.members, d.step_time_s(snap, self.plan)))]
-            if allowed:
-                plan.merge(src, min(allowed, key=lambda d: (tier(src, d), -len(d.members), d.group_id)))
-
+from tlora_sim.sim.core.snapshot import AddMembers
 
 # workloads where a stale "refused" answer would show (checked: skipping the changed partners, or
 # never invalidating the join-target memo, makes the comparison fail on each of them); under the
@@ -84,7 +35,7 @@ class Reference(TLoRA):
 ])
 def test_incremental_tlora_matches_the_brute_force_reading(trace, spec, cost_model, array_min, reliability,
                                                            monkeypatch):
-    ref = Reference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
+    ref = TLoRAReference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
     screened = _same_simulation(monkeypatch, trace, spec, cost_model, array_min, "tlora",
                                 TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)), ref)
     assert ref.merges > 0 and ref.joins > 0, "the workload must exercise consolidation and joins"
@@ -98,8 +49,8 @@ def _same_simulation(monkeypatch, trace: str, spec: str, cost_model: str, array_
     """Run the workload under ``fast`` and ``slow`` (``array_min``: kinds with at least that many
     groups take the table path), assert identical job records and timelines, and return how many
     candidates the batch screen refused."""
-    import tlora_sim.policies.tlora_index as index_module
-    import tlora_sim.policies.tlora_join as join_module
+    import tlora_sim.policies.tlora.index as join_module
+    import tlora_sim.policies.tlora.tables as index_module
 
     if array_min is not None:
         monkeypatch.setattr(join_module, "ARRAY_MIN", array_min)
@@ -137,26 +88,9 @@ def test_a_reused_policy_object_forgets_the_previous_simulation():
     assert [(r.start_s, r.finish_s) for r in again.records] == [(r.start_s, r.finish_s) for r in fresh.records]
 
 
-class LookaheadReference(Lookahead):
-    """``lookahead`` with the brute-force join search: every candidate group asked, no memo."""
-
-    def __init__(self, config: LookaheadConfig | None = None) -> None:
-        super().__init__(config)
-        self.joins = 0
-
-    def _join_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool) -> PlannedGroup | None:
-        best, best_gain = None, 0.0
-        for g in plan.candidates(job):
-            apart = self.collective_rate(g.members, g.step_time_s(snap, self.plan)) + (1.0 if can_start else 0.0)
-            if not self.merge_ok(snap, g, [job], apart):
-                continue
-            new_step, _ = self._merged(snap, g, [job])
-            gain = self.collective_rate(g.members + [job], new_step) - apart
-            if gain > best_gain:
-                best, best_gain = g, gain
-        if best is not None and best.group_id is not None:
-            self.joins += 1
-        return best
+def LookaheadReference(config: LookaheadConfig) -> TLoRAReference:
+    """``lookahead``'s plain reading: ``tlora-ref`` with its config (the throughput join rule)."""
+    return TLoRAReference(config)
 
 
 @pytest.mark.parametrize("trace, spec, cost_model, array_min", [
@@ -219,7 +153,7 @@ def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
     (faster launch path) load 0.9 of seed 4 formed too few multi-GPU groups to screen any, and
     with the H100's own two-GPU terms (2026-11-26, session 15) seed 3 at load 3 screened none
     (seed 4: 5 refusals in 3 screens, 25 joins)."""
-    import tlora_sim.policies.tlora_index as index_module
+    import tlora_sim.policies.tlora.tables as index_module
     from conftest import reindex
     from tlora_sim.sim.costmodel.profiled.multigpu import PlannerBatch
 
@@ -237,9 +171,9 @@ def test_multi_gpu_kinds_are_screened_exactly(monkeypatch):
         return r
 
     monkeypatch.setattr(index_module, "batch_refusals", counting)
-    for mod in ("tlora", "tlora_join"):
-        monkeypatch.setattr(f"tlora_sim.policies.{mod}.batch_refusals", counting)
-    ref = Reference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
+    for mod in ("index", "columns"):
+        monkeypatch.setattr(f"tlora_sim.policies.tlora.{mod}.batch_refusals", counting)
+    ref = TLoRAReference(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0))
     a = run_engine(jobs, TLoRA(TLoRAConfig(regroup_pause_s=0.0, tick_s=300.0)), spec, cost_model=model)
     b = run_engine(jobs, ref, spec, cost_model=model)
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \

@@ -2,10 +2,11 @@
 
 ``TLoRA`` with ``index_queue`` orders the queue with array sorts, visits one head per job shape once
 GPU admission has closed, and keeps a shape's "no join target" answer across decisions, asking only
-the groups that changed since (``JoinSearch._still_no_target``). ``Plain`` is the same policy with
-the plain walk of ``_group_queue`` (every head, in order, every decision) and no carried answers.
-Whole simulations on contended workloads (queues of 50 to hundreds of jobs) must give identical job
-records and timelines under every queue discipline, with joins from the queue actually happening.
+the groups that changed since (``TLoRAIndex._still_no_target``). ``Plain`` is ``tlora-ref``
+(``policies/tlora/reference.py``): the plain walk of ``rules.walk_queue`` (every head, in order,
+every decision) with no answer carried. Whole simulations on contended workloads (queues of 50 to
+hundreds of jobs) must give identical job records and timelines under every queue discipline, with
+joins from the queue actually happening.
 """
 
 from __future__ import annotations
@@ -15,26 +16,22 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from conftest import run_engine
-from tlora_sim.policies import tlora_column
+from tlora_sim.policies.tlora import columns as tlora_column
 from tlora_sim.policies.tlora import TLoRA, TLoRAConfig
-from tlora_sim.policies.tlora_index import job_shape
-from tlora_sim.policies.tlora_queue import QueueTable, _sort_first
+from tlora_sim.policies.tlora import rules
+from tlora_sim.policies.tlora.reference import TLoRAReference
+from tlora_sim.policies.tlora.queue import QueueTable, sort_first
 from tlora_sim.policies.ordering import order_queue
 from tlora_sim.sim.experiments.replay import ReplayConfig, load_workload
 
 
-class Plain(TLoRA):
-    """tLoRA with the plain queue walk and no answer carried across decisions."""
-
-    index_queue = False
+class Plain(TLoRAReference):
+    """``tlora-ref``, counting the longest queue and the joins from it."""
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         super().__init__(config)
         self.max_queue = 0
         self.joins_from_queue = 0
-
-    def _still_no_target(self, *a, **k) -> bool:
-        return False  # always search in full
 
     def decide(self, snap):
         self.max_queue = max(self.max_queue, len(snap.queue))
@@ -57,11 +54,12 @@ def test_indexed_queue_walk_matches_the_plain_walk(trace, spec, cost_model, orde
     a = run_engine(jobs, indexed, spec, cost_model=model, check=False)
     b = run_engine(jobs, plain, spec, cost_model=model, check=False)
     assert plain.max_queue >= 50, "the workload must build a long queue"
-    assert indexed.shapes_asleep > 0, "shapes whose kind did not change must be left unasked"
-    assert indexed.shapes_by_member > 0, "shapes refused by every changed group's member answer must be left unasked"
+    ix = indexed.index
+    assert ix.shapes_asleep > 0, "shapes whose kind did not change must be left unasked"
+    assert ix.shapes_by_member > 0, "shapes refused by every changed group's member answer must be left unasked"
     if cost_model == "profiled":  # the batch cost model columns need (none for the roofline)
-        assert indexed.columns_made > 0, "changed groups must be screened against every waiting shape at once"
-        assert indexed.shapes_in_bulk > 0, "shapes must be found without a target all at once"
+        assert ix.columns.made > 0, "changed groups must be screened against every waiting shape at once"
+        assert ix.shapes_in_bulk > 0, "shapes must be found without a target all at once"
     assert plain.joins_from_queue > 0, "queued jobs must join running groups"
     assert [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in a.records] == \
            [(r.start_s, r.finish_s, r.max_group_size, r.group_changes) for r in b.records]
@@ -93,7 +91,7 @@ def test_sort_first_is_lexsort(rows):
     second = np.array([r[1] for r in rows], float)
     idx = np.arange(len(rows))[::-1].copy()  # a tie-break key that is not the position
     want = np.lexsort((idx, second, primary))
-    assert _sort_first(primary, lambda: (idx, second, primary)).tolist() == want.tolist()
+    assert sort_first(primary, lambda: (idx, second, primary)).tolist() == want.tolist()
 
 def test_queue_order_shape_positions_match_a_plain_reading():
     """``first_of_shapes``, ``shape_positions`` and ``next_of_shapes`` (one stable sort of the shape
@@ -122,30 +120,39 @@ def test_queue_order_shape_positions_match_a_plain_reading():
         assert got.shape_positions(s).tolist() == [p for p in range(n) if shape[p] == s]
 
 class Checked(TLoRA):
-    """tLoRA that, whenever a carried "no join target" answer is kept, asks the full search too."""
+    """tLoRA that, whenever a carried "no join target" answer is kept, asks the plain rule
+    (``rules.residual_target`` over every group of the job's kind) too."""
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         super().__init__(config)
         self.kept = self.wrong = self.kept_by_member = self.kept_in_bulk = 0
+        ix = self.index
+        still, bulk = ix._still_no_target, ix.columns.bulk_no_target
 
-    def _still_no_target(self, snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw) -> bool:
-        kept = super()._still_no_target(snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw)
-        if kept:
-            self.kept += 1
-            self.kept_by_member += bool(kw.get("by_member"))
-            self.wrong += self._join_target_search(snap, plan, job, can_start, kind, jkey) is not None
-        return kept
+        def still_no_target(snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw) -> bool:
+            kept = still(snap, plan, job, can_start, kind, recent, since, jkey, kv, **kw)
+            if kept:
+                self.kept += 1
+                self.kept_by_member += bool(kw.get("by_member"))
+                self.wrong += self.plain_target(snap, plan, job, can_start) is not None
+            return kept
 
-    def _bulk_no_target(self, snap, plan, kind, sids):
-        got = super()._bulk_no_target(snap, plan, kind, sids)
-        if got is None:
+        def bulk_no_target(snap, plan, kind, sids):
+            got = bulk(snap, plan, kind, sids)
+            if got is None:
+                return got
+            q, first, ids = ix.columns.waiting()
+            for s in got[4][got[0] | got[1]].tolist():
+                job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
+                self.kept_in_bulk += 1
+                self.wrong += self.plain_target(snap, plan, job, False) is not None
             return got
-        q, first, ids, _ = self._col_q
-        for s in got[4][got[0] | got[1]].tolist():
-            job = q.job(int(first[ids == s][0]))  # the shape's first waiting job
-            self.kept_in_bulk += 1
-            self.wrong += self._join_target_search(snap, plan, job, False, kind, job_shape(job, False)) is not None
-        return got
+
+        ix._still_no_target, ix.columns.bulk_no_target = still_no_target, bulk_no_target
+
+    def plain_target(self, snap, plan, job, can_start):
+        return rules.residual_target(snap, plan.candidates(job), job, can_start, plan=self.plan,
+                                     bound_job_s=self.job_bound_s(job), ok=self.merge_ok)
 
 
 @pytest.mark.parametrize("ordering", ["urgency", "fifo", "backfill"])
@@ -173,7 +180,7 @@ def test_target_memo_keeps_answers_as_a_dict_would():
     "no target" answers in arrays (one at a time or many at once), group answers in a dict, a
     later answer replacing an earlier one of the other sort, validities that are stamps or
     (serial, kind version) pairs."""
-    from tlora_sim.policies.tlora_index import TargetMemo
+    from tlora_sim.policies.tlora.tables import TargetMemo
 
     memo, plain = TargetMemo(), {}
     keys = [(("m", g), ("member", r, 1.5, False)) for g in (1, 2) for r in range(300)]  # grows past 256 ids

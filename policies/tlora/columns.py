@@ -2,14 +2,14 @@
 group answers every waiting job shape of its kind at once.
 
 When admission has closed, each waiting shape whose kind changed is checked against the groups
-that changed since it last found no target (``JoinSearch._no_target_by_member``): the shapes x
+that changed since it last found no target (``TLoRAIndex.no_target``): the shapes x
 changed groups questions grow with the queue, and on long queues most shapes have members of
 their own, so even one question per group state and member is a cost-model call per shape. A
 *column* screens one changed group against every waiting shape of its kind in one call of the
 batch cost model (``tlora_sim.sim.costmodel.profiled.formula``) and keeps the certain refusals
-(``tlora_index.batch_refusals``: by more than the batch's margin), which are ``merge_ok``'s own
+(``tables.batch_refusals``: by more than the batch's margin), which are ``merge_ok``'s own
 answers. With many waiting shapes of a kind, the walk first decides them all at once
-(``_bulk_no_target``): a shape whose kept answer is "no target" and that every group it would ask
+(``bulk_no_target``): a shape whose kept answer is "no target" and that every group it would ask
 refuses, by residual capacity or by the group's column (one boolean vector per changed group),
 is left out without any question of its own; the rest go through the by-member check, which
 reads the columns first. Columns are made only for kinds with at least
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tlora_sim.policies.planner import Planner, PlannedGroup
-from tlora_sim.policies.tlora_index import batch_refusals, group_features
+from tlora_sim.policies.tlora.tables import batch_refusals, group_features
 from tlora_sim.sim.core.snapshot import Snapshot
 
 COLUMN_MIN = 16
@@ -39,15 +39,25 @@ COLUMN_DONE = ("column",)
 """Key marking a running group's answers (``group_memo``) as screened for the shapes waiting then."""
 
 
-class ColumnScreen:
-    """The column-screen half of ``TLoRA``'s join search (a mixin: it reads the policy's config,
-    tables and memos). A walk opens the columns when admission closes (``_columns_open``) and
-    closes them when it ends; in between, ``_column_refuses`` answers from them."""
+class ColumnScreens:
+    """The column screens of one ``index.TLoRAIndex`` (its tables, pictures of the running groups
+    and kept answers, read through its public names). A walk opens the columns when admission
+    closes (``open``) and closes them when the next one begins (``close``); in between,
+    ``refuses``, ``running`` and ``bulk_no_target`` answer from them.
 
-    _col_q = None
-    columns_made = 0  # a statistic (``TLoRA._reset`` keeps one per policy object)
+    Args:
+        ix: the index (``table``, ``protos``, ``kind_of``, ``target_memo``, ``memo_state``,
+            ``covered``, ``plan``, ``config``).
+    """
 
-    def _columns_open(self, q, first: np.ndarray, ids: np.ndarray) -> None:
+    def __init__(self, ix) -> None:
+        self.ix = ix
+        self._col_q = None
+        self.made = 0  # changed groups screened against every waiting shape at once: a statistic
+        self._mid_of = np.full(0, -1, np.int64)  # queue-table shape id -> its target-memo id unable to start alone
+        self._srows: dict = {}  # batch rows per waiting shape (``_shape_rows``)
+
+    def open(self, q, first: np.ndarray, ids: np.ndarray) -> None:
         """The join-only phase of a walk over ``q`` (a ``QueueOrder``) begins: ``first`` and ``ids``
         (arrays of equal length) are the first position and shape id of every shape still queued."""
         self._col_q = (q, first, ids, q.kind[first])
@@ -56,7 +66,12 @@ class ColumnScreen:
         self._col_at: dict[tuple, dict] = {}
         self._col_pos: dict[tuple, np.ndarray] = {}
 
-    def _columns_close(self) -> None:
+    def waiting(self) -> tuple | None:
+        """(the walk's ``QueueOrder``, first position of every shape still queued, their shape ids)
+        while the columns are open, else None."""
+        return None if self._col_q is None else self._col_q[:3]
+
+    def close(self) -> None:
         """The walk ended: its columns (and the planned groups they describe) are dropped."""
         self._col_q = None
         self._col_kinds = {}
@@ -123,16 +138,16 @@ class ColumnScreen:
         group) over the kind's waiting shapes ``shapes`` (``_shapes_of``): True where the batch
         refuses the shape for certain; kept for the walk. None where the batch cannot describe it."""
         planned = not isinstance(x, int)
-        key = (id(x), len(x.members)) if planned else (x, self._protos[x].version, self._protos[x].nano_batches)
+        key = (id(x), len(x.members)) if planned else (x, self.ix.protos[x].version, self.ix.protos[x].nano_batches)
         got = self._col_vec.get(key)
         if got is not None and (not planned or got[0] is x):
             return got[1]
-        tab = self._tables[kind]
+        tab = self.ix.table(kind)
         fb = tab.batch
         if planned:
             feats = group_features(fb, x.members)
             vec = None if feats is None else self._refusals(
-                fb, shapes, feats[0], feats[1], x.step_time_s(snap, self.plan), x.slowdown_bound_s(snap, self.plan),
+                fb, shapes, feats[0], feats[1], x.step_time_s(snap, self.ix.plan), x.slowdown_bound_s(snap, self.ix.plan),
                 x.nano_batches, tuple(j.member for j in x.members))
         else:
             i = tab.slot.get(x)
@@ -147,10 +162,10 @@ class ColumnScreen:
         (feature ``row``, Σ isolated step time ``iso`` s, step time ``step`` s, bound ``bound`` s,
         ``nano`` nano-batches, cost-model ``members``), unable to start alone (no bonus)."""
         keys, rows, bound_j, iso_j, mem_j = shapes[:5]
-        self.columns_made += 1
+        self.made += 1
         return batch_refusals(fb, fb.merge(rows, row), np.full(len(keys), float(nano)),
                               np.minimum(bound_j, bound), iso_j + iso,
-                              np.full(len(keys), iso / step + self.config.min_gain),
+                              np.full(len(keys), iso / step + self.ix.config.min_gain),
                               lambda i: members + (mem_j[i],))
 
     def _column_index(self, kind: tuple, shapes: tuple) -> dict:
@@ -160,7 +175,7 @@ class ColumnScreen:
             at = self._col_at[kind] = {k: i for i, k in enumerate(shapes[0])}
         return at
 
-    def _shape_mids(self, kind: tuple, sids: np.ndarray) -> np.ndarray:
+    def shape_mids(self, kind: tuple, sids: np.ndarray) -> np.ndarray:
         """The ``_target_memo`` ids of queue-table shapes ``sids`` (of ``kind``) unable to start
         alone, kept per shape id for the simulation."""
         t = self._col_q[0].table
@@ -171,10 +186,10 @@ class ColumnScreen:
         mids = arr[sids]
         for i in np.flatnonzero(mids < 0).tolist():  # shapes seen for the first time
             s = int(sids[i])
-            mids[i] = arr[s] = self._target_memo.key(kind, t.jkey_of[s])
+            mids[i] = arr[s] = self.ix.target_memo.key(kind, t.jkey_of[s])
         return mids
 
-    def _bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: list[int]) -> tuple | None:
+    def bulk_no_target(self, snap: Snapshot, plan: Planner, kind: tuple, sids: list[int]) -> tuple | None:
         """For waiting shapes of ``kind`` unable to start alone (``sids``: their ids in the walk's
         queue table, distinct): which surely have no join target now, decided for all at once. A
         shape qualifies when its kept answer is "no target" and every group ``_still_no_target``
@@ -183,21 +198,21 @@ class ColumnScreen:
         validity, stamp covered, ``sids`` as an array): ``current`` (bool, per shape) where the
         kept answer stands as is, ``sure`` where it stands for the validity and covered stamp
         given (to record)."""
-        tab = self._tables.get(kind)
+        tab = self.ix.table(kind)
         if self._col_q is None or tab is None or tab.batch is None or len(sids) < COLUMN_MIN:
             return None
         shapes = self._shapes_of(kind, tab.batch)
         if shapes is None:
             return None
-        kv, recent, valid, base = self._memo_state(plan, kind)
-        covered = self._covered(plan, recent, base, kv)
+        kv, recent, valid, base = self.ix.memo_state(plan, kind)
+        covered = self.ix.covered(plan, recent, base, kv)
         at = self._col_pos.get(kind)
         if at is None:  # shape id -> position in the kind's column vectors (-1: not in them)
             at = self._col_pos[kind] = np.full(len(self._col_q[0].table.shape_key), -1, np.int64)
             at[shapes[5]] = np.arange(len(shapes[5]))
-        memo = self._target_memo
+        memo = self.ix.target_memo
         sids = np.array(sids, np.int64)
-        mids = self._shape_mids(kind, sids)
+        mids = self.shape_mids(kind, sids)
         none = memo.none[mids]
         current = none & (memo.valid[mids] == memo.code(valid))
         sure = np.zeros(len(sids), bool)
@@ -209,14 +224,14 @@ class ColumnScreen:
         bound_j = shapes[2][idx]
         ok = np.ones(len(cand), bool)  # surely no target so far
         lo = since.min()
-        removed, joined = plan._removed_ids, plan._joined
+        removed, joined, protos = plan.removed_ids, plan.joined_groups, self.ix.protos
         for gid, stamp in reversed(recent.items()) if recent else ():
             if stamp <= lo:
                 break
-            proto = self._protos.get(gid)
+            proto = protos.get(gid)
             if proto is None or gid in removed or (kv and gid in joined):
                 continue  # joined groups: with the planned ones below
-            _, step, bound = proto._cached
+            _, step, bound = proto.cached
             asks = (since < stamp) & (np.minimum(bound_j, bound) - step > 0)
             if asks.any():
                 vec = self._column_vector(snap, plan, kind, shapes, gid)
@@ -225,9 +240,9 @@ class ColumnScreen:
                     return current, sure, valid, covered, sids
         if kv:
             planned = [plan.group(gid) for gid in plan.touched_ids()
-                       if not plan.removed(gid) and self._kind_of.get(gid) == kind] + plan.new_of_kind(kind)
+                       if not plan.removed(gid) and self.ix.kind_of.get(gid) == kind] + plan.new_of_kind(kind)
             for g in planned:
-                asks = np.minimum(bound_j, g.slowdown_bound_s(snap, self.plan)) - g.step_time_s(snap, self.plan) > 0
+                asks = np.minimum(bound_j, g.slowdown_bound_s(snap, self.ix.plan)) - g.step_time_s(snap, self.ix.plan) > 0
                 if asks.any():
                     vec = self._column_vector(snap, plan, kind, shapes, g)
                     ok &= ~asks | (vec[idx] if vec is not None else False)
@@ -236,13 +251,13 @@ class ColumnScreen:
         sure[cand[ok]] = True
         return current, sure, valid, covered, sids
 
-    def _column_running(self, snap: Snapshot, plan: Planner, kind: tuple, gid: int, answers: dict) -> None:
+    def running(self, snap: Snapshot, plan: Planner, kind: tuple, gid: int, answers: dict) -> None:
         """Screen running group ``gid`` (unchanged in this decision) against the waiting shapes of
         ``kind``: its column's refusals go into ``answers`` (its ``group_memo``, as ``merge_ok``'s
         answers), once per group state."""
         if self._col_q is None or len(answers) < COLUMN_AFTER or COLUMN_DONE in answers:
             return
-        tab = self._tables.get(kind)
+        tab = self.ix.table(kind)
         shapes = self._shapes_of(kind, tab.batch) if tab is not None and tab.batch is not None else None
         vec = self._column_vector(snap, plan, kind, shapes, gid) if shapes is not None else None
         if vec is None:
@@ -252,12 +267,12 @@ class ColumnScreen:
         for i in np.flatnonzero(vec).tolist():
             answers.setdefault(keys[i], False)
 
-    def _column_refuses(self, snap: Snapshot, plan: Planner, g: PlannedGroup, kind: tuple, jkey: tuple) -> bool:
+    def refuses(self, snap: Snapshot, plan: Planner, g: PlannedGroup, kind: tuple, jkey: tuple) -> bool:
         """Whether the column of planned group ``g`` (given members or started in this decision, as
         planned now) refuses job shape ``jkey`` for certain; False without a column."""
         if self._col_q is None or jkey[-1]:
             return False
-        tab = self._tables.get(kind)
+        tab = self.ix.table(kind)
         shapes = self._shapes_of(kind, tab.batch) if tab is not None and tab.batch is not None else None
         if shapes is None:
             return False

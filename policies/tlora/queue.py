@@ -12,9 +12,9 @@ make most of that walk unnecessary, without changing a decision:
   nothing only after a placement (from the next job of the shape after it);
 * across decisions, a shape that found no target (unable to start alone) keeps that answer while
   its kind's running groups are unchanged and nothing of the kind is planned
-  (``QueueTable.no_target_at``, the stamp ``TLoRA._kind_base``): the walk leaves such shapes
+  (``QueueTable.no_target_at``, the stamp ``TLoRAIndex.kind_base``): the walk leaves such shapes
   out with one array comparison, so a decision costs nothing per queued shape of a kind that did
-  not change (``TLoRA._join_target`` would answer None from its memo);
+  not change (``TLoRAIndex.join_target`` would answer None from its memo);
 * the order itself is a sort of numbers the policy already has per job (submit time, isolated
   runtime, tolerated slowdown, index), done by ``numpy`` over arrays kept per job index instead of
   a Python sort over ``Job`` objects (one ``argsort`` where the first key has no ties, else
@@ -24,20 +24,19 @@ make most of that walk unnecessary, without changing a decision:
 ``QueueTable`` keeps the per-job arrays for the lifetime of a simulation (a job's attributes never
 change; rows are filled the first time a job is seen); ``QueueOrder`` is one decision's view: the
 queue order, each position's job, kind (base model, GPU count) and shape, and the positions of each
-kind and each shape in queue order. ``QueueWalk._group_queue_indexed`` reads it; its decisions
-are those of the plain walk, ``QueueWalk._group_queue`` (``tests/test_tlora_queue.py`` compares
-whole simulations under every queue discipline).
+kind and each shape in queue order. ``walk.walk`` reads it; its decisions are those of the plain
+walk, ``rules.walk_queue`` (``tests/test_tlora_queue.py`` compares whole simulations under every
+queue discipline).
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import Sequence
 
 import numpy as np
 
 from tlora_sim.policies.ordering import AGING_FACTOR
-from tlora_sim.policies.tlora_index import job_shape
+from tlora_sim.policies.tlora.tables import job_shape
 from tlora_sim.sim.core.jobs import Job
 
 
@@ -65,13 +64,13 @@ class QueueTable:
         self.kind_key: list[tuple] = []
         self.shape_ids: dict[tuple, int] = {}
         self.shape_key: list[tuple] = []
-        #: per shape id: the stamp of its kind's running groups (``TLoRA._join_target``'s ``base``)
+        #: per shape id: the stamp of its kind's running groups (``TLoRAIndex.join_target``'s ``base``)
         #: at which the shape, unable to start alone, last found no join target with nothing of
         #: its kind planned; -2 if never (stamps are >= -1)
         self.no_target_at = np.zeros(0, np.int64)
         #: per shape id: its join-memo key unable to start alone (``job_shape(job, False)``), its
         #: tightest bound (max_slowdown x isolated step time, s) and isolated step time (s): what
-        #: the column screens read per waiting shape (``tlora_column``; the member: ``shape_key[s][0]``)
+        #: the column screens read per waiting shape (``columns.ColumnScreens``; the member: ``shape_key[s][0]``)
         self.jkey_of: list[tuple] = []
         self.bound_of = np.zeros(0)
         self.iso_of = np.zeros(0)
@@ -134,10 +133,10 @@ class QueueTable:
             self._add(queue[p] if by_index is None else by_index(int(idx[p])))
         if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
-            pos = _sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
+            pos = sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
         elif how in ("srpt", "sjf"):
             run = self.runtime[idx]
-            pos = _sort_first(run, lambda: (idx, run))
+            pos = sort_first(run, lambda: (idx, run))
         elif how == "srpt-aged":  # key (starved?, -urgency if starved else runtime, index)
             run = self.runtime[idx]
             urg = np.maximum(now_s - self.submit[idx], 0.0) / run
@@ -202,7 +201,7 @@ SHORT = 24
 per call exceeds a Python sort of key tuples."""
 
 
-def _sort_first(primary: np.ndarray, keys) -> np.ndarray:
+def sort_first(primary: np.ndarray, keys) -> np.ndarray:
     """``numpy.lexsort(keys())`` (whose last key is ``primary``): one plain argsort of ``primary``
     where its values are distinct and not NaN (the later keys then never decide), else the full
     lexsort."""
@@ -302,234 +301,3 @@ class QueueOrder:
             if i < m and ids[i] == d:
                 out.append((int(perm[i]), d))
         return out
-
-
-class QueueWalk:
-    """tLoRA's walk down the queue, step 2 of its decision (a mixin: it reads the policy's config
-    and join search): the plain walk and the indexed one, with the same decisions; see the module
-    docstring for why the indexed walk may skip what it skips."""
-
-    def _group_queue(self, snap, plan, queue: list[Job]) -> None:
-        """The plain walk (hand-built snapshots without the engine's kind index, and the reference
-        the tests compare the indexed walk with): every head in ``queue`` order, every decision."""
-        placed: set[int] = set()
-        admission_open = True
-        buckets: dict[tuple[str, int], list[Job]] = {}
-        for j in queue:
-            buckets.setdefault((j.model, j.num_gpus), []).append(j)
-        cursor = {k: 0 for k in buckets}
-        # A job shaped like one that found no target, with nothing planned since, finds none either.
-        no_target: dict[tuple, int] = {}
-        for head in queue:
-            if head.index in placed:
-                continue
-            kind = (head.model, head.num_gpus)
-            can_start = admission_open and plan.free.find(head.num_gpus) is not None
-            if not self.config.grouping:
-                if can_start:
-                    plan.start(head)
-                else:
-                    admission_open = False
-                continue
-            shape = (head.member, head.num_gpus, head.model, head.max_slowdown, head.isolated_step_time_s, can_start)
-            target = None
-            if no_target.get(shape) != plan.version:
-                target = self._join_target(snap, plan, head, can_start)
-                if target is None:
-                    no_target[shape] = plan.version
-            if target is None:
-                if not can_start:
-                    admission_open = False
-                    continue
-                target = plan.start(head)
-            else:
-                plan.join(target, head)
-            placed.add(head.index)
-            bucket, c = buckets[kind], cursor[kind]
-            while c < len(bucket) and bucket[c].index in placed:
-                c += 1
-            cursor[kind] = c
-            cands = [j for j in bucket[c:c + 2 * self.config.window] if j.index not in placed][: self.config.window]
-            self._join_window(snap, plan, target, cands, placed, admission_open)
-
-    def _none_for(self, snap, plan, q: QueueOrder, kind: tuple, shapes: list[tuple[int, int]],
-                  no_target: dict) -> list[bool]:
-        """For shapes of ``kind`` (position of a job of each, shape id) unable to start alone:
-        whether each surely has no join target now, all at once where the kind's waiting shapes
-        are many (``ColumnScreen._bulk_no_target``), else one by one
-        (``JoinSearch._no_target_by_member``). Each such answer is recorded as ``target_of``
-        records one (``no_target``, ``QueueTable.no_target_at``, ``_target_memo``), so the walk
-        treats the shape as asked."""
-        sids = [s for _, s in shapes]
-        bulk = self._bulk_no_target(snap, plan, kind, sids)
-        kv = plan.kind_version.get(kind, 0)
-        out = [False] * len(shapes)
-        rest = range(len(shapes))
-        if bulk is not None:  # the shapes answered at once: recorded at once
-            current, sure, valid, covered, sids = bulk
-            got = current | sure
-            rest = np.flatnonzero(~got).tolist()
-            out = got.tolist()
-            done = sids[got]
-            for s in done.tolist():
-                no_target[2 * s] = kv
-            if not kv:
-                q.table.no_target_at[done] = valid  # with nothing planned, the kind's last change
-            if sure.any():
-                self._target_memo.put_none(self._shape_mids(kind, sids[sure]), valid, covered)
-            self.shapes_in_bulk += len(done)
-            self.shapes_by_member += len(done)
-        jkey_of = q.table.jkey_of
-        for i in rest:
-            pos, s = shapes[i]
-            jkey = jkey_of[s]
-            ans = self._no_target_by_member(snap, plan, q.job(pos), kind, jkey)
-            if ans is None:
-                continue
-            valid, covered = ans
-            no_target[2 * s] = kv
-            if not kv:
-                q.table.no_target_at[s] = valid
-            if covered is not None:
-                self._target_memo.put(self._target_memo.key(kind, jkey), valid, None, covered)
-            self.shapes_by_member += 1
-            out[i] = True
-        return out
-
-    def _group_queue_indexed(self, snap, plan, q: QueueOrder) -> None:
-        self._planned_all = {}  # (id, size) of a planned group -> (it, its ``_refused_all`` answers)
-        self._columns_close()
-        placed: set[int] = set()
-        # 2 x shape id + can_start -> its kind's plan version when it found no target: a join
-        # target depends only on the job's shape and the groups of its kind (``Planner.kind_version``)
-        no_target: dict[int, int] = {}
-        kind_version = plan.kind_version
-        cursor: dict[int, int] = {}
-        kind_key = q.table.kind_key
-        grouping = self.config.grouping
-
-        nt = q.table.no_target_at
-
-        def target_of(head: Job, key: int, kind: tuple, can_start: bool, s: int):
-            """``head``'s join target, unless its shape (id ``s``; ``key`` = 2 s + can_start) found
-            none since ``kind`` last changed."""
-            if no_target.get(key) == kind_version.get(kind, 0):
-                return None
-            target = self._join_target(snap, plan, head, can_start)
-            if target is None:
-                kv = no_target[key] = kind_version.get(kind, 0)
-                if not kv and not can_start:
-                    nt[s] = self._kind_base(kind)
-            return target
-
-        n, p = len(q), 0
-        # while GPU admission is open every head is placed or closes it: O(placements)
-        while p < n:
-            head = q.job(p)
-            p += 1
-            if head.index in placed:
-                continue
-            can_start = plan.free.find(head.num_gpus) is not None
-            if not grouping:
-                if not can_start:
-                    return  # admission closed, and without grouping nothing else can be placed
-                plan.start(head)
-                continue
-            s = int(q.shape[p - 1])
-            target = target_of(head, 2 * s + can_start, kind_key[q.kind[p - 1]], can_start, s)
-            if target is None:
-                if not can_start:
-                    break  # admission closes
-                target = plan.start(head)
-            else:
-                plan.join(target, head)
-            placed.add(head.index)
-            self._join_followers(snap, plan, q, target, q.kind[p - 1], cursor, placed, True)
-        else:
-            return
-        # admission closed: only joins remain; one head per shape until its kind changes
-        heap: list[tuple[int, int]] = []
-        dormant: dict[tuple, list[int]] = {}  # kind -> shapes that found no target at its version
-        first, ids = q.first_of_shapes(p)
-        self._columns_open(q, first, ids)  # closed when the next walk begins
-        # asleep: shapes whose last answer, unable to start alone, was "no target" when their kind's
-        # running groups were as they are now and nothing of the kind is planned in this decision:
-        # ``_join_target`` would answer None from its memo, so they are not asked (a vectorised
-        # test: a decision then costs nothing per queued shape of a kind that did not change)
-        kinds_of = q.kind[first]
-        quiet = np.full(len(kind_key), -3, np.int64)
-        for k in np.unique(kinds_of).tolist():
-            if not kind_version.get(kind_key[k], 0):
-                quiet[k] = self._kind_base(kind_key[k])
-        asleep = nt[ids] == quiet[kinds_of]
-        asleep_ids, asleep_kinds = ids[asleep], kinds_of[asleep]
-        self.shapes_asleep += len(asleep_ids)
-        awake: dict[tuple, list[tuple[int, int]]] = {}  # kind -> (first position, shape id)
-        for first_p, s, k in zip(first[~asleep].tolist(), ids[~asleep].tolist(), kinds_of[~asleep].tolist()):
-            kind = kind_key[k]
-            if no_target.get(2 * s) == kind_version.get(kind, 0):
-                dormant.setdefault(kind, []).append(s)
-            else:
-                awake.setdefault(kind, []).append((first_p, s))
-        for kind, lst in awake.items():
-            for (first_p, s), none in zip(lst, self._none_for(snap, plan, q, kind, lst, no_target)):
-                if none:
-                    dormant.setdefault(kind, []).append(s)
-                else:
-                    heap.append((first_p, s))
-        heapq.heapify(heap)
-        while heap:
-            p, s = heapq.heappop(heap)
-            head = q.job(p)
-            if head.index in placed:
-                for nxt in q.next_of_shapes([s], p, placed):
-                    heapq.heappush(heap, nxt)
-                continue
-            kind = kind_key[q.kind[p]]
-            target = target_of(head, 2 * s, kind, False, s)
-            if target is None:
-                dormant.setdefault(kind, []).append(s)
-                continue
-            plan.join(target, head)
-            placed.add(head.index)
-            self._join_followers(snap, plan, q, target, q.kind[p], cursor, placed, False)
-            # the kind changed: its shapes are asked again from here on
-            woken = dormant.pop(kind, []) + [s]
-            if len(asleep_ids):
-                sel = asleep_kinds == q.kind[p]
-                if sel.any():
-                    woken += asleep_ids[sel].tolist()
-                    asleep_kinds[sel] = -1
-            lst = q.next_of_shapes(woken, p, placed)
-            for (nxt, d), none in zip(lst, self._none_for(snap, plan, q, kind, lst, no_target)):
-                if none:
-                    dormant.setdefault(kind, []).append(d)  # as if asked now: no target
-                else:
-                    heapq.heappush(heap, (nxt, d))
-
-    def _join_followers(self, snap, plan, q: QueueOrder, target, kind: int, cursor: dict[int, int],
-                        placed: set[int], admission_open: bool) -> None:
-        """After a head is placed in ``target``: the first ``window`` unplaced jobs of its kind in
-        queue order (from the kind's first unplaced one) join as far as ``binary_cut`` allows."""
-        if len(placed) >= len(q):
-            return  # every queued job is placed: no follower left
-        pos = q.kind_positions(int(kind))
-        c = cursor.get(kind, 0)
-        while c < len(pos) and q.index[pos[c]] in placed:
-            c += 1
-        cursor[kind] = c
-        w = self.config.window
-        cands = [j for j in (q.job(x) for x in pos[c:c + 2 * w]) if j.index not in placed][:w]
-        self._join_window(snap, plan, target, cands, placed, admission_open)
-
-    def _join_window(self, snap, plan, target, cands: list[Job], placed: set[int], admission_open: bool) -> None:
-        """The first k of ``cands`` (later queued jobs of the head's kind, in queue order) join
-        ``target``, k as large as ``binary_cut`` allows (each counted as 1 apart if it could start
-        alone now)."""
-        if cands:
-            free_now = {j.index: admission_open and plan.free.find(j.num_gpus) is not None for j in cands}
-            base = self.collective_rate(target.members, target.step_time_s(snap, self.plan))
-            k = self.binary_cut(snap, target, cands, base, free_now)
-            for j in cands[:k]:
-                plan.join(target, j)
-                placed.add(j.index)

@@ -1,5 +1,7 @@
-"""tLoRA's incremental index: the running groups of each kind as arrays, and the small pure helpers
-the join search and consolidation share (issue 6's bookkeeping; none of it changes a decision).
+"""The arrays and small pure helpers of tLoRA's index (``index.py``): the running groups of each kind
+as arrays (``KindTable``), the kept join answers (``TargetMemo``), and the batch cost model's
+certain refusals (``batch_refusals``) that the join search, consolidation and the column screens
+share (issue 6's bookkeeping; none of it changes a decision).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ in start order) in the join-target order."""
 
 class KindTable:
     """The running groups of one kind as arrays, one slot per group, kept up to date as groups
-    change (``TLoRA._note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
+    change (``TLoRAIndex.note_changes``): members, step time (s), slowdown bound (s), Σ isolated step
     time (s), collective rate (Σ T_iso / step), nano-batches, group id, whether the slot is in use
     (``alive``), the batch cost model's feature rows (``known``: the slot's row describes its
     group), and each slot's cost-model members (``members``, for a batch whose ``local`` plan is
     placed member by member: ``batch_refusals``). ``slot`` maps group id -> slot.
 
     Consolidation's bookkeeping lives here too: ``stamp`` (the decision stamp of the group's last
-    change as grouping sees it, ``TLoRA._note_changes``), and ``chk_hi``/``chk_lo`` (the stamps at
+    change as grouping sees it, ``TLoRAIndex.note_changes``), and ``chk_hi``/``chk_lo`` (the stamps at
     which the group, as a source, was last refused by every partner with freed GPUs worth 1 and 0;
     -1 if never: a refusal at 1 holds at 0, as ``merge_ok`` asks more of a merge there)."""
 
@@ -106,10 +108,10 @@ class KindTable:
 
 
 class TargetMemo:
-    """tLoRA's kept join answers (``JoinSearch._join_target``), per (kind, job shape): (validity,
+    """tLoRA's kept join answers (``TLoRAIndex.join_target``), per (kind, job shape): (validity,
     answer, running-groups stamp the answer covers). ``key`` gives a pair its id (kept for the
     simulation); "no target" answers (None) live in arrays by id, so that the walk reads and
-    writes the answers of many waiting shapes at once (``ColumnScreen._bulk_no_target``), the
+    writes the answers of many waiting shapes at once (``ColumnScreens.bulk_no_target``), the
     others in a dict. A validity is a stamp (int >= -1) or, inside one decision, (planner serial,
     kind version): one int64 in the arrays (``code``). ``len`` counts the answers kept; ``clear``
     forgets them (not the ids)."""
