@@ -20,7 +20,7 @@ policy actions the engine cannot apply are always rejected, and a ``decide()`` t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable, Mapping, Sequence
 
@@ -44,7 +44,7 @@ from tlora_sim.sim.core.snapshot import GroupViews, engine_snapshot
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
 _MEMBER, _TOKENS = attrgetter("member"), attrgetter("tokens_per_step")
-__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PolicyError", "SimResult"]
+__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PauseOptions", "PolicyError", "SimResult"]
 
 
 class _Wake:
@@ -82,15 +82,12 @@ class _Group:
     membership: tuple | None = None
 
 
-class Engine:
-    """Replay ``jobs`` on ``cluster`` under ``policy``.
+@dataclass(frozen=True)
+class PauseOptions:
+    """How an executed run pays for its rebuilds, for ``validate-run`` (``sim/executor/validate.py``)
+    to replay it in the engine; the defaults are a plain replay's (a replay never sets them).
 
-    Args:
-        jobs: jobs in submit order (``Job.index`` = position).
-        cluster: the cluster.
-        cost_model: step time / memory predictor.
-        policy: object with ``decide(Snapshot) -> list[Action]``.
-        regroup_pause_s: pause of a group when members join or are preempted (s).
+    Attributes:
         start_pause_s: pause of a new group before its first step (s; default 0: building a group
             is free). ``validate-run`` sets it to what an executed run measured.
         pause_on_finish: a member finishing also pauses the group's survivors for
@@ -102,6 +99,30 @@ class Engine:
             waits for it and pays a rebuild of its own (``docs/executor.md``).
         pause_by_size: members after a change -> that change's pause (s); other sizes pause
             ``regroup_pause_s`` (default: none; ``validate-run`` passes what a run measured).
+            Kept as a new ``{int: float}`` dict.
+    """
+
+    start_pause_s: float = 0.0
+    pause_on_finish: bool = False
+    serial_pauses: bool = False
+    pause_by_size: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start_pause_s", float(self.start_pause_s))
+        object.__setattr__(self, "pause_by_size", {int(k): float(v) for k, v in (self.pause_by_size or {}).items()})
+
+
+class Engine:
+    """Replay ``jobs`` on ``cluster`` under ``policy``.
+
+    Args:
+        jobs: jobs in submit order (``Job.index`` = position).
+        cluster: the cluster.
+        cost_model: step time / memory predictor.
+        policy: object with ``decide(Snapshot) -> list[Action]``.
+        regroup_pause_s: pause of a group when members join or are preempted (s).
+        pauses: how an executed run pays its rebuilds (:class:`PauseOptions`: ``validate-run``'s;
+            default: a replay's).
         progress: optional callback ``progress(now_s)`` called after each decision.
         check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
             for benchmarks). The checker is a listener, called after ``listeners``.
@@ -122,8 +143,7 @@ class Engine:
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
                  check_invariants: bool = True, listeners: Sequence[EngineListener] = (),
-                 start_pause_s: float = 0.0, pause_on_finish: bool = False, serial_pauses: bool = False,
-                 pause_by_size: Mapping[int, float] | None = None) -> None:
+                 pauses: PauseOptions = PauseOptions()) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -133,15 +153,16 @@ class Engine:
         self.cost_model = cost_model
         self.policy = policy
         self.regroup_pause_s = float(regroup_pause_s)
-        self.start_pause_s = float(start_pause_s)
-        self.pause_on_finish = bool(pause_on_finish)
-        self.serial_pauses = bool(serial_pauses)
-        self.pause_by_size = {int(k): float(v) for k, v in (pause_by_size or {}).items()}
+        self.pauses = pauses
+        self.start_pause_s = pauses.start_pause_s  # read where groups change: kept as attributes
+        self.pause_on_finish = bool(pauses.pause_on_finish)
+        self.serial_pauses = bool(pauses.serial_pauses)
+        self.pause_by_size = pauses.pause_by_size
         self.serial_pause_count = 0  # changes whose pause was queued after another (``serial_pauses``)
         if not (0.0 <= self.regroup_pause_s < float("inf") and 0.0 <= self.start_pause_s < float("inf")
                 and all(0.0 <= v < float("inf") for v in self.pause_by_size.values())):
             raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
-                             f"{start_pause_s!r}")
+                             f"{pauses.start_pause_s!r}")
         self.progress = progress
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
