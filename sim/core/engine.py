@@ -13,7 +13,8 @@ Policy timer: a policy whose ``timer_s`` (the Policy protocol, float s or None) 
 ``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning, ALTO's early-exit checks).
 
 Invariants (``tlora_sim.sim.core.invariants``) are checked at every state change unless ``check_invariants=False``;
-policy actions the engine cannot apply are always rejected, and a ``decide()`` that raises or returns no actions is a
+policy actions the engine cannot apply are always rejected (the rules of ``action_rules.py``, shared with the
+real-time executor), and a ``decide()`` that raises or returns no actions is a
 :class:`PolicyError` (``policy_call.py``). All raise :class:`InvariantError` (a checker's violation carries history).
 """
 
@@ -133,7 +134,8 @@ class Engine:
         member_flops: model FLOPs of one step of each job alone (``CostModel.step_flops``), by job index.
 
     Raises:
-        ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
+        ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s`` or pause of
+            ``pauses``.
         InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
             models, a job not queued, a group not running), or jobs left unfinished when events
             run out; with ``check_invariants``, any violation of ``tlora_sim.sim.core.invariants``
