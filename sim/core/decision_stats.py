@@ -74,7 +74,7 @@ class DecisionStats(EngineListener):
         """How many decisions the next one at ``queue_length`` counts for in ``cpu_s``: 1 for the
         first :data:`CPU_ALL` of its decade, then :data:`CPU_SAMPLE` for every ``CPU_SAMPLE``-th
         and 0 (not CPU-timed) for the others."""
-        d = decade(queue_length)
+        d = len(str(queue_length)) if queue_length else 0  # decade(), inline: once per decision
         rec = self.by_queue.get(d) or self.by_queue.setdefault(d, QueueDecade())
         n = rec.decisions
         return 1 if n < CPU_ALL else CPU_SAMPLE if n % CPU_SAMPLE == 0 else 0
@@ -83,7 +83,7 @@ class DecisionStats(EngineListener):
         """Add one decision taken at ``queue_length`` queued jobs: ``wall_s`` its wall time (s),
         ``cpu_s`` its CPU time (s; None when it was not CPU-timed: :meth:`cpu_weight` said 0),
         ``placed`` the jobs its actions placed."""
-        d = decade(queue_length)
+        d = len(str(queue_length)) if queue_length else 0  # decade(), inline
         rec = self.by_queue.get(d) or self.by_queue.setdefault(d, QueueDecade())
         cpu = 0.0
         if cpu_s is not None:

@@ -329,16 +329,10 @@ class Engine:
             self._request_decision()
 
     # ---- actions ---------------------------------------------------------------------------
-    def _take(self, indices: Sequence[int], what: str) -> list[int]:
-        """Take the jobs ``indices`` off the queue (``action_rules.take_queued``) and tell the
-        queue's key array."""
-        idx = rules.take_queued(self.queue, indices, what)
-        self._queue_keys.removed(indices)
-        return idx
-
     def _start_group(self, a: StartGroup) -> None:
         now = self.env.now
-        idx = self._take(a.job_indices, "StartGroup")
+        idx = rules.take_queued(self.queue, a.job_indices, "StartGroup")
+        self._queue_keys.removed(idx)
         jobs = self.jobs
         model = rules.one_model(jobs, idx)
         n = sum(k for _, k in a.placement)
@@ -368,7 +362,8 @@ class Engine:
 
     def _add_members(self, a: AddMembers) -> None:
         g = rules.running_group(self.groups, a.group_id, "AddMembers")
-        idx = self._take(a.job_indices, "AddMembers")
+        idx = rules.take_queued(self.queue, a.job_indices, "AddMembers")
+        self._queue_keys.removed(idx)
         rules.same_model(self.jobs, idx, g.model)
         self._settle(g)
         now = self.env.now
