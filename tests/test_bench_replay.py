@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tlora_sim.sim.core.engine import CPU_ALL, CPU_SAMPLE
+from tlora_sim.sim.core.decision_stats import CPU_ALL, CPU_SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "replay.py"

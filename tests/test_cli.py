@@ -299,7 +299,7 @@ def test_write_csv_reads_back_the_same_values(tmp_path):
 
 # ---- interrupted runs: every output complete or absent, no temp file -------------------------------
 def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
-    from tlora_sim.sim.report.rundir import atomic_write
+    from tlora_sim.sim.runtime.atomic import atomic_write
 
     target = tmp_path / "x.csv"
     target.write_text("old complete\n")
@@ -315,7 +315,8 @@ def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_while_writing_leaves_the_previous_file_and_no_temp(sig, tmp_path, reliability):
-    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.runtime.atomic import atomic_write
+    from tlora_sim.sim.runtime.signals import Interrupted, signals_raise_interrupt
 
     target = tmp_path / "summary.json"
     target.write_text('{"old": true}\n')
@@ -340,7 +341,7 @@ def test_a_signal_inside_a_finalizer_is_delivered_again_not_printed(capfd, relia
     follows (seen as a flaky traceback in the killed-compare test below)."""
     import weakref
 
-    from tlora_sim.sim.report.rundir import Interrupted, signals_raise_interrupt
+    from tlora_sim.sim.runtime.signals import Interrupted, signals_raise_interrupt
 
     class Thing:
         pass
@@ -369,7 +370,8 @@ def test_an_interrupt_dropped_in_a_finalizer_unwinds_the_write_at_its_next_line(
     import traceback
     import weakref
 
-    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.runtime.atomic import atomic_write
+    from tlora_sim.sim.runtime.signals import Interrupted, signals_raise_interrupt
 
     class Thing:
         pass
@@ -398,7 +400,8 @@ def test_an_interrupt_dropped_in_a_finalizer_unwinds_the_write_at_its_next_line(
 
 def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path, monkeypatch, reliability):
     from tlora_sim.sim.report import rundir
-    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.runtime.atomic import atomic_write
+    from tlora_sim.sim.runtime.signals import Interrupted, signals_raise_interrupt
 
     target = tmp_path / "jobs.csv"
     real_replace = os.replace
@@ -415,7 +418,7 @@ def test_a_signal_during_the_rename_is_held_until_the_file_is_complete(tmp_path,
 
 
 def test_signal_handlers_are_restored():
-    from tlora_sim.sim.report.rundir import signals_raise_interrupt
+    from tlora_sim.sim.runtime.signals import signals_raise_interrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with signals_raise_interrupt():
@@ -428,7 +431,8 @@ def test_a_signal_from_another_thread_is_still_held_during_the_rename(tmp_path, 
     import threading
 
     from tlora_sim.sim.report import rundir
-    from tlora_sim.sim.report.rundir import Interrupted, atomic_write, signals_raise_interrupt
+    from tlora_sim.sim.runtime.atomic import atomic_write
+    from tlora_sim.sim.runtime.signals import Interrupted, signals_raise_interrupt
 
     target = tmp_path / "timeline.csv"
     real_replace = os.replace
@@ -624,7 +628,7 @@ def test_a_failure_while_unwinding_from_a_signal_exits_as_interrupted(monkeypatc
     writer flushing a half-compressed stream raised ``zlib.error`` on SIGTERM) ends the run as
     interrupted, exit 128 + the signal, not as a crash."""
     import tlora_sim.sim.cli.main as cli
-    from tlora_sim.sim.report.rundir import Interrupted
+    from tlora_sim.sim.runtime.signals import Interrupted
 
     def run(_args):
         try:

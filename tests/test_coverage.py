@@ -9,7 +9,8 @@ import sys
 
 import pandas as pd
 
-from tlora_sim.sim.experiments.replay import coverage, coverage_line
+from tlora_sim.sim.core.provenance import coverage
+from tlora_sim.sim.experiments.replay import coverage_line
 
 
 def test_coverage_counts_and_warns():

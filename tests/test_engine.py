@@ -10,7 +10,7 @@ import pytest
 from tlora_sim.sim.core.listeners import EngineListener, EventCounter
 
 from conftest import CM, cluster, make_job, policy, reindex, run_engine
-from tlora_sim.sim.core.engine import Engine, InvariantError, _Wake
+from tlora_sim.sim.core.engine import Engine, InvariantError, PauseOptions, _Wake
 from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
 
 
@@ -313,7 +313,7 @@ def test_a_join_during_a_rebuild_pays_its_own_pause_only_with_serial_pauses(seri
         return [AddMembers(0, tuple(j.index for j in snap.queue))] if snap.queue else []
 
     eng = Engine([a, b, c, d], cluster("1x8xH100"), CM, Scripted(join), regroup_pause_s=30.0,
-                 serial_pauses=serial)
+                 pauses=PauseOptions(serial_pauses=serial))
     res = eng.run()
     t4 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member, c.member, d.member], 1, "fused")
     resume = 100.0 + 30.0 + 30.0 if serial else 110.0 + 30.0
@@ -327,12 +327,12 @@ def test_pause_by_size_prices_a_rebuild_by_the_members_after_it():
     a = make_job(0, steps=1000)
     b = make_job(1, submit=50.0, steps=400, rank=4)
     eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), regroup_pause_s=30.0,
-                 pause_by_size={2: 5.0})
+                 pauses=PauseOptions(pause_by_size={2: 5.0}))
     res = eng.run()
     t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
     assert res.records[1].finish_s == approx(50.0 + 5.0 + 400 * t2, rel=1e-11)
     with pytest.raises(ValueError):
-        Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), pause_by_size={2: -1.0})
+        Engine([a, b], cluster("1x8xH100"), CM, Scripted(join_on_arrival), pauses=PauseOptions(pause_by_size={2: -1.0}))
 
 
 def test_snapshot_queue_is_read_in_place_and_only_while_deciding():

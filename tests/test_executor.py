@@ -199,7 +199,7 @@ def test_the_executor_reproduces_the_engine_when_steps_take_the_modelled_time(po
     from tlora_sim.policies.registry import make_policy
     from tlora_sim.sim.core import metrics
     from tlora_sim.sim.core.cluster import parse_cluster
-    from tlora_sim.sim.core.engine import Engine
+    from tlora_sim.sim.core.engine import Engine, PauseOptions
     from tlora_sim.sim.executor.clock import VirtualClock
     from tlora_sim.sim.executor.execute import ExecuteConfig
     from tlora_sim.sim.executor.runtime import RealTimeExecutor
@@ -213,7 +213,7 @@ def test_the_executor_reproduces_the_engine_when_steps_take_the_modelled_time(po
                               clock=VirtualClock())
         real = metrics.jobs_table(ex.run())
         sim = metrics.jobs_table(Engine(jobs, c, cm, make_policy(policy, {}), regroup_pause_s=0.0,
-                                        pause_on_finish=True).run())
+                                        pauses=PauseOptions(pause_on_finish=True)).run())
         err = (real.jct_s - sim.jct_s).abs() / sim.jct_s
         assert real.steps_trained.tolist() == pytest.approx(sim.steps_trained.tolist(), abs=1e-6)
         assert real.jct_s.mean() == pytest.approx(sim.jct_s.mean(), rel=1e-5 if policy == "independent" else 0.05)

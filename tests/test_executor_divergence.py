@@ -69,13 +69,15 @@ def test_the_committed_tlora_replay_follows_the_executed_schedule(planned_as_exe
 
 
 def test_without_serial_pauses_the_tlora_replay_parts_at_17_s(monkeypatch, planned_as_executed):
+    from dataclasses import replace
+
     from tlora_sim.sim.core.engine import Engine
     from tlora_sim.sim.executor.validate import simulate
 
     init = Engine.__init__
 
     def overlapping(self, *a, **k):
-        init(self, *a, **{**k, "serial_pauses": False, "pause_by_size": {}})
+        init(self, *a, **{**k, "pauses": replace(k["pauses"], serial_pauses=False, pause_by_size={})})
 
     monkeypatch.setattr(Engine, "__init__", overlapping)
     row, _, div = simulate(THIRD / "tlora", None, "measured")

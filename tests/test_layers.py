@@ -109,8 +109,6 @@ def _under(mod: str, prefix: str) -> bool:
 # Imports that break a row of the table today, left for the rooms that own them (issue 42, items
 # 3 and 4). Remove an entry when its import goes; add none.
 KNOWN_LAYER_VIOLATIONS = {
-    # the executor reuses replay's run-coverage and version records (item 4: one runtime room)
-    ("tlora_sim.sim.executor.execute", "tlora_sim.sim.experiments.replay"),
     # the report re-infers a sweep's load axis from trace-spec strings and cluster specs (item 3:
     # the experiment spec writes the axes into the run directory)
     ("tlora_sim.sim.report.load_sweep", "tlora_sim.sim.core.cluster"),

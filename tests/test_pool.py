@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tlora_sim.sim.experiments.pool import run_tasks
+from tlora_sim.sim.runtime.pool import run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PARENT = textwrap.dedent("""
     import sys, time
-    from tlora_sim.sim.experiments.pool import run_tasks
+    from tlora_sim.sim.runtime.pool import run_tasks
     def task(path):
         open(path, "w").close()      # tells the test this worker runs
         time.sleep(600)

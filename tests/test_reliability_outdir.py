@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tlora_sim.sim.cli.main import main
-from tlora_sim.sim.report import runtime
-from tlora_sim.sim.report.runtime import lock_path
+from tlora_sim.sim.runtime import outlock
+from tlora_sim.sim.runtime.outlock import lock_path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = [sys.executable, "-m", "tlora_sim.sim.cli.main"]
@@ -96,7 +96,7 @@ def test_the_lock_is_released_after_a_run_and_after_a_refusal(tmp_path, capsys):
     assert main(_replay(out)) == 2  # holds a run, no --force
     assert main(["compare", "--policies", "nosuch", *TINY, "--out", str(tmp_path / "cmp")]) == 2
     capsys.readouterr()
-    assert not runtime._HELD and _leftovers(tmp_path) == []
+    assert not outlock._HELD and _leftovers(tmp_path) == []
 
 
 def test_force_leaves_nothing_of_the_replaced_run(tmp_path, comparisons):

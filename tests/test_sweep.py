@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from tlora_sim.sim.experiments import sweep as sw
+from tlora_sim.sim.runtime.outlock import SweepLock
 from tlora_sim.traces.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,7 +289,7 @@ def test_backend_and_lock_errors(tmp_path):
         sw.run_sweep(s, tmp_path / "o", backend="slurm")
     with pytest.raises(InputError, match="--backend ray"):
         sw.run_sweep(s, tmp_path / "o", address="127.0.0.1:6379")
-    with sw._lock(tmp_path / "o"):
+    with SweepLock(tmp_path / "o"):
         with pytest.raises(InputError, match="another sweep"):
             sw.run_sweep(s, tmp_path / "o", workers=1, progress=False)
 

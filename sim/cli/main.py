@@ -14,7 +14,7 @@ import sys
 
 
 def _exit_on_signal(signum: int, _frame=None) -> None:
-    """Until ``main`` installs ``rundir.signals_raise_interrupt``: nothing is written yet, so a
+    """Until ``main`` installs ``runtime.signals.signals_raise_interrupt``: nothing is written yet, so a
     SIGINT/SIGTERM/SIGHUP during start-up ends the process at once with 128 + the signal number
     (not killed by the signal: status -15 from the default handler)."""
     os._exit(128 + signum)
@@ -433,7 +433,7 @@ def _run(args) -> int:
 
 def _interrupted_by(e: BaseException) -> int | None:
     """The signal number if ``e`` was raised while an interruption (``KeyboardInterrupt``, e.g.
-    ``rundir.Interrupted``) was unwinding: found in its ``__context__``/``__cause__`` chain."""
+    ``runtime.signals.Interrupted``) was unwinding: found in its ``__context__``/``__cause__`` chain."""
     seen: set[int] = set()
     x: BaseException | None = e
     while x is not None and id(x) not in seen:
@@ -446,7 +446,7 @@ def _interrupted_by(e: BaseException) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tlora-sim`` console script; returns the exit status."""
-    from tlora_sim.sim.report.rundir import signals_raise_interrupt
+    from tlora_sim.sim.runtime.signals import signals_raise_interrupt
 
     import logging
 
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"not written", file=sys.stderr)
             return 128 + signum
         from tlora_sim.sim.core.engine import PolicyError
-        from tlora_sim.sim.report.runtime import is_write_error, write_error
+        from tlora_sim.sim.runtime.write_errors import is_write_error, write_error
 
         if isinstance(e, PolicyError):  # a crashing policy: one line, the traceback in a file or behind -v
             where = (f" (traceback in {e.traceback_file})" if e.traceback_file else
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     finally:
-        from tlora_sim.sim.report.runtime import release_all_out_locks
+        from tlora_sim.sim.runtime.outlock import release_all_out_locks
 
         release_all_out_locks()  # a run that failed between its --out check and its swap
 

@@ -13,21 +13,24 @@ Policy timer: a policy whose ``timer_s`` (the Policy protocol, float s or None) 
 ``timer_s`` seconds while any group runs, even with an empty queue (tLoRA's nano-batch tuning, ALTO's early-exit checks).
 
 Invariants (``tlora_sim.sim.core.invariants``) are checked at every state change unless ``check_invariants=False``;
-policy actions the engine cannot apply are always rejected, and a ``decide()`` that raises or returns no actions is a
+policy actions the engine cannot apply are always rejected (the rules of ``action_rules.py``, shared with the
+real-time executor), and a ``decide()`` that raises or returns no actions is a
 :class:`PolicyError` (``policy_call.py``). All raise :class:`InvariantError` (a checker's violation carries history).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable, Mapping, Sequence
 
 import simpy
 from simpy.events import NORMAL
 
+from tlora_sim.sim.core import action_rules as rules
 from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.core.decision_stats import DecisionStats
 from tlora_sim.sim.costmodel.interface import CostModel
 from tlora_sim.sim.core.gc_scope import frozen_before, no_collections
 from tlora_sim.sim.core.jobs import Job
@@ -42,12 +45,7 @@ from tlora_sim.sim.core.snapshot import GroupViews, engine_snapshot
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
 _MEMBER, _TOKENS = attrgetter("member"), attrgetter("tokens_per_step")
-CPU_ALL, CPU_SAMPLE = 64, 8
-"""CPU clock reads around the first CPU_ALL decisions of each queue-length decade, then every
-CPU_SAMPLE-th, counted CPU_SAMPLE times: a read is a system call (1-4 us on the EPYC VM; around every
-decision ~11% of ``independent``'s CPU on merged ITP, bench/README.md session 15). Wall: every one."""
-
-__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PolicyError", "SimResult"]
+__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PauseOptions", "PolicyError", "SimResult"]
 
 
 class _Wake:
@@ -85,15 +83,12 @@ class _Group:
     membership: tuple | None = None
 
 
-class Engine:
-    """Replay ``jobs`` on ``cluster`` under ``policy``.
+@dataclass(frozen=True)
+class PauseOptions:
+    """How an executed run pays for its rebuilds, for ``validate-run`` (``sim/executor/validate.py``)
+    to replay it in the engine; the defaults are a plain replay's (a replay never sets them).
 
-    Args:
-        jobs: jobs in submit order (``Job.index`` = position).
-        cluster: the cluster.
-        cost_model: step time / memory predictor.
-        policy: object with ``decide(Snapshot) -> list[Action]``.
-        regroup_pause_s: pause of a group when members join or are preempted (s).
+    Attributes:
         start_pause_s: pause of a new group before its first step (s; default 0: building a group
             is free). ``validate-run`` sets it to what an executed run measured.
         pause_on_finish: a member finishing also pauses the group's survivors for
@@ -105,6 +100,30 @@ class Engine:
             waits for it and pays a rebuild of its own (``docs/executor.md``).
         pause_by_size: members after a change -> that change's pause (s); other sizes pause
             ``regroup_pause_s`` (default: none; ``validate-run`` passes what a run measured).
+            Kept as a new ``{int: float}`` dict.
+    """
+
+    start_pause_s: float = 0.0
+    pause_on_finish: bool = False
+    serial_pauses: bool = False
+    pause_by_size: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start_pause_s", float(self.start_pause_s))
+        object.__setattr__(self, "pause_by_size", {int(k): float(v) for k, v in (self.pause_by_size or {}).items()})
+
+
+class Engine:
+    """Replay ``jobs`` on ``cluster`` under ``policy``.
+
+    Args:
+        jobs: jobs in submit order (``Job.index`` = position).
+        cluster: the cluster.
+        cost_model: step time / memory predictor.
+        policy: object with ``decide(Snapshot) -> list[Action]``.
+        regroup_pause_s: pause of a group when members join or are preempted (s).
+        pauses: how an executed run pays its rebuilds (:class:`PauseOptions`: ``validate-run``'s;
+            default: a replay's).
         progress: optional callback ``progress(now_s)`` called after each decision.
         check_invariants: check ``tlora_sim.sim.core.invariants`` at every state change (default True; switch off
             for benchmarks). The checker is a listener, called after ``listeners``.
@@ -115,7 +134,8 @@ class Engine:
         member_flops: model FLOPs of one step of each job alone (``CostModel.step_flops``), by job index.
 
     Raises:
-        ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s``.
+        ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s`` or pause of
+            ``pauses``.
         InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
             models, a job not queued, a group not running), or jobs left unfinished when events
             run out; with ``check_invariants``, any violation of ``tlora_sim.sim.core.invariants``
@@ -125,8 +145,7 @@ class Engine:
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
                  check_invariants: bool = True, listeners: Sequence[EngineListener] = (),
-                 start_pause_s: float = 0.0, pause_on_finish: bool = False, serial_pauses: bool = False,
-                 pause_by_size: Mapping[int, float] | None = None) -> None:
+                 pauses: PauseOptions = PauseOptions()) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -136,15 +155,16 @@ class Engine:
         self.cost_model = cost_model
         self.policy = policy
         self.regroup_pause_s = float(regroup_pause_s)
-        self.start_pause_s = float(start_pause_s)
-        self.pause_on_finish = bool(pause_on_finish)
-        self.serial_pauses = bool(serial_pauses)
-        self.pause_by_size = {int(k): float(v) for k, v in (pause_by_size or {}).items()}
+        self.pauses = pauses
+        self.start_pause_s = pauses.start_pause_s  # read where groups change: kept as attributes
+        self.pause_on_finish = bool(pauses.pause_on_finish)
+        self.serial_pauses = bool(pauses.serial_pauses)
+        self.pause_by_size = pauses.pause_by_size
         self.serial_pause_count = 0  # changes whose pause was queued after another (``serial_pauses``)
         if not (0.0 <= self.regroup_pause_s < float("inf") and 0.0 <= self.start_pause_s < float("inf")
                 and all(0.0 <= v < float("inf") for v in self.pause_by_size.values())):
             raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
-                             f"{start_pause_s!r}")
+                             f"{pauses.start_pause_s!r}")
         self.progress = progress
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
@@ -164,7 +184,7 @@ class Engine:
         self._events = 0
         self._decisions = 0
         self._decision_time = 0.0
-        self._by_queue: dict[int, list] = {}  # queue-length decade -> results.SimResult.decisions_by_queue
+        self.decision_stats = DecisionStats()  # decision cost by queue length (perf.json)
         self._groups_started = 0
         self._finished = 0
         self._running = 0  # members of running groups
@@ -204,7 +224,8 @@ class Engine:
             self._fail(f"policy {getattr(self.policy, 'name', '?')} left {len(left)} job(s) unfinished "
                        f"when no events remained (first: {left[:5]}); queue={len(self.queue)}")
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, self._events, self._decisions,
-                         self._decision_time, time.perf_counter() - t0, self._groups_started, self._by_queue,
+                         self._decision_time, time.perf_counter() - t0, self._groups_started,
+                         self.decision_stats.by_queue,
                          reference_steps(self.jobs, self.cost_model, self.gpu, reference_plan_of(self.policy)))
 
     def _start_arrivals(self) -> None:
@@ -259,10 +280,8 @@ class Engine:
             return
         self._shrunk = False
         qlen = len(self.queue)
-        d = len(str(qlen)) if qlen else 0
-        b = self._by_queue.get(d) or self._by_queue.setdefault(d, [0, 0.0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0])
-        w = 1 if b[0] < CPU_ALL else CPU_SAMPLE if b[0] % CPU_SAMPLE == 0 else 0  # CPU-time weight (CPU_ALL)
-        c0 = time.thread_time() if w else 0.0
+        timed = self.decision_stats.cpu_weight(qlen)  # CPU-time a sample (decision_stats.CPU_ALL)
+        c0 = time.thread_time() if timed else 0.0
         t0 = time.perf_counter()
         snap = self.snapshot(frozenset(self._dirty))
         self._dirty.clear()
@@ -270,7 +289,7 @@ class Engine:
         snap.groups.freeze()  # the engine changes from here on
         snap.queue.freeze()
         dt = time.perf_counter() - t0
-        cpu = w * (time.thread_time() - c0) if w else 0.0
+        cpu = time.thread_time() - c0 if timed else None
         self._decision_time += dt
         self._decisions += 1
         if self._obs is not None:
@@ -278,20 +297,25 @@ class Engine:
         placed = 0
         apply = self._apply
         start, add = apply[StartGroup], apply[AddMembers]
-        for a in actions:
-            f = apply.get(type(a))
-            if f is None:  # a subclass of an action, or no action
-                f = next((g for t, g in apply.items() if isinstance(a, t)), None)
-                if f is None:
-                    self._fail(f"unknown action {a!r}")
-            if f is start or f is add:
-                placed += len(a.job_indices)
-            f(self, a)
-        for k in ((0, 5) if not placed else (0,)):  # idle decisions also go to their own five
-            b[k], b[k + 1], b[k + 2] = b[k] + 1, b[k + 1] + dt, b[k + 2] + qlen
-            if w:
-                b[k + 3], b[k + 4] = b[k + 3] + cpu, b[k + 4] + 1
-        b[10] += placed
+        try:  # the rules of action_rules: a broken one is this run's invariant error
+            for a in actions:
+                f = apply.get(type(a))
+                if f is None:  # a subclass of an action, or no action
+                    f = next((g for t, g in apply.items() if isinstance(a, t)), None)
+                    if f is None:
+                        raise rules.unknown_action(a)
+                if f is start or f is add:
+                    placed += len(a.job_indices)
+                f(self, a)
+        except rules.ActionRejected as e:
+            rejected = str(e)
+        else:
+            rejected = None
+        if rejected is not None:
+            self._fail(rejected)
+        self.decision_stats.decided(self.env.now, qlen, dt, cpu, placed)
+        if self._obs is not None:
+            self._obs.decided(self.env.now, qlen, dt, cpu, placed)
         self._record()
         if self.progress is not None:
             self.progress(self.env.now)
@@ -305,32 +329,17 @@ class Engine:
             self._request_decision()
 
     # ---- actions ---------------------------------------------------------------------------
-    def _take_from_queue(self, indices: Sequence[int], what: str) -> list[int]:
-        queue = self.queue
-        if not indices:
-            self._fail(f"{what} with no jobs")
-        for i in indices:
-            if i not in queue:
-                self._fail(f"{what} names job index {i}, which is not queued")
-        if len(indices) > 1 and len(set(indices)) != len(indices):
-            self._fail(f"{what} names a job twice: {indices}")
-        for i in indices:
-            del queue[i]
-        self._queue_keys.removed(indices)
-        return list(indices)
-
     def _start_group(self, a: StartGroup) -> None:
         now = self.env.now
-        idx = self._take_from_queue(a.job_indices, "StartGroup")
+        idx = rules.take_queued(self.queue, a.job_indices, "StartGroup")
+        self._queue_keys.removed(idx)
         jobs = self.jobs
-        model = jobs[idx[0]].model
-        if len(idx) > 1 and any(jobs[i].model != model for i in idx):
-            self._fail(f"StartGroup mixes base models {sorted({jobs[i].model for i in idx})}")
+        model = rules.one_model(jobs, idx)
         n = sum(k for _, k in a.placement)
         try:
             self.free.apply(a.placement, -1)
-        except (RuntimeError, IndexError, TypeError) as e:
-            self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
+        except rules.BOOKING_ERRORS as e:
+            raise rules.double_booked(idx, a.placement, e) from None
         kept = self.remaining_queued
         g = _Group(self._next_gid, model, n, tuple(a.placement), a.plan, idx,
                    {i: kept.pop(i, float(jobs[i].total_steps)) if kept else float(jobs[i].total_steps) for i in idx},
@@ -352,11 +361,10 @@ class Engine:
         self._retime(g)
 
     def _add_members(self, a: AddMembers) -> None:
-        g = self._group(a.group_id, "AddMembers")
-        idx = self._take_from_queue(a.job_indices, "AddMembers")
-        bad = [self.jobs[i].job_id for i in idx if self.jobs[i].model != g.model]
-        if bad:
-            self._fail(f"AddMembers puts jobs {bad} on a {g.model} group")
+        g = rules.running_group(self.groups, a.group_id, "AddMembers")
+        idx = rules.take_queued(self.queue, a.job_indices, "AddMembers")
+        self._queue_keys.removed(idx)
+        rules.same_model(self.jobs, idx, g.model)
         self._settle(g)
         now = self.env.now
         if self._obs is not None:
@@ -374,8 +382,8 @@ class Engine:
         self._retime(g)
 
     def _remove_members(self, a: RemoveMembers) -> None:
-        g = self._group(a.group_id, "RemoveMembers")
-        self._check_members(g, a.job_indices, "RemoveMembers")
+        g = rules.running_group(self.groups, a.group_id, "RemoveMembers")
+        rules.check_members(g.gid, g.remaining, a.job_indices, "RemoveMembers")
         self._settle(g)
         if self._obs is not None:
             self._obs.leave(g.gid, a.job_indices)
@@ -397,18 +405,9 @@ class Engine:
         # on: ask again at this instant (with no other event pending they would wait forever).
         self._request_decision()
 
-    def _check_members(self, g: _Group, indices: Sequence[int], what: str) -> None:
-        if not indices:
-            self._fail(f"{what} on group {g.gid} with no jobs")
-        if len(set(indices)) != len(indices):
-            self._fail(f"{what} names a job twice: {indices}")
-        for i in indices:
-            if i not in g.remaining:
-                self._fail(f"{what}: job index {i} not in group {g.gid}")
-
     def _stop_members(self, a: StopMembers) -> None:
-        g = self._group(a.group_id, "StopMembers")
-        self._check_members(g, a.job_indices, "StopMembers")
+        g = rules.running_group(self.groups, a.group_id, "StopMembers")
+        rules.check_members(g.gid, g.remaining, a.job_indices, "StopMembers")
         self._settle(g)
         for i in a.job_indices:
             self.records[i].early_exit = True
@@ -417,9 +416,8 @@ class Engine:
         self._request_decision()
 
     def _set_execution(self, a: SetExecution) -> None:
-        g = self._group(a.group_id, "SetExecution")
-        if a.nano_batches < 1 or a.micro_batches < 1:
-            self._fail(f"SetExecution needs counts >= 1, got {a}")
+        g = rules.running_group(self.groups, a.group_id, "SetExecution")
+        rules.check_counts(a)
         self._settle(g)
         g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
         self._retime(g)
@@ -461,11 +459,6 @@ class Engine:
         else:
             return
         g.pause_set_s = now
-
-    def _group(self, gid: int, what: str) -> _Group:
-        if gid not in self.groups:
-            self._fail(f"{what} names group {gid}, which is not running")
-        return self.groups[gid]
 
     # ---- progress --------------------------------------------------------------------------
     @staticmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-HOOKS = ("arrive", "decision", "start", "join", "leave", "retime", "progress", "finish", "close", "at", "final",
+HOOKS = ("arrive", "decision", "decided", "start", "join", "leave", "retime", "progress", "finish", "close", "at", "final",
          "fail")
 
 
@@ -26,6 +26,12 @@ class EngineListener:
 
     def decision(self, now: float, actions: Sequence[Any]) -> None:
         """The policy returned ``actions`` at ``now`` (before the engine applies them)."""
+
+    def decided(self, now: float, queue_length: int, wall_s: float, cpu_s: float | None, placed: int) -> None:
+        """The engine applied the actions of the decision at ``now``, taken with ``queue_length``
+        jobs queued: ``wall_s`` its wall time (s), ``cpu_s`` the engine thread's CPU time (s; None
+        when not CPU-timed: ``decision_stats.CPU_ALL``), ``placed`` the jobs its ``StartGroup`` /
+        ``AddMembers`` placed (``decision_stats.DecisionStats`` adds them up)."""
 
     def start(self, gid: int, model: str, n_gpus: int, placement: Sequence[tuple[int, int]], plan: str,
               members: Sequence[int], engine_free: Sequence[int]) -> None:

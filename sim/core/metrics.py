@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.core.decision_stats import QueueDecade
 from tlora_sim.sim.core.results import SimResult
 
 JOB_COLUMNS = ["job_id", "index", "tenant", "model", "rank", "batch_size", "micro_batch_per_gpu", "grad_accum",
@@ -187,35 +188,31 @@ def summarize(jobs: pd.DataFrame, res: SimResult, cluster: ClusterSpec, model_fl
     }
 
 
-def decisions_by_queue(by_queue: dict[int, list]) -> dict[str, dict]:
+def decisions_by_queue(by_queue: dict[int, QueueDecade]) -> dict[str, dict]:
     """Decision cost by queue length, for ``perf.json``: ``{"10-99": {"decisions": n, "ms_per_call":
     x, "cpu_ms_per_call": c, "mean_queue": q}, ...}`` keyed by queue-length decade (``"0"`` = empty
     queue), in order; ``ms_per_call`` is wall time over every decision, ``cpu_ms_per_call`` the CPU
     time of the engine's thread (``time.thread_time``), which other work on the machine does not
     inflate, per decision, estimated from the ``cpu_timed`` decisions the engine CPU-timed (the
-    first 64 of the decade, then every 8th: ``engine.CPU_ALL``).
+    first 64 of the decade, then every 8th: ``decision_stats.CPU_ALL``).
 
     A decision's cost is a look at the queue plus work per job it places, so a decade's mean mixes
     two costs in whatever proportion its decisions had (mLoRA at load 0.7: idle decisions ~0.01 ms
-    at every queue length, placing ones 0.05-1.5 ms). Where the engine recorded the split, each
-    decade also has ``idle_decisions`` and their ``idle_ms_per_call`` / ``idle_cpu_ms_per_call``
+    at every queue length, placing ones 0.05-1.5 ms). Each decade also has ``idle_decisions`` and their ``idle_ms_per_call`` / ``idle_cpu_ms_per_call``
     (decisions that placed no job), ``placed_jobs`` and ``ms_per_placed_job`` /
     ``cpu_ms_per_placed_job`` (the time of the decade's placing decisions per job they placed).
     The wall times cover every decision; the CPU times are estimated from the sampled ones, which
     is noisy where a decade has few placing decisions."""
     out = {}
     for d in sorted(by_queue):
-        n, t, q, *cpu = by_queue[d]
+        r = by_queue[d]
+        n, t, idle_n, placed = r.decisions, r.wall_s, r.idle_decisions, r.placed_jobs
         key = "0" if d == 0 else f"{10 ** (d - 1)}-{10 ** d - 1}"
-        out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0, "mean_queue": q / n if n else 0.0}
-        if cpu:
-            out[key]["cpu_ms_per_call"] = 1e3 * cpu[0] / n if n else 0.0
-            out[key]["cpu_timed"] = cpu[1] if len(cpu) > 1 else n
-        if len(cpu) >= 8:
-            idle_n, idle_t, _, idle_cpu, _, placed = cpu[2:8]
-            out[key].update({
-                "idle_decisions": idle_n, "idle_ms_per_call": 1e3 * idle_t / idle_n if idle_n else 0.0,
-                "idle_cpu_ms_per_call": 1e3 * idle_cpu / idle_n if idle_n else 0.0, "placed_jobs": placed,
-                "ms_per_placed_job": 1e3 * max(t - idle_t, 0.0) / placed if placed else 0.0,
-                "cpu_ms_per_placed_job": 1e3 * max(cpu[0] - idle_cpu, 0.0) / placed if placed else 0.0})
+        out[key] = {"decisions": n, "ms_per_call": 1e3 * t / n if n else 0.0,
+                    "mean_queue": r.queue_sum / n if n else 0.0,
+                    "cpu_ms_per_call": 1e3 * r.cpu_s / n if n else 0.0, "cpu_timed": r.cpu_timed,
+                    "idle_decisions": idle_n, "idle_ms_per_call": 1e3 * r.idle_wall_s / idle_n if idle_n else 0.0,
+                    "idle_cpu_ms_per_call": 1e3 * r.idle_cpu_s / idle_n if idle_n else 0.0, "placed_jobs": placed,
+                    "ms_per_placed_job": 1e3 * max(t - r.idle_wall_s, 0.0) / placed if placed else 0.0,
+                    "cpu_ms_per_placed_job": 1e3 * max(r.cpu_s - r.idle_cpu_s, 0.0) / placed if placed else 0.0}
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tlora_sim.sim.core.jobs import Job
+from tlora_sim.sim.core.decision_stats import QueueDecade
 
 
 @dataclass(slots=True)
@@ -34,14 +35,12 @@ class SimResult:
         events: SimPy events processed.
         decisions: policy calls; decision_time_s: their total wall time (s).
         wall_s: wall time of the run (s).
-        decisions_by_queue: queue-length decade -> ``[decisions, total wall time (s), Σ queue
-            length, CPU time of the engine's thread (s; estimated from the CPU-timed decisions,
-            ``engine.CPU_ALL``), CPU-timed decisions]`` (decade 0: empty queue; d >= 1:
-            10^(d-1) <= length < 10^d), then the same five for the decade's idle decisions (those
-            that placed no job: no ``StartGroup``/``AddMembers``), then the jobs its decisions
-            placed: how decision cost grows with the queue (issue 20's "per-decision time flat
-            from queue 10 to 10,000"; the CPU time does not count other processes sharing the
-            machine, the wall time does). Older results may carry only the first five.
+        decisions_by_queue: queue-length decade -> ``decision_stats.QueueDecade`` (decisions, their
+            wall and CPU time, Σ queue length, the same for the decade's idle decisions, and the
+            jobs they placed; decade 0: empty queue; d >= 1: 10^(d-1) <= length < 10^d): how
+            decision cost grows with the queue (issue 20's "per-decision time flat from queue 10
+            to 10,000"; the CPU time does not count other processes sharing the machine, the wall
+            time does). Empty for the real-time executor.
     """
 
     jobs: Sequence[Job]
@@ -53,7 +52,7 @@ class SimResult:
     decision_time_s: float
     wall_s: float = 0.0
     groups_started: int = 0
-    decisions_by_queue: dict[int, list] = field(default_factory=dict)
+    decisions_by_queue: dict[int, QueueDecade] = field(default_factory=dict)
     reference_step_s: Sequence[float] | None = None
     """Per job (index order): its isolated step time in the policy's own lone-job plan (s), the
     reference of ``jobs.csv`` ``run_slowdown`` (``reference_steps``); None: the eager isolated step

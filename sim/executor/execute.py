@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from tlora_sim.sim.core import metrics
+from tlora_sim.sim.core.provenance import coverage, versions
 from tlora_sim.sim.executor.workload import scaled_workload, workload_table
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv, write_json
 from tlora_sim.sim.report.rundir_layout import RunDir
@@ -219,7 +220,6 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
     from tlora_sim.sim.executor.runtime import STEP_COLUMNS, RealTimeExecutor
     from tlora_sim.sim.executor.trainer import TINY_SEQ_DIV, DeviceTrainer
     from tlora_sim.sim.executor.workers import NO_MULTICAST
-    from tlora_sim.sim.experiments.replay import coverage, versions
 
     policy = make_policy(cfg.policy, cfg.policy_options)
     trainer = pool if pool is not None else DeviceTrainer(cfg.device, tiny=cfg.tiny)

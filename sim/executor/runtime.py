@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tlora_sim.sim.core import action_rules as rules
 from tlora_sim.sim.core.cluster import ClusterSpec
 from tlora_sim.sim.core.results import JobRecord, SimResult
 from tlora_sim.sim.core.invariants import InvariantChecker
@@ -241,70 +242,48 @@ class RealTimeExecutor(PoolLoop):
         self._decision_time += time.perf_counter() - w0
         self._decisions += 1
         self.checker.decision(t, actions)
-        for a in actions:
-            if isinstance(a, StartGroup):
-                self._start(a)
-            elif isinstance(a, AddMembers):
-                self._add(a)
-            elif isinstance(a, RemoveMembers):
-                self._remove(a)
-            elif isinstance(a, StopMembers):
-                self._stop(a)
-            elif isinstance(a, SetExecution):
-                g = self._group(a.group_id, "SetExecution")
-                if a.nano_batches < 1 or a.micro_batches < 1:
-                    self._fail(f"SetExecution needs counts >= 1, got {a}")
-                g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
-                self._retime(g)
-            else:
-                self._fail(f"unknown action {a!r}")
+        try:  # the engine's rules (action_rules): a broken one is an InvariantViolation
+            for a in actions:
+                if isinstance(a, StartGroup):
+                    self._start(a)
+                elif isinstance(a, AddMembers):
+                    self._add(a)
+                elif isinstance(a, RemoveMembers):
+                    self._remove(a)
+                elif isinstance(a, StopMembers):
+                    self._stop(a)
+                elif isinstance(a, SetExecution):
+                    g = rules.running_group(self.groups, a.group_id, "SetExecution")
+                    rules.check_counts(a)
+                    g.nano_batches, g.micro_batches = a.nano_batches, a.micro_batches
+                    self._retime(g)
+                else:
+                    raise rules.unknown_action(a)
+        except rules.ActionRejected as e:
+            rejected = str(e)
+        else:
+            rejected = None
+        if rejected is not None:
+            self._fail(rejected)
         self._record()
         if self.policy.timer_s and self.groups and self._next_timer is None:
             self._next_timer = t + self.policy.timer_s
 
-    # ---- actions (the engine's rules) --------------------------------------------------------
+    # ---- actions (the engine's rules: sim/core/action_rules.py) --------------------------------------------------------
     def _fail(self, message: str) -> None:
         self.checker.fail("action", message)  # raises InvariantViolation with the recent history
 
-    def _take(self, indices, what: str) -> list[int]:
-        if not indices:
-            self._fail(f"{what} with no jobs")
-        if len(set(indices)) != len(indices):
-            self._fail(f"{what} names a job twice: {indices}")
-        for i in indices:
-            if i not in self.queue:
-                self._fail(f"{what} names job index {i}, which is not queued")
-        for i in indices:
-            del self.queue[i]
-        return list(indices)
-
-    def _group(self, gid: int, what: str) -> _RealGroup:
-        if gid not in self.groups:
-            self._fail(f"{what} names group {gid}, which is not running")
-        return self.groups[gid]
-
-    def _check_members(self, g: _RealGroup, indices, what: str) -> None:
-        if not indices:
-            self._fail(f"{what} on group {g.gid} with no jobs")
-        if len(set(indices)) != len(indices):
-            self._fail(f"{what} names a job twice: {indices}")
-        for i in indices:
-            if i not in g.remaining:
-                self._fail(f"{what}: job index {i} not in group {g.gid}")
-
     def _start(self, a: StartGroup) -> None:
         t = self.now()
-        idx = self._take(a.job_indices, "StartGroup")
-        models = {self.jobs[i].model for i in idx}
-        if len(models) != 1:
-            self._fail(f"StartGroup mixes base models {sorted(models)}")
+        idx = rules.take_queued(self.queue, a.job_indices, "StartGroup")
+        model = rules.one_model(self.jobs, idx)
         try:
             self.free.apply(a.placement, -1)
             devices = self.slots.take(a.placement)
-        except (RuntimeError, IndexError, TypeError) as e:
-            self._fail(f"StartGroup {idx} on {a.placement} double-books GPUs: {e}")
+        except rules.BOOKING_ERRORS as e:
+            raise rules.double_booked(idx, a.placement, e) from None
         n = sum(k for _, k in a.placement)
-        g = _RealGroup(self._next_gid, models.pop(), n, tuple(a.placement), devices, a.plan, [], {}, t,
+        g = _RealGroup(self._next_gid, model, n, tuple(a.placement), devices, a.plan, [], {}, t,
                        a.nano_batches, a.micro_batches, free_s=t)
         self._next_gid += 1
         self._groups_started += 1
@@ -318,11 +297,9 @@ class RealTimeExecutor(PoolLoop):
         self._change(g, idx, "start")
 
     def _add(self, a: AddMembers) -> None:
-        g = self._group(a.group_id, "AddMembers")
-        idx = self._take(a.job_indices, "AddMembers")
-        bad = [self.jobs[i].job_id for i in idx if self.jobs[i].model != g.model]
-        if bad:
-            self._fail(f"AddMembers puts jobs {bad} on a {g.model} group")
+        g = rules.running_group(self.groups, a.group_id, "AddMembers")
+        idx = rules.take_queued(self.queue, a.job_indices, "AddMembers")
+        rules.same_model(self.jobs, idx, g.model)
         self._settle_and_finish(g)
         self.checker.join(g.gid, idx)
         t = self.now()
@@ -336,8 +313,8 @@ class RealTimeExecutor(PoolLoop):
         self._change(g, members, "regroup")
 
     def _remove(self, a: RemoveMembers) -> None:
-        g = self._group(a.group_id, "RemoveMembers")
-        self._check_members(g, a.job_indices, "RemoveMembers")
+        g = rules.running_group(self.groups, a.group_id, "RemoveMembers")
+        rules.check_members(g.gid, g.remaining, a.job_indices, "RemoveMembers")
         done = self._settle_and_finish(g)
         leave = [i for i in a.job_indices if i not in done]  # a member whose last step was in flight finished
         if leave:
@@ -351,8 +328,8 @@ class RealTimeExecutor(PoolLoop):
         self._need = True  # the preempted jobs are queued again: ask at once, as the engine does
 
     def _stop(self, a: StopMembers) -> None:
-        g = self._group(a.group_id, "StopMembers")
-        self._check_members(g, a.job_indices, "StopMembers")
+        g = rules.running_group(self.groups, a.group_id, "StopMembers")
+        rules.check_members(g.gid, g.remaining, a.job_indices, "StopMembers")
         done = self._settle_and_finish(g)
         stop = [i for i in a.job_indices if i not in done]
         for i in stop:

@@ -22,8 +22,8 @@ What a step-time table does not see is measured from the run's ``steps.csv`` and
 engine: the regroup pause (mean save/rebuild/restore time plus the mean excess of a rebuilt
 group's first step over the engine's step), the same for a new group's start (``start_pause_s``),
 and a pause whenever a member finishes and the others go on (the executor rebuilds the
-super-model then; ``Engine(pause_on_finish=True)``). Pauses are charged as the executor pays
-them (``Engine(serial_pauses=True, pause_by_size=...)``): a change during a rebuild from an
+super-model then; ``PauseOptions(pause_on_finish=True)``). Pauses are charged as the executor pays
+them (``PauseOptions(serial_pauses=True, pause_by_size=...)``): a change during a rebuild from an
 earlier instant pays its own pause after it (the executor decides between steps), and a change's
 pause is the run's mean rebuild for the group's new size (``steptable.pauses_by_size``).
 
@@ -224,7 +224,7 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     from tlora_sim.sim.core.invariants import InvariantChecker
     from tlora_sim.sim.executor.divergence import MembershipLog, divergence, real_changes
     from tlora_sim.sim.executor.planning import PlanningPolicy
-    from tlora_sim.sim.core.engine import Engine
+    from tlora_sim.sim.core.engine import Engine, PauseOptions
     from tlora_sim.sim.executor.steptable import (MeasuredStepTable, ScaledCostModel, first_step_excess_s,
                                                   pace, pauses_by_size)
     from tlora_sim.sim.executor.workload import executor_cost_model
@@ -263,9 +263,9 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
         checker.solo = bytearray(len(jobs))  # isolated runtimes are the planning model's, not these step times
     log = MembershipLog()
     by_size = pauses_by_size(steps, first_s)
-    engine = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, start_pause_s=start_s,
-                    pause_on_finish=True, check_invariants=False, listeners=[checker, log],
-                    serial_pauses=True, pause_by_size=by_size)
+    engine = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, check_invariants=False,
+                    listeners=[checker, log], pauses=PauseOptions(start_pause_s=start_s, pause_on_finish=True,
+                                                                  serial_pauses=True, pause_by_size=by_size))
     log.bind(engine)
     res = engine.run()
     sim_jobs = metrics.jobs_table(res)

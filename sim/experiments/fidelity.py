@@ -14,7 +14,7 @@ the end of the run). Shares are of the run's total job GPU-time; a job with seve
 under each of them, once in ``extrapolated_gpu_time_share_total``. The reasons are those of the
 job's isolated prediction (its model, rank, batch, GPU count and GPU type); a group mix that leaves
 the measured grid only inside a group is counted in the distinct-prediction share
-``extrapolated_share`` (``replay.coverage``), not here.
+``extrapolated_share`` (``sim.core.provenance.coverage``), not here.
 
 :func:`validation_error` reads the end-to-end validation of record for a GPU type
 (``profiler/data/validation/``, ``VALIDATION_RUNS``): real against simulated average JCT per policy

@@ -9,7 +9,6 @@ per policy and ``figures/``.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import platform
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter, mul
@@ -22,6 +21,7 @@ import pandas as pd
 from tlora_sim.sim.core import metrics
 from tlora_sim.sim.core.cluster import parse_cluster
 from tlora_sim.sim.core.engine import Engine
+from tlora_sim.sim.core.provenance import coverage, versions
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundir import (check_out_dir, staged_dir,
                                          write_csv, write_json)
@@ -29,7 +29,7 @@ from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.sim.report.rundata import REFERENCE_POLICY
 from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
-from tlora_sim.sim.experiments.pool import run_tasks
+from tlora_sim.sim.runtime.pool import run_tasks
 
 
 @dataclass(frozen=True)
@@ -136,17 +136,6 @@ def policy_options_with_discipline(policy: str, discipline: str, user: dict | No
         fields = config_of(make_policy(policy))
         extra = {k: v for k, v in extra.items() if k in fields}
     return {**extra, **dict(user or {})}
-
-
-def versions() -> dict[str, str]:
-    """Versions of the interpreter and the libraries that shape results."""
-    out = {"python": platform.python_version()}
-    for pkg in ("tlora-sim", "simpy", "numpy", "pandas"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "unknown"
-    return out
 
 
 def load_workload(cfg: ReplayConfig, frame: pd.DataFrame | None = None):
@@ -351,19 +340,6 @@ def write_run(out: Path, result: dict, *, plots: bool = True) -> None:
 
 TENANTS_CSV = "tenants.csv"
 """Per-tenant table of a run directory (``sim/core/fairness.py``), where the trace has tenants."""
-
-
-def coverage(kept: int, skipped: dict, cost_model: dict) -> dict:
-    """What a run covers: ``kept_jobs`` of ``input_jobs`` (the trace's rows, or sweep configurations,
-    before skips), and ``extrapolated_share`` of the cost model's distinct predictions that left
-    its measured grid (0 for a model that does not count them)."""
-    preds = int(cost_model.get("predictions", 0) or 0)
-    extra = int(cost_model.get("extrapolated", 0) or 0)
-    share = extra / preds if preds else 0.0
-    if cost_model.get("kind") != "profiled" and "predictions" not in cost_model:
-        share = 1.0  # a model that measured nothing and counts nothing (the roofline): every prediction
-    return {"input_jobs": kept + sum(int(v) for v in skipped.values()), "kept_jobs": kept,
-            "extrapolated_share": share}
 
 
 def coverage_line(policy: str, summary: dict) -> str:

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tlora_sim.traces.errors import InputError
+from tlora_sim.sim.runtime.outlock import SweepLock
 from tlora_sim.sim.experiments.sweep_dir import check_sweep_out, read_cell_summary, remove_stale_stages
 from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, load_sweep, parse_sweep  # noqa: F401
 # ---- one cell --------------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def _run_cell_files(cell: Cell) -> dict:
 
 def _write_cell_files(out: Path, files: dict[str, bytes]) -> None:
     """Write a cell's files atomically, ``summary.json`` (the finished marker) last."""
-    from tlora_sim.sim.report.rundir import atomic_write
+    from tlora_sim.sim.runtime.atomic import atomic_write
 
     for name in sorted(files, key=lambda n: (n == "summary.json", n)):
         data = files[name]
@@ -255,7 +256,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, backend: str = "local", work
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}", field="--workers")
     out = check_sweep_out(out_dir)
-    with _lock(out):
+    with SweepLock(out):
         remove_stale_stages(out)
         write_json(out / "sweep.json", sweep.describe())
         done = [c for c in sweep.cells if is_finished(out, c)]
@@ -301,53 +302,8 @@ def _bar(total: int, initial: int, enabled: bool):
                 smoothing=0.1)
 
 
-class _lock:
-    """An exclusive ``flock`` on ``DIR/.sweep.lock`` for the duration of a sweep (POSIX only)."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / ".sweep.lock"
-        self.fd: int | None = None
-
-    def __enter__(self):
-        from tlora_sim.sim.report.runtime import acquire_out_lock, holds_out_lock, release_out_lock
-
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self
-        out = self.path.parent
-        self.took = not holds_out_lock(out)
-        acquire_out_lock(out)  # the run-directory lock too: no replay --force swaps DIR while it runs
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            if self.took:
-                release_out_lock(out)
-            raise InputError(f"cannot write the sweep's lock file ({e.strerror})", file=str(self.path),
-                             field="--out") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.fd)
-            self.fd = None
-            if self.took:
-                release_out_lock(out)
-            raise InputError("another sweep is running in this directory", file=str(self.path.parent)) from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        from tlora_sim.sim.report.runtime import release_out_lock
-
-        if self.fd is not None:
-            os.close(self.fd)  # closing releases the lock
-            self.fd = None
-        if getattr(self, "took", False):
-            release_out_lock(self.path.parent)
-
-
 def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], workers: int) -> None:
-    from tlora_sim.sim.experiments.pool import run_tasks
+    from tlora_sim.sim.runtime.pool import run_tasks
 
     run_tasks(_run_cell, [(c, str(cell_dir(out, c))) for c in todo], workers,
               lambda i, res: finished(todo[i], res), order=lambda i: todo[i].cell_id)
@@ -464,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     add_sweep_parser(sub)
     args = ap.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    from tlora_sim.sim.report.rundir import signals_raise_interrupt
-    from tlora_sim.sim.report.runtime import release_all_out_locks
+    from tlora_sim.sim.runtime.signals import signals_raise_interrupt
+    from tlora_sim.sim.runtime.outlock import release_all_out_locks
 
     try:
         with signals_raise_interrupt():  # SIGTERM/SIGHUP unwind like Ctrl-C: exit 128 + the signal

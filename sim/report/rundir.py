@@ -1,17 +1,11 @@
-"""Atomic writers for run-directory files, and signal handling that lets them clean up.
+"""Run-directory files and the run directory as a unit: JSON and CSV writers, the checks of
+``--out``, and the staged directory swapped in when a run is done.
 
-Every file is written to a temp file in the same directory (``.NAME.XXXX.tmp``) and renamed onto
-its target with :func:`os.replace`, so a run interrupted at any point leaves each file either
-complete (the previous or the new version) or absent, never half-written.
-
-Within :func:`signals_raise_interrupt` (the CLI runs inside it) SIGINT, SIGTERM and SIGHUP raise
-:class:`Interrupted` (a ``KeyboardInterrupt``) in the main thread, so the ``finally`` clauses that
-delete temp files run; a signal that arrives while a temp file is being created or renamed is held
-until that step is done (Python-level, so it works whatever thread the OS delivers the signal to).
-An :class:`Interrupted` that lands inside a finalizer (a weakref callback or ``__del__``, where
-Python can only print and drop an exception) is raised again at the next line of ordinary code
-instead (:func:`redeliver_interrupts`), so it unwinds that code. Only SIGKILL, which no process can
-catch, can leave a stray ``.tmp`` file; complete files stay complete even then.
+Every file is written atomically (``runtime.atomic.atomic_write``: a temp file renamed onto its
+target), so a run interrupted at any point leaves each file either complete (the previous or the
+new version) or absent, never half-written; a directory is built as a unit in a hidden sibling
+(:func:`staged_dir`). Signals and their re-delivery, the output-directory lock and write errors
+are the process's concerns (``sim/runtime``).
 """
 
 from __future__ import annotations
@@ -19,168 +13,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import sys
 import tempfile
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
-_hold = {"depth": 0, "pending": None}  # main thread only
-
-
-class Interrupted(KeyboardInterrupt):
-    """Raised in the main thread when SIGINT, SIGTERM or SIGHUP arrives (inside :func:`signals_raise_interrupt`).
-
-    Attributes:
-        signum: the signal number (exit status convention: 128 + signum).
-    """
-
-    def __init__(self, signum: int) -> None:
-        self.signum = int(signum)
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-
-
-def interrupt_handler(signum: int, _frame: Any = None) -> None:
-    """Signal handler: raise :class:`Interrupted`, or remember the signal while a write is being
-    committed (it is raised when the commit is done)."""
-    if _hold["depth"]:
-        if _hold["pending"] is None:
-            _hold["pending"] = signum
-        return
-    raise Interrupted(signum)
-
-
-_redelivery: dict[str, Any] = {"signum": None, "frames": []}  # main thread only
-
-
-def _redeliver_unraisable(hook_args) -> None:
-    """``sys.unraisablehook`` installed by :func:`redeliver_interrupts`: an :class:`Interrupted`
-    raised where Python cannot propagate it (a finalizer) is raised again by a trace function at
-    the next line of ordinary code (the frames below this hook, or any frame entered later), in
-    the same thread and with no timing involved; anything else goes to the hook that was there
-    before. (Session 2 signalled again from a thread a millisecond later; under load that signal
-    could land inside this hook, where it was dropped too.)"""
-    if not isinstance(hook_args.exc_value, Interrupted):
-        _redeliver_unraisable.previous(hook_args)
-        return
-    _redelivery["signum"] = hook_args.exc_value.signum
-    frame = sys._getframe(1)
-    while frame is not None:
-        frame.f_trace = _raise_pending
-        _redelivery["frames"].append(frame)
-        frame = frame.f_back
-    sys.settrace(_raise_pending)
-
-
-_redeliver_unraisable.previous = sys.unraisablehook
-
-
-def _raise_pending(frame: Any, _event: str, _arg: Any) -> Any:
-    """Trace function armed by :func:`_redeliver_unraisable`: raises the dropped
-    :class:`Interrupted` in ``frame``, or holds it like a signal while a write is being committed.
-    Python unsets the trace function when one raises, so a tracer installed before (a debugger,
-    coverage) is off from then on; the process is being interrupted anyway."""
-    signum = _redelivery["signum"]
-    if signum is None:
-        return None
-    if frame.f_code is _redeliver_unraisable.__code__:
-        return _raise_pending  # still inside the hook: the next frame is ordinary code
-    for armed in _redelivery["frames"]:
-        armed.f_trace = None
-    _redelivery.update(signum=None, frames=[])
-    sys.settrace(None)  # also when the interrupt is held (nothing raises here then)
-    interrupt_handler(signum)  # raises, or is held until the commit is done
-    return None
-
-
-def redeliver_interrupts() -> Callable[[], None]:
-    """Install :func:`_redeliver_unraisable` as ``sys.unraisablehook``; returns a function that
-    puts the previous hook back. Without it, a signal handled while a weakref callback or
-    ``__del__`` runs prints "Exception ignored ... Interrupted" and the interrupt is lost."""
-    previous = sys.unraisablehook
-    if previous is not _redeliver_unraisable:
-        _redeliver_unraisable.previous = previous
-        sys.unraisablehook = _redeliver_unraisable
-
-    def restore() -> None:
-        sys.unraisablehook = previous
-
-    return restore
-
-
-@contextlib.contextmanager
-def signals_raise_interrupt() -> Iterator[None]:
-    """Within the block, SIGINT/SIGTERM/SIGHUP raise :class:`Interrupted` in the main thread (so cleanup
-    code runs) and are held during atomic commits; the previous handlers are restored afterwards.
-    No-op off the main thread (Python runs signal handlers only there)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, interrupt_handler) for s in _SIGNALS}
-    restore_hook = redeliver_interrupts()
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        restore_hook()
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Defer :func:`interrupt_handler` to the end of the block (main thread; a no-op elsewhere)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _hold["depth"] += 1
-    try:
-        yield
-    finally:
-        _hold["depth"] -= 1
-        if not _hold["depth"] and _hold["pending"] is not None:
-            signum, _hold["pending"] = _hold["pending"], None
-            raise Interrupted(signum)
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)`` then rename the temp file onto ``path``; returns ``path``.
-
-    On any exception or interrupt the temp file is removed and ``path`` is left as it was.
-
-    Raises:
-        InputError: the file cannot be written (an ``OSError``: no space left, read-only file
-            system, permission denied, ...): one line naming ``path`` (``runtime.write_error``).
-    """
-    path = Path(path)
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _signals_held():  # the temp file's name is recorded before any signal can interrupt
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
-            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
-        write(Path(tmp))
-        with _signals_held():  # renamed and forgotten together
-            os.replace(tmp, path)
-            tmp = None
-    except OSError as e:
-        from tlora_sim.sim.report.runtime import write_error
-
-        raise write_error(e, path) from None
-    finally:
-        if tmp is not None:
-            with _signals_held():
-                Path(tmp).unlink(missing_ok=True)
-    return path
+from tlora_sim.sim.runtime.atomic import UMASK, atomic_write
+from tlora_sim.sim.runtime.outlock import acquire_out_lock, release_out_lock
+from tlora_sim.sim.runtime.signals import signals_held
+from tlora_sim.sim.runtime.write_errors import WRITE_ERRNOS, WriteError, write_error
+from tlora_sim.traces.errors import InputError
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
@@ -218,7 +63,7 @@ def _jsonable(x: Any) -> Any:
 
 def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") -> Path:
     """Check that ``out`` may receive a new run (or comparison) directory, before any work, and
-    take its lock (``runtime.acquire_out_lock``): held until :func:`staged_dir` has swapped the
+    take its lock (``runtime.outlock.acquire_out_lock``): held until :func:`staged_dir` has swapped the
     finished directory in, so no other run can pass this check for ``out`` in between.
 
     Args:
@@ -234,8 +79,6 @@ def check_out_dir(out: str | Path, *, force: bool = False, what: str = "run") ->
             is never replaced silently), its parent cannot be created or written (a read-only file
             system, ``/proc``), or another run holds its lock (it is being written now).
     """
-    from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock
-    from tlora_sim.traces.errors import InputError
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -289,8 +132,6 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     """
     import shutil
 
-    from tlora_sim.sim.report.runtime import acquire_out_lock, release_out_lock, write_error
-    from tlora_sim.traces.errors import InputError
 
     out = Path(out)
     stage: str | None = None
@@ -299,9 +140,9 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     try:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            with _signals_held():
+            with signals_held():
                 stage = tempfile.mkdtemp(prefix=f".{out.name}.stage-", dir=out.parent)
-                os.chmod(stage, 0o777 & ~_UMASK)
+                os.chmod(stage, 0o777 & ~UMASK)
         except OSError as e:
             raise write_error(e, out.parent) from None
         try:
@@ -315,7 +156,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
                 _raise_as_write_error(e, Path(stage), out)
             raise
         try:
-            with _signals_held():  # swap: out -> old, stage -> out, then drop old
+            with signals_held():  # swap: out -> old, stage -> out, then drop old
                 if out.exists():
                     old = tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)
                     os.rmdir(old)
@@ -337,7 +178,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
             raise write_error(e, out) from None
         _remove_stale_siblings(out)
     finally:
-        with _signals_held():
+        with signals_held():
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
             if old is not None:
@@ -349,8 +190,6 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
     """Raise ``e`` as a one-line write error naming the path under ``out`` when it is an
     ``OSError`` of writing into ``stage`` (or of the disk), or an ``InputError`` of
     :func:`atomic_write` naming a file in ``stage``; return otherwise."""
-    from tlora_sim.sim.report.runtime import WRITE_ERRNOS, write_error
-    from tlora_sim.traces.errors import InputError
 
     def under_out(name) -> str | None:
         if name is None:
@@ -363,8 +202,6 @@ def _raise_as_write_error(e: BaseException, stage: Path, out: Path) -> None:
     if isinstance(e, InputError):
         mapped = under_out(e.file)
         if mapped is not None:
-            from tlora_sim.sim.report.runtime import WriteError
-
             err = (WriteError if isinstance(e, WriteError) else InputError)(e.message, file=mapped, row=e.row,
                                                                             field=e.field)
             if isinstance(e, WriteError):

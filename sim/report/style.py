@@ -27,12 +27,12 @@ import contextlib
 import os
 import re
 import sys
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from tlora_sim.sim.runtime.atomic import atomic_write
 from tlora_sim.traces.errors import InputError
 
 #: One-column figure width of a two-column paper (inches).
@@ -326,14 +326,15 @@ def save_figure(fig, out_dir: str | os.PathLike, name: str, formats: Iterable[st
     """Save ``fig`` as ``out_dir/name.<fmt>`` for each format, atomically; return the written paths.
 
     Each file is first written to a hidden temp file in ``out_dir`` and then renamed over the target
-    with :func:`os.replace`, so a reader never sees a half-written figure. PNGs are ``dpi`` dots per
+    (``runtime.atomic.atomic_write``), so a reader never sees a half-written figure. PNGs are ``dpi`` dots per
     inch (default 200); PDFs/SVGs are vector with embedded TrueType fonts and no creation date
     (reproducible bytes). The layout is computed once and then frozen (the figure's layout engine is
     set to "none"), so each file's bytes do not depend on the other formats saved. ``out_dir`` is
     created when missing.
 
     Raises:
-        InputError: a format not in :data:`SUPPORTED_FORMATS` (field ``formats``).
+        InputError: a format not in :data:`SUPPORTED_FORMATS` (field ``formats``), or a file that
+            cannot be written (``runtime.write_errors``: one line naming it).
         ValueError: ``check_units`` and an axis label without a unit (a bug in the plotting code).
     """
     fmts = list(dict.fromkeys(str(f).lower().lstrip(".") for f in formats))
@@ -354,20 +355,16 @@ def save_figure(fig, out_dir: str | os.PathLike, name: str, formats: Iterable[st
     written = []
     for fmt in fmts:
         target = out / f"{name}.{fmt}"
-        tmp = out / f".{name}.{fmt}.{uuid.uuid4().hex}.tmp"
         metadata = {"CreationDate": None} if fmt == "pdf" else ({"Date": None} if fmt == "svg" else None)
         kwargs = {"format": fmt, "metadata": metadata}
         if fmt == "png":
             kwargs["dpi"] = dpi
-        try:
+
+        def write(tmp: Path, kwargs=kwargs) -> None:
             with open(tmp, "wb") as fh:
                 fig.savefig(fh, **kwargs)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        written.append(target)
+
+        written.append(atomic_write(target, write))
     return written
 
 

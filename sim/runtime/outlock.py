@@ -1,10 +1,9 @@
-"""Process concerns of writing a run directory: one owner per output directory, and write errors
-as one line.
+"""One owner per output directory: an exclusive ``filelock`` lock, and the sweep's own lock.
 
-**One owner.** A run (``replay``, ``compare``, ``sweep``, ``execute``, ``validate-run``) takes an
-exclusive lock on its output directory from the moment it checks that the directory may receive a
-run until the finished directory has been swapped in (``rundir.check_out_dir`` acquires it,
-``rundir.staged_dir`` releases it after the swap). The lock is a ``filelock.FileLock`` (an
+A run (``replay``, ``compare``, ``sweep``, ``execute``, ``validate-run``) takes an exclusive lock
+on its output directory from the moment it checks that the directory may receive a run until the
+finished directory has been swapped in (``report.rundir.check_out_dir`` acquires it,
+``report.rundir.staged_dir`` releases it after the swap). The lock is a ``filelock.FileLock`` (an
 ``flock(2)`` on ``PARENT/.NAME.lock``, a sibling, so the lock survives the swap of the directory
 itself; it is unlinked while still held, then released, and ``filelock`` makes a peer that
 opened the unlinked file meanwhile retry on a fresh one). A second run into
@@ -13,36 +12,18 @@ the lock when the process ends, SIGKILL included, so a stale lock file never blo
 Within one process the lock is re-entrant (a comparison's nested seed directories, a retry in the
 same interpreter).
 
-**Write errors.** :func:`write_error` turns an ``OSError`` raised while writing (no space left,
-read-only file system, permission denied, quota, ...) into an ``InputError`` naming the path, so
-every command prints one line and exits with status 2; the staging directory is removed by
-``staged_dir`` and the previous run at ``--out`` stays as it was.
+A sweep also holds :class:`SweepLock` (``DIR/.sweep.lock``, another ``filelock.FileLock``) while
+it runs, which no second sweep in the same process can take either.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 from tlora_sim.traces.errors import InputError
 
 _HELD: dict[str, object] = {}  # resolved out path -> its held filelock.FileLock (this process)
-
-WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EROFS", "EACCES", "EPERM", "EDQUOT", "EFBIG")
-                         if hasattr(errno, n))
-"""``errno`` values of a failed write that are the disk's or the file system's, not the simulator's
-(no space, read-only, permissions, quota, file too large): the CLI reports an ``OSError`` with one
-of them, raised outside a staged directory, as one line."""
-
-
-class WriteError(InputError, OSError):
-    """An output that cannot be written: an ``InputError`` (one line naming the path, exit status
-    2) that is also an ``OSError`` (callers catching ``OSError`` around a write still catch it).
-
-    Attributes:
-        errno, strerror: those of the ``OSError`` that caused it (``errno`` may be None).
-    """
 
 
 def lock_path(out: str | Path) -> Path:
@@ -110,18 +91,56 @@ def holds_out_lock(out: str | Path) -> bool:
     return str(Path(out).resolve()) in _HELD
 
 
-def is_write_error(e: BaseException) -> bool:
-    """True for an ``OSError`` whose ``errno`` is one of :data:`WRITE_ERRNOS`."""
-    return isinstance(e, OSError) and getattr(e, "errno", None) in WRITE_ERRNOS
+class SweepLock:
+    """Context manager: the lock of a sweep's directory ``out`` for the duration of a sweep: the
+    output-directory lock (:func:`acquire_out_lock`, so no ``replay --force`` swaps ``out`` while
+    the sweep runs; kept when this process held it already) and an exclusive ``filelock.FileLock``
+    on ``out/.sweep.lock`` (taken without waiting; a second ``SweepLock`` on ``out`` fails even in
+    the same process).
 
+    Args:
+        out: the sweep's directory (created when missing).
 
-def write_error(e: OSError, path: str | Path | None = None) -> WriteError:
-    """The one-line ``InputError`` for a failed write: the path (``path`` when given: the file
-    being written, not its temp file; else ``e.filename``) and the OS's reason, e.g.
-    ``/data/out/jobs.csv, field '--out': cannot write (No space left on device); ...``."""
-    where = path if path is not None else getattr(e, "filename", None)
-    reason = e.strerror or (os.strerror(e.errno) if getattr(e, "errno", None) else str(e)) or type(e).__name__
-    err = WriteError(f"cannot write ({reason}); the previous contents of --out are unchanged",
-                     file=str(where) if where is not None else None, field="--out")
-    err.errno, err.strerror = getattr(e, "errno", None), getattr(e, "strerror", None)
-    return err
+    Raises:
+        InputError: (on entry) another run or sweep holds ``out``, or the lock file cannot be
+            written, naming the path.
+    """
+
+    def __init__(self, out: str | Path) -> None:
+        self.path = Path(out) / ".sweep.lock"
+        self.lock = None
+        self.took = False
+
+    def __enter__(self) -> "SweepLock":
+        from filelock import FileLock, Timeout
+
+        out = self.path.parent
+        self.took = not holds_out_lock(out)
+        acquire_out_lock(out)
+        lock = FileLock(str(self.path), timeout=0, thread_local=False)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock.acquire(blocking=False)
+        except Timeout:
+            self._release_out()
+            raise InputError("another sweep is running in this directory", file=str(out)) from None
+        except OSError as e:
+            self._release_out()
+            raise InputError(f"cannot write the sweep's lock file ({e.strerror or type(e).__name__})",
+                             file=str(self.path), field="--out") from None
+        self.lock = lock
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            try:
+                self.lock.release(force=True)
+            except OSError:  # the directory vanished: the kernel drops the lock with the fd
+                pass
+            self.lock = None
+        self._release_out()
+
+    def _release_out(self) -> None:
+        if self.took:
+            release_out_lock(self.path.parent)
+            self.took = False

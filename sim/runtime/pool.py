@@ -2,7 +2,7 @@
 
 Workers ignore Ctrl-C (the parent handles it) and turn SIGTERM into an interrupt that unwinds the
 task they are running (its temp files and staging directories are removed; a signal that lands
-while a file is being committed is held until the commit is done: ``report/rundir.py``); an idle
+while a file is being committed is held until the commit is done: ``runtime/signals.py``); an idle
 worker just exits. On any error or interrupt in the parent, ``stop_pool`` cancels queued tasks,
 SIGTERMs the running ones and waits ``STOP_GRACE_S`` for them in all before SIGKILL. A parent that
 dies without that (SIGKILL, a crash) still takes its workers with it on Linux: each asks the kernel
@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
-from tlora_sim.sim.report.rundir import interrupt_handler, redeliver_interrupts
+from tlora_sim.sim.runtime.signals import interrupt_handler, redeliver_interrupts
 
 STOP_GRACE_S = 30.0
 """How long ``stop_pool`` lets SIGTERM'd workers clean up, all of them together (s): a worker
