@@ -60,9 +60,9 @@ def synthetic_kernel_csv(path: Path, *, layers=("64x48", "48x96"), with_mix: boo
 
 
 def synthetic_profile_rows(gpu: str = "H100", models=("llama3-8b",), n_mixes: int = 20, seed: int = 0) -> list[dict]:
-    """Rows of a ``tlora-sim profile`` CSV (profiler.profile.COLUMNS): a smooth made-up layer model
+    """Rows of a ``tlora-sim profile`` CSV (profiler.provenance.COLUMNS): a smooth made-up layer model
     (ms) plus 4 % log-normal noise on the mixes, enough rows of every kind for profiler.fit."""
-    from tlora_sim.profiler.profile import COLUMNS
+    from tlora_sim.profiler.provenance import COLUMNS
 
     rng = random.Random(seed)
     prov = {"gpu": gpu, "gpu_name": f"synthetic {gpu}", "driver": "0", "cuda": "0", "torch": "0", "triton": "0",
@@ -115,7 +115,7 @@ def synthetic_profile_dir(folder: Path, gpu: str = "H100", models=("llama3-8b",)
     """A ``profiler/data``-like directory: ``profile_<gpu>.csv`` and, with ``artifact``, the
     ``costmodel_<gpu>.json`` that ``tlora-sim costmodel fit`` makes of it (profiler.fit.build); with
     ``e2e``, ``e2e_<gpu>.csv`` full-model steps (the artifact's prediction x 1.0-1.2)."""
-    from tlora_sim.profiler.profile import COLUMNS
+    from tlora_sim.profiler.provenance import COLUMNS
 
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f"profile_{gpu.lower()}.csv"

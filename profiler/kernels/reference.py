@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .multilora import keep_threshold, mix_seed
+from .config import keep_threshold, mix_seed
 
 __all__ = ["keep_mask", "reference_forward_backward"]
 
