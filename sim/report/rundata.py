@@ -140,7 +140,7 @@ def numeric_column(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     raw = df[col]
     if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
         return raw.astype("float64")
-    num = pd.tonumeric_column(raw, errors="coerce")
+    num = pd.to_numeric(raw, errors="coerce")
     blank = raw.isna() | (raw.astype(str).str.strip() == "")
     bad = num.isna() & ~blank
     if bad.any():
