@@ -7,7 +7,7 @@ Every figure is re-drawn from what the simulator wrote, so any run can be re-plo
 * a **comparison directory** ``OUT/`` holds ``summary.csv`` (required; one row per policy) and one run
   directory per policy, ``OUT/<policy>/``; figures go to ``OUT/figures/``.
 
-Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data:`FIGURE_NAMES`):
+Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data:`rundata.FIGURE_NAMES`):
 
 ``jct_cdf``
     CDF of job completion time (finish - submit), log x-axis in hours, one line per policy.
@@ -30,19 +30,22 @@ to ``DIR/figures/``:
 ``queue_vs_load``
     Average and p90 queueing delay (first start - submit) against offered load (GPU demand / cluster
     GPUs, from the synthetic traces' ``load=`` option or given explicitly), a line per policy
-    (:func:`plot_queue_vs_load`).
+    (:func:`load_sweep.plot_queue_vs_load`).
 
 :func:`relative_table` gives the numbers behind ``bars`` (ratios to the reference baseline
-``independent-backfill``, :data:`REFERENCE_POLICY`) as a table.
+``independent-backfill``, :data:`rundata.REFERENCE_POLICY`) as a table.
 
 CDFs count every job in ``jobs.csv`` in the denominator, so a policy that leaves jobs unfinished
 (empty ``jct_s``) tops out below 1. Time series are piecewise constant (each ``timeline.csv`` row holds
-from its ``time_s`` to the next row's); lines with more than :data:`MAX_POINTS_PER_LINE` segments are
-aggregated into equal-width bins by time-weighted averaging (:func:`time_weighted_bins`), which keeps
+from its ``time_s`` to the next row's); lines with more than :data:`rundata.MAX_POINTS_PER_LINE` segments are
+aggregated into equal-width bins by time-weighted averaging (:func:`rundata.time_weighted_bins`), which keeps
 the integral (e.g. the tokens trained) exact, so million-row timelines plot in about a second.
 
-A missing optional input skips the figures that need it with a :class:`PlotWarning`; a missing
+A missing optional input skips the figures that need it with a :class:`rundata.PlotWarning`; a missing
 required input, or a malformed file, raises :class:`tlora_sim.traces.errors.InputError` naming the file.
+
+Reading the directories is :mod:`rundata`'s, drawing each figure :mod:`figures`' and
+:mod:`load_sweep`'s; this module writes them.
 
 matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only), so no display is needed
 and the global backend is never changed. Command line: ``python -m tlora_sim.sim.report.plots DIR [--formats png,pdf]``.
