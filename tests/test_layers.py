@@ -47,19 +47,31 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _source(mod: str, node: ast.ImportFrom) -> str | None:
+    """The project module a ``from ... import`` in ``mod`` reads (relative imports resolved)."""
+    if not node.level:
+        return node.module if node.module and node.module.startswith("tlora_sim") else None
+    pkg = mod if MODS[mod].name == "__init__.py" else mod.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        pkg = pkg.rpartition(".")[0]
+    return pkg + ("." + node.module if node.module else "")
+
+
 def _scan(mod: str) -> tuple[set[str], list[tuple[str, str]]]:
-    """(modules ``mod`` imports anywhere in its file, (module, name) of each private name it imports)."""
+    """(modules ``mod`` imports anywhere in its file, (module, name) of each private name it imports);
+    relative imports (``from ._triton import ...``) count as the absolute ones they are."""
     tree = ast.parse(MODS[mod].read_text())
     deps, private = set(), []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tlora_sim"):
+        src = _source(mod, node) if isinstance(node, ast.ImportFrom) else None
+        if src:
             for a in node.names:
-                full = f"{node.module}.{a.name}"
-                target = full if full in MODS else _resolve(node.module)
+                full = f"{src}.{a.name}"
+                target = full if full in MODS else _resolve(src)
                 if target and target != mod:
                     deps.add(target)
                     if full not in MODS and a.name.startswith("_") and not a.name.startswith("__"):
-                        private.append((node.module, a.name))
+                        private.append((src, a.name))
         elif isinstance(node, ast.Import):
             for a in node.names:
                 target = _resolve(a.name) if a.name.startswith("tlora_sim") else None
@@ -196,16 +208,6 @@ def _is_api(mod: str) -> bool:
     """A declared API: a package's ``__init__.py`` or a module named ``api`` (``policies/api.py``,
     ``sim/experiments/api.py``). Only these may import names for other modules to take."""
     return MODS[mod].name == "__init__.py" or mod.rpartition(".")[2] == "api"
-
-
-def _source(mod: str, node: ast.ImportFrom) -> str | None:
-    """The project module a ``from ... import`` in ``mod`` reads (relative imports resolved)."""
-    if not node.level:
-        return node.module if node.module and node.module.startswith("tlora_sim") else None
-    pkg = mod if MODS[mod].name == "__init__.py" else mod.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        pkg = pkg.rpartition(".")[0]
-    return pkg + ("." + node.module if node.module else "")
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
