@@ -6,7 +6,8 @@
   go to one of those. ``KNOWN_LAYER_VIOLATIONS`` lists the imports that break a row today, each
   with why it is left; the list may only shrink (a fixed entry must be removed from it).
 * No import cycle between modules, imports inside functions counted.
-* No private name (leading underscore) imported across modules, in any package.
+* No private name (leading underscore) imported across modules, in any package (nor read as an
+  attribute of an imported module).
 * No re-export shim in any package: no name imported only for other modules to take (unused at
   the top level of a module, or on a ``noqa: F401`` line), and none imported through a module
   that does not define it; only a declared API (a package's ``__init__.py``, a module named
@@ -57,11 +58,13 @@ def _source(mod: str, node: ast.ImportFrom) -> str | None:
     return pkg + ("." + node.module if node.module else "")
 
 
-def _scan(mod: str) -> tuple[set[str], list[tuple[str, str]]]:
-    """(modules ``mod`` imports anywhere in its file, (module, name) of each private name it imports);
-    relative imports (``from ._triton import ...``) count as the absolute ones they are."""
-    tree = ast.parse(MODS[mod].read_text())
+def _scan(mod: str, text: str | None = None) -> tuple[set[str], list[tuple[str, str]]]:
+    """(modules ``mod`` imports anywhere in its file, (module, name) of each private name it imports
+    or reads through an imported module, ``mod_alias._name``); relative imports (``from ._triton
+    import ...``) count as the absolute ones they are."""
+    tree = ast.parse(MODS[mod].read_text() if text is None else text)
     deps, private = set(), []
+    modules = {}  # name bound to another project module -> that module (``from . import _triton as K_``)
     for node in ast.walk(tree):
         src = _source(mod, node) if isinstance(node, ast.ImportFrom) else None
         if src:
@@ -70,14 +73,26 @@ def _scan(mod: str) -> tuple[set[str], list[tuple[str, str]]]:
                 target = full if full in MODS else _resolve(src)
                 if target and target != mod:
                     deps.add(target)
-                    if full not in MODS and a.name.startswith("_") and not a.name.startswith("__"):
+                    if full in MODS:
+                        modules[a.asname or a.name] = full
+                    elif _private(a.name):
                         private.append((src, a.name))
         elif isinstance(node, ast.Import):
             for a in node.names:
                 target = _resolve(a.name) if a.name.startswith("tlora_sim") else None
                 if target and target != mod:
                     deps.add(target)
+                    if a.asname and a.name in MODS:
+                        modules[a.asname] = a.name
+    for node in ast.walk(tree):  # ``K_._f1_kernel``: a private name of another module, read through it
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and _private(node.attr) and f"{modules[node.value.id]}.{node.attr}" not in MODS):
+            private.append((modules[node.value.id], node.attr))
     return deps, private
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
 
 
 SCAN = {m: _scan(m) for m in MODS}
@@ -200,6 +215,16 @@ def test_no_import_cycle_between_modules():
 def test_no_private_name_imported_across_modules():
     found = sorted((m, src, name) for m, (_, priv) in SCAN.items() for src, name in priv)
     assert not found, "private names imported across modules:\n" + "\n".join(f"{m}: {n} from {s}" for m, s, n in found)
+
+
+def test_the_private_check_finds_private_names():
+    """The check itself, on a made-up module: a private name imported (relative or absolute) or
+    read through an imported module is reported; a private module and public names are not."""
+    text = ("from . import _triton as K_\nfrom ._triton import _old, dot_prec\n"
+            "from tlora_sim.sim.report.rundata import _warn, load_run\nx = K_._f1_kernel, K_.f1_kernel\n")
+    _, found = _scan("tlora_sim.profiler.kernels.program", text)
+    k = "tlora_sim.profiler.kernels._triton"
+    assert sorted(found) == sorted([(k, "_old"), ("tlora_sim.sim.report.rundata", "_warn"), (k, "_f1_kernel")]), found
 
 
 # ---- re-export shims -------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
 @triton.jit
 def _gfin_idle(G, chunks, DA, DB, gf_items, gf_first, pid, NUM_SMS: tl.constexpr,
                GF_BLOCK: tl.constexpr):
-    """``_triton._gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
+    """``_triton.gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
     have no tile in the last round (GFIN): work item i of ``chunks`` (g_off, d_off, n, is_b: n <=
     GF_BLOCK elements of G from g_off, contiguous in DA or, with is_b, DB from d_off) is
     converted to the gradient's dtype and zeroed in G, two items per iteration (more bytes in

@@ -176,7 +176,7 @@ def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
 
 
 @triton.jit(do_not_specialize=["ksplit", "kb_per", "seed"])
-def _f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, ksplit, kb_per, seed,
+def f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
@@ -245,7 +245,7 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
 
 
 @triton.jit(do_not_specialize=["g_numel", "ngroups", "nb_per"])
-def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm, ngroups, nb_per,
+def f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm, ngroups, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BN: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_G: tl.constexpr,
@@ -299,7 +299,7 @@ def _grad_out(acc, G, D, offs, gm, nch):
     """One token chunk's fp32 share ``acc`` of a dA or dB block (elements ``offs``, mask ``gm``):
     stored into the gradient D (the adapters' dtype) when the adapter has one chunk (nch == 1),
     else added with relaxed fp32 atomics into the workspace G (zero between steps), which
-    ``_gfin_kernel`` then converts into D and zeroes again. (The block's last chunk writing D
+    ``gfin_kernel`` then converts into D and zeroes again. (The block's last chunk writing D
     itself, behind a per-block counter as _f1 does for P, measured slower: the acq_rel counter
     waits for every chunk's atomics, profiler/KERNELS.md, session 13.)"""
     if nch == 1:
@@ -367,7 +367,7 @@ def b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, sca
 
 
 @triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
-def _b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+def b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -483,7 +483,7 @@ def b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, 
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])
-def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
+def b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
                seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -534,7 +534,7 @@ def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, 
 
 # ------------------------------------------------------------------------------- mask helper
 @triton.jit(do_not_specialize=["seed", "thresh"])
-def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
+def mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """Materialise the keep mask (1 = kept) that _f1 uses, for tests and references."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -556,7 +556,7 @@ def _gfin_row(g, d, n, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["sum_r", "K", "N"])
-def _gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
+def gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
     """dA/dB rows of the adapters with several token chunks out of the fp32 workspace G (dA^T
     rows (sum_r, K) then dB rows (sum_r, N)), converted to DA's / DB's dtype; G is zeroed again for
     the next step. Program i < sum_r: dA row i, else dB row i - sum_r; rows with multi[row] == 0

@@ -141,7 +141,7 @@ def dropout_keep_mask_triton(M: int, K: int, seed: int, p: float, device) -> tor
     """The (M, K) int8 keep mask (1 = kept) the kernels use for ``seed`` and probability p."""
     out = torch.empty(M, K, dtype=torch.int8, device=device)
     if M and K:
-        K_._mask_kernel[(cdiv(M, 32), cdiv(K, 32))](out, M, K, mix_seed(seed),
+        K_.mask_kernel[(cdiv(M, 32), cdiv(K, 32))](out, M, K, mix_seed(seed),
                                                        keep_threshold(p), BM=32, BK=32)
     return out
 
