@@ -280,7 +280,7 @@ def launch_micro(mod, x, n):
     opts = dict(num_warps=cfg.warps_f1)
 
     def via_launch():
-        launch(K_._f1_kernel, grid, "f1", plan.buckets, cfg, x, A, pacc, psave, cnt, plan.tiles,
+        launch(K_.f1_kernel, grid, "f1", plan.buckets, cfg, x, A, pacc, psave, cnt, plan.tiles,
                plan.meta_i, plan.meta_f, Kf, x.stride(0), A.stride(0), plan.ksplit,
                plan.kb_per, seed,
                BUCKETS=plan.buckets, **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=True, PREC="tf32",
@@ -289,12 +289,12 @@ def launch_micro(mod, x, n):
     st = stages_for("f1", plan.buckets, cfg)
 
     def bare():
-        K_._f1_kernel[grid](x, A, pacc, psave, cnt, plan.tiles, plan.meta_i, plan.meta_f, Kf,
+        K_.f1_kernel[grid](x, A, pacc, psave, cnt, plan.tiles, plan.meta_i, plan.meta_f, Kf,
                             x.stride(0), A.stride(0), plan.ksplit, plan.kb_per, seed, BUCKETS=plan.buckets,
                             **cfg.bm_kwargs(), BK=cfg.bk, DROPOUT=True, PREC="tf32",
                             SEED_PTR=False, num_warps=cfg.warps_f1, num_stages=st)
 
-    bl = BoundLaunch(K_._f1_kernel, grid, "f1", plan.buckets, cfg,
+    bl = BoundLaunch(K_.f1_kernel, grid, "f1", plan.buckets, cfg,
                      ("X", "A", "Psave", "seed"), static, opts)
     out = {}
     out["config_launch_us"] = per_launch_us(via_launch, n)

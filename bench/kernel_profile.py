@@ -126,7 +126,7 @@ def _smem_variants(kern, bms, bk, bn, cms):
 
 
 def _smem_one(job):
-    """(job, shared bytes): compile ``_{kern}_kernel`` for sm_90 with one rank bucket; pointers
+    """(job, shared bytes): compile ``{kern}_kernel`` for sm_90 with one rank bucket; pointers
     16-byte aligned and sizes/strides divisible by 16 (as a 4096-wide launch specialises them:
     the most pipelining, so the largest need)."""
     kern, cfg_name, bucket, stages, consts = job
@@ -158,7 +158,7 @@ def _smem_one(job):
         if kern == "gemmp":
             tys["ODESC"] = f"tensordesc<bf16[{bm},{bn // consts['SPLIT']}]>"
     else:
-        fn = getattr(mods["_triton"], f"_{kern}_kernel")
+        fn = getattr(mods["_triton"], f"{kern}_kernel")
         tys = {}
     names = list(fn.arg_names)
     sig = {n: ("constexpr" if n in consts else tys[n] if n in tys else "*fp32" if n in _PTR_F32

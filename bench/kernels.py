@@ -534,7 +534,7 @@ def main(argv=None):
         impls.remove("peft")
     if args.lorafusion:
         os.environ["TLORA_LORAFUSION"] = os.path.abspath(args.lorafusion)
-    from tlora_sim.profiler.kernels.baselines import lorafusion_available
+    from tlora_sim.profiler.kernels.lorafusion_ext import lorafusion_available
     lf_absent = "lorafusion" in impls and not lorafusion_available()
     if lf_absent:
         impls.remove("lorafusion")

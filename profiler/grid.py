@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from tlora_sim.profiler.provenance import log, variant  # noqa: F401
+from tlora_sim.profiler.provenance import log
 
 
 PLAN_IMPL = {"alone": "loop", "loop": "loop", "fused": "fused", "lorafusion": "lorafusion", "grouped": "grouped"}

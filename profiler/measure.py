@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from tlora_sim.profiler.provenance import COLUMNS, ROOT, Writer, git_commit, kernel_hash, log, provenance, short_gpu_name, variant  # noqa: F401
-from tlora_sim.profiler.grid import BATCHES, MINI_MIXES, MODEL_WEIGHT, PLAN_IMPL, RANKS, SEQS, STACK_MIXES, T_MAX_FULL, T_MAX_QUICK, mix_key, order_members, precompile, quick_mixes, spread, token_grid  # noqa: F401
+from tlora_sim.profiler.provenance import Writer, log, variant
+from tlora_sim.profiler.grid import PLAN_IMPL, mix_key
 
 
 

@@ -56,9 +56,9 @@ import json
 import sys
 import time
 from pathlib import Path
-from tlora_sim.profiler.provenance import COLUMNS, ROOT, Writer, git_commit, kernel_hash, log, provenance, short_gpu_name, variant  # noqa: F401
-from tlora_sim.profiler.grid import BATCHES, MINI_MIXES, MODEL_WEIGHT, PLAN_IMPL, RANKS, SEQS, STACK_MIXES, T_MAX_FULL, T_MAX_QUICK, mix_key, order_members, precompile, quick_mixes, spread, token_grid  # noqa: F401
-from tlora_sim.profiler.measure import Profiler  # noqa: F401
+from tlora_sim.profiler.provenance import Writer, log, provenance
+from tlora_sim.profiler.grid import MINI_MIXES, MODEL_WEIGHT, PLAN_IMPL, SEQS, STACK_MIXES, T_MAX_FULL, T_MAX_QUICK, order_members, precompile, quick_mixes, spread, token_grid
+from tlora_sim.profiler.measure import Profiler
 from tlora_sim.profiler.grid import DEFAULT_PLANS, MULTI_ONLY_PLANS, lone_mixes, lorafusion_compile_keys, \
     precompile_lorafusion
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from tlora_sim.sim.costmodel.interface import PLANS, CostModel, Member, check_pl
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.costmodel.models import MODELS, get_model
 from tlora_sim.sim.costmodel.roofline import RooflineCostModel, gemm_rate
-from tlora_sim.sim.core.cluster import GPUS
+from tlora_sim.sim.costmodel.hardware import GPUS
 
 CM = RooflineCostModel()
 GIB = 2**30

@@ -69,11 +69,11 @@ def test_compare_figures_footer_and_speedup(tmp_path):
     assert main(["compare", "--trace", "synthetic:jobs=20,seed=4", "--cluster", "1x8xH100", "--policies", "tlora",
                  "--out", str(out), "--no-progress", "-q"]) == 0
     assert (out / "figures" / "speedup.png").is_file() and (out / "figures" / "bars.png").is_file()
-    from tlora_sim.sim.report.plots import _footer
+    from tlora_sim.sim.report.plots import figure_footer
     from tlora_sim.sim.report.rundata import load_compare
 
     _, runs = load_compare(out)
-    footer = _footer(list(runs.values()))
+    footer = figure_footer(list(runs.values()))
     assert "reference independent-backfill" in footer and "discipline default" in footer
     assert "cost model h100-" in footer and "of GPU-time extrapolated" in footer and "20 of 20 jobs kept" in footer
     assert max(len(line) for line in footer.splitlines()) <= fs.FOOTER_CHARS

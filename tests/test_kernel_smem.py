@@ -25,9 +25,8 @@ import os
 import pytest
 
 from tlora_sim.profiler.kernels import config as kconfig
-from tlora_sim.profiler.kernels.config import GemmConfig
-from tlora_sim.profiler.kernels.multilora import (MAX_RANK, SMEM_LIMIT_BYTES, KernelConfig, smem_bytes,
-                                                  stages_for)
+from tlora_sim.profiler.kernels.config import (MAX_RANK, SMEM_LIMIT_BYTES, GemmConfig, KernelConfig, smem_bytes,
+                                               stages_for)
 
 MEASURED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(kconfig.__file__))), "data",
                         "kernel_profile_h100_2026-11-26_8_smem.json")

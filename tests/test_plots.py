@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from tlora_sim.sim.report import style as fs
-from tlora_sim.sim.report import plots
+from tlora_sim.sim.report import figures, load_sweep, plots, rundata
 from tlora_sim.traces.errors import InputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,7 +93,7 @@ def _assert_valid(path: Path) -> None:
         raise AssertionError(f"unexpected file {path}")
 
 
-def _expected(figdir: Path, names=plots.FIGURE_NAMES, formats=("png", "pdf")) -> list[Path]:
+def _expected(figdir: Path, names=rundata.FIGURE_NAMES, formats=("png", "pdf")) -> list[Path]:
     return [figdir / f"{n}.{f}" for n in names for f in formats]
 
 
@@ -101,7 +101,7 @@ def test_plot_run_writes_all_figures(tmp_path):
     run = tmp_path / "run"
     _write_run(run, "tlora", seed=1)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", plots.PlotWarning)
+        warnings.simplefilter("error", rundata.PlotWarning)
         paths = plots.plot_run(run)
     assert paths == _expected(run / "figures")
     for p in paths:
@@ -113,7 +113,7 @@ def test_plot_run_writes_all_figures(tmp_path):
 def test_plot_compare_plot_any_and_reproducible_bytes(tmp_path):
     out = _write_compare(tmp_path / "cmp")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", plots.PlotWarning)
+        warnings.simplefilter("error", rundata.PlotWarning)
         paths = plots.plot_compare(out)
     assert paths == _expected(out / "figures")
     for p in paths:
@@ -131,7 +131,7 @@ def test_plot_compare_plot_any_and_reproducible_bytes(tmp_path):
 def test_missing_optional_files_skip_figures_with_warning(tmp_path):
     run = tmp_path / "run"
     _write_run(run, "alto", seed=3, timeline=False, summary=False)
-    with pytest.warns(plots.PlotWarning) as record:
+    with pytest.warns(rundata.PlotWarning) as record:
         paths = plots.plot_run(run, formats=("png",))
     assert [p.name for p in paths] == ["jct_cdf.png", "slowdown_cdf.png"]
     text = " ".join(str(w.message) for w in record)
@@ -142,9 +142,9 @@ def test_missing_optional_files_skip_figures_with_warning(tmp_path):
     summary = pd.read_csv(out / "summary.csv")
     extra = summary.iloc[[1]].assign(policy="tlora-nogroup")
     pd.concat([summary, extra]).to_csv(out / "summary.csv", index=False)
-    with pytest.warns(plots.PlotWarning, match="tlora-nogroup"):
+    with pytest.warns(rundata.PlotWarning, match="tlora-nogroup"):
         paths = plots.plot_compare(out, formats=("png",))
-    assert [p.name for p in paths] == [f"{n}.png" for n in plots.FIGURE_NAMES]
+    assert [p.name for p in paths] == [f"{n}.png" for n in rundata.FIGURE_NAMES]
 
 
 def test_wrong_directory_raises_input_error(tmp_path):
@@ -201,8 +201,8 @@ def test_time_weighted_bins_downsamples_and_conserves_integral():
     t[5:8] = t[5]  # same-instant rows: only the last one holds (the others have zero length)
     v = rng.uniform(0.0, 3e5, n)
     t_end = float(t[-1]) + 100.0
-    edges, means = plots.time_weighted_bins(t, v, t_end_s=t_end)
-    assert len(means) <= plots.MAX_POINTS_PER_LINE
+    edges, means = rundata.time_weighted_bins(t, v, t_end_s=t_end)
+    assert len(means) <= rundata.MAX_POINTS_PER_LINE
     assert len(edges) == len(means) + 1
     assert edges[0] == t[0] and edges[-1] == t_end
     widths = np.diff(np.append(t, t_end))
@@ -211,11 +211,11 @@ def test_time_weighted_bins_downsamples_and_conserves_integral():
     assert means.min() >= v.min() and means.max() <= v.max()
 
     # short series come back exactly; the zero-length last row ends the series
-    e, m = plots.time_weighted_bins([0.0, 10.0, 10.0, 30.0], [1.0, 5.0, 2.0, 0.0])
+    e, m = rundata.time_weighted_bins([0.0, 10.0, 10.0, 30.0], [1.0, 5.0, 2.0, 0.0])
     assert e.tolist() == [0.0, 10.0, 30.0] and m.tolist() == [1.0, 2.0]
-    e, m = plots.time_weighted_bins([0.0, 10.0, 30.0], [1.0, 2.0, 4.0], t_end_s=40.0, max_bins=2)
+    e, m = rundata.time_weighted_bins([0.0, 10.0, 30.0], [1.0, 2.0, 4.0], t_end_s=40.0, max_bins=2)
     assert e.tolist() == [0.0, 20.0, 40.0] and m.tolist() == [1.5, 3.0]
-    e, m = plots.time_weighted_bins([], [])
+    e, m = rundata.time_weighted_bins([], [])
     assert e.size == 0 and m.size == 0
 
 
@@ -232,10 +232,10 @@ def test_million_row_timeline_plots_fast(tmp_path):
     import pyarrow.csv as pa_csv  # 10x faster than DataFrame.to_csv for a million rows
 
     pa_csv.write_csv(pa.Table.from_pandas(big, preserve_index=False), run / "timeline.csv")
-    run_data = plots.load_run(run)
-    binned = plots._read_timeline(run_data)
+    run_data = rundata.load_run(run)
+    binned = rundata.read_timeline(run_data)
     for edges, means in binned.values():
-        assert len(means) <= plots.MAX_POINTS_PER_LINE
+        assert len(means) <= rundata.MAX_POINTS_PER_LINE
     paths = plots.plot_run(run, formats=("png",))
     assert run / "figures" / "throughput_time.png" in paths
 
@@ -313,12 +313,12 @@ def _sweep(root: Path) -> Path:
 
 def test_queue_vs_load_points_and_figure(tmp_path):
     root = _sweep(tmp_path / "sens")
-    assert [d.name for d in plots.find_compare_dirs(root)] == ["itp", "p0", "p1", "p3", "p4", "p10"]
-    assert plots.trace_load("synthetic:jobs=5,load=0.9,gpus=16") == (0.9, 16)
-    assert plots.trace_load("synthetic:default") == (0.7, 32)  # the generator's defaults
-    assert plots.trace_load("itp:x.csv.gz") is None
-    with pytest.warns(plots.PlotWarning) as record:
-        points = plots.load_sweep_points(plots.find_compare_dirs(root))
+    assert [d.name for d in load_sweep.find_compare_dirs(root)] == ["itp", "p0", "p1", "p3", "p4", "p10"]
+    assert load_sweep.trace_load("synthetic:jobs=5,load=0.9,gpus=16") == (0.9, 16)
+    assert load_sweep.trace_load("synthetic:default") == (0.7, 32)  # the generator's defaults
+    assert load_sweep.trace_load("itp:x.csv.gz") is None
+    with pytest.warns(rundata.PlotWarning) as record:
+        points = load_sweep.load_sweep_points(load_sweep.find_compare_dirs(root))
     text = " ".join(str(w.message) for w in record)
     assert "itp" in text and "load=" in text and "p3" in text
     assert set(points["series"]) == {1}
@@ -335,7 +335,7 @@ def test_queue_vs_load_points_and_figure(tmp_path):
 
     # the figure: one line per policy over the three loads, in both panels, units on every axis
     with fs.style_context():
-        fig = plots.queue_vs_load_figure(points)
+        fig = load_sweep.queue_vs_load_figure(points)
     axes = fig.get_axes()
     assert len(axes) == 2 and not fs.missing_units(fig)
     for ax in axes:
@@ -347,7 +347,7 @@ def test_queue_vs_load_points_and_figure(tmp_path):
     assert axes[0].get_lines()[0].get_ydata() == pytest.approx(wide["independent"].to_numpy() / scale)
 
     # plot_any on the parent: the queueing figure in parent/figures
-    with pytest.warns(plots.PlotWarning):
+    with pytest.warns(rundata.PlotWarning):
         paths = plots.plot_any(root, formats=("png", "pdf"))
     assert paths == [root / "figures" / "queue_vs_load.png", root / "figures" / "queue_vs_load.pdf"]
     for p in paths:
@@ -361,31 +361,31 @@ def test_queue_vs_load_offered_load_explicit_loads_and_errors(tmp_path):
     for i, load in enumerate((0.4, 0.6)):
         _write_sweep_point(root / f"a{i}", spec.format(load))
         _write_sweep_point(root / f"b{i}", spec.format(load), cluster="2x8xH100")
-    points = plots.load_sweep_points(plots.find_compare_dirs(root))
+    points = load_sweep.load_sweep_points(load_sweep.find_compare_dirs(root))
     assert sorted(set(points["series"])) == [1, 2]
     by_series = points.groupby("series")["load"].unique()
     assert list(by_series[1]) == [0.4, 0.6] and list(by_series[2]) == pytest.approx([0.8, 1.2])
-    paths = plots.plot_queue_vs_load(root, formats=("png",))
+    paths = load_sweep.plot_queue_vs_load(root, formats=("png",))
     assert [p.name for p in paths] == ["queue_vs_load.png", "queue_vs_load_2.png"]
 
     # Real traces carry no load: an explicit mapping makes them one sweep, output where asked.
     itp = [_write_sweep_point(tmp_path / "itp" / n, "itp:cluster02.csv.gz", cluster=c)
            for n, c in (("big", "16x8xH100"), ("small", "12x8xH100"))]
     with pytest.raises(InputError, match="no load sweep"):
-        with pytest.warns(plots.PlotWarning):
-            plots.load_sweep_points(itp)
-    paths = plots.plot_queue_vs_load(itp, out_dir=tmp_path / "figs", formats=["png"],
+        with pytest.warns(rundata.PlotWarning):
+            load_sweep.load_sweep_points(itp)
+    paths = load_sweep.plot_queue_vs_load(itp, out_dir=tmp_path / "figs", formats=["png"],
                                      loads={"big": 0.6, str(itp[1]): 0.8})
     assert paths == [tmp_path / "figs" / "queue_vs_load.png"]
     with pytest.raises(InputError, match="no load given"):
-        plots.load_sweep_points(itp, loads={"big": 0.6})
+        load_sweep.load_sweep_points(itp, loads={"big": 0.6})
     # a directory holding one comparison only is not a sweep; nor is an empty one
     lonely = tmp_path / "lonely"
     _write_sweep_point(lonely / "only", spec.format(0.5))
     with pytest.raises(InputError, match="two or more comparison"):
         plots.plot_any(lonely)
     with pytest.raises(InputError, match="summary.csv"):
-        plots.plot_queue_vs_load(tmp_path / "figs")
+        load_sweep.plot_queue_vs_load(tmp_path / "figs")
     # a malformed load option names the directory and the option
     bad = tmp_path / "bad"
     _write_sweep_point(bad / "x", "synthetic:jobs=40,load=lots")
@@ -417,7 +417,7 @@ def test_bars_many_policies_go_full_width(tmp_path):
     rows = [{"policy": p, "avg_jct_s": 100.0 + i, "p90_jct_s": 200.0 + i, "throughput_tokens_per_s": 1e5 + i,
              "gpu_alloc_util": 0.5, "gpu_compute_util": 0.2 + 0.01 * i} for i, p in enumerate(pols)]
     with fs.style_context():
-        fig = plots.bars_figure(pd.DataFrame(rows))
+        fig = figures.bars_figure(pd.DataFrame(rows))
         paths = fs.save_figure(fig, tmp_path, "bars", ["png"])
     assert fig.get_size_inches()[0] == pytest.approx(fs.DOUBLE_COLUMN_WIDTH_IN)
     axes = [ax for ax in fig.get_axes() if ax.axison]

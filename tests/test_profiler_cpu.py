@@ -17,7 +17,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from tlora_sim.profiler.layer import TINY, BaseWeights, LoRASet, layer_forward, seq_groups  # noqa: E402
-from tlora_sim.profiler.profile import COLUMNS, main, quick_mixes, spread  # noqa: E402
+from tlora_sim.profiler.grid import quick_mixes, spread  # noqa: E402
+from tlora_sim.profiler.profile import main  # noqa: E402
+from tlora_sim.profiler.provenance import COLUMNS  # noqa: E402
 
 PROVENANCE = ("gpu", "gpu_name", "torch", "triton", "git_commit", "git_dirty", "profile_id", "mode", "timestamp")
 

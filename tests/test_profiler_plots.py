@@ -1,4 +1,4 @@
-"""Profiler figures (sim/report/profiler_plots.py) from small synthetic kernel-benchmark and profile tables.
+"""Profiler figures (profiler/figures.py, profiler/kernel_figures.py) from small synthetic kernel-benchmark and profile tables.
 
 The builders below (``synthetic_kernel_csv``, ``synthetic_profile_dir``) write tables in the
 schemas of ``bench/kernels.py`` and ``tlora-sim profile`` / ``tlora-sim costmodel fit``;
@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 
 from tlora_sim.sim.report import style as fs
-from tlora_sim.sim.report import profiler_plots as pp
+from tlora_sim.profiler import figures as pp
+from tlora_sim.profiler import kernel_figures as kf
 from tlora_sim.traces.errors import InputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -59,9 +60,9 @@ def synthetic_kernel_csv(path: Path, *, layers=("64x48", "48x96"), with_mix: boo
 
 
 def synthetic_profile_rows(gpu: str = "H100", models=("llama3-8b",), n_mixes: int = 20, seed: int = 0) -> list[dict]:
-    """Rows of a ``tlora-sim profile`` CSV (profiler.profile.COLUMNS): a smooth made-up layer model
+    """Rows of a ``tlora-sim profile`` CSV (profiler.provenance.COLUMNS): a smooth made-up layer model
     (ms) plus 4 % log-normal noise on the mixes, enough rows of every kind for profiler.fit."""
-    from tlora_sim.profiler.profile import COLUMNS
+    from tlora_sim.profiler.provenance import COLUMNS
 
     rng = random.Random(seed)
     prov = {"gpu": gpu, "gpu_name": f"synthetic {gpu}", "driver": "0", "cuda": "0", "torch": "0", "triton": "0",
@@ -114,7 +115,7 @@ def synthetic_profile_dir(folder: Path, gpu: str = "H100", models=("llama3-8b",)
     """A ``profiler/data``-like directory: ``profile_<gpu>.csv`` and, with ``artifact``, the
     ``costmodel_<gpu>.json`` that ``tlora-sim costmodel fit`` makes of it (profiler.fit.build); with
     ``e2e``, ``e2e_<gpu>.csv`` full-model steps (the artifact's prediction x 1.0-1.2)."""
-    from tlora_sim.profiler.profile import COLUMNS
+    from tlora_sim.profiler.provenance import COLUMNS
 
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f"profile_{gpu.lower()}.csv"
@@ -166,15 +167,15 @@ def profile_dir(tmp_path_factory):
 
 def test_kernel_figure_bars_floor_and_files(tmp_path):
     csv_path = synthetic_kernel_csv(tmp_path / "kernel_bench_cpu.csv")
-    df = pp.read_kernel_bench(csv_path)
-    table = pp.kernel_table(df)
+    df = kf.read_kernel_bench(csv_path)
+    table = kf.kernel_table(df)
     assert len(table) == 2 * len(MIXES) * len(KERNEL_IMPLS)
     fused = table[(table["impl"] == "fused") & (table["layer"] == "64x48")]
     assert fused["ratio_to_floor"].to_numpy() == pytest.approx([1.15] * len(MIXES))
     assert fused["ratio_to_base"].to_numpy() == pytest.approx([1.15 / 1.08] * len(MIXES))
 
     with fs.style_context():
-        fig = pp.kernel_figure(df)
+        fig = kf.kernel_figure(df)
     axes = fig.get_axes()
     assert len(axes) == 2 and not fs.missing_units(fig)
     assert [ax.get_title(loc="left") for ax in axes] == ["64x48 layer", "48x96 layer"]
@@ -194,7 +195,7 @@ def test_kernel_figure_bars_floor_and_files(tmp_path):
 
     # relative to the frozen base: no base bars, the floor drawn per mix at floor / base
     with fs.style_context():
-        fig = pp.kernel_figure(df, relative_to="base")
+        fig = kf.kernel_figure(df, relative_to="base")
     ax = fig.get_axes()[0]
     assert "impl:base" not in {p.get_gid() for p in ax.patches}
     floors = [c for c in ax.collections if c.get_gid() == "floor"]
@@ -203,46 +204,46 @@ def test_kernel_figure_bars_floor_and_files(tmp_path):
     assert [s[0][1] for s in segs] == pytest.approx([1 / 1.08] * len(MIXES))
     # eager times span more than 6x: log y-axis
     with fs.style_context():
-        fig = pp.kernel_figure(df, timing="eager_ms")
+        fig = kf.kernel_figure(df, timing="eager_ms")
     assert fig.get_axes()[0].get_yscale() == "log"
 
-    paths = pp.plot_kernels(csv_path, tmp_path / "figs")
+    paths = kf.plot_kernels(csv_path, tmp_path / "figs")
     assert [p.name for p in paths] == ["kernels.png", "kernels.pdf"]
     for p in paths:
         _assert_valid(p)
-    paths = pp.plot_kernels(csv_path, tmp_path / "figs", ["png"], relative_to="base", timing="eager_ms")
+    paths = kf.plot_kernels(csv_path, tmp_path / "figs", ["png"], relative_to="base", timing="eager_ms")
     assert [p.name for p in paths] == ["kernels_eager_vs_base.png"]
 
 
 def test_kernel_csv_without_mix_column_and_bad_input(tmp_path):
     csv_path = synthetic_kernel_csv(tmp_path / "k.csv", layers=("64x48",), with_mix=False)
-    df = pp.read_kernel_bench(csv_path)
+    df = kf.read_kernel_bench(csv_path)
     assert list(dict.fromkeys(df["mix_label"])) == ["r16\u00d74 @2048", "r8,16,32,64 @2048", "r8,128 @4096/512"]
     with fs.style_context():
-        fig = pp.kernel_figure(df)
+        fig = kf.kernel_figure(df)
     assert "ranks" in fig.get_axes()[-1].get_xlabel()
 
     good = pd.read_csv(csv_path, dtype=str)
     good.drop(columns=["floor_ms"]).to_csv(tmp_path / "nofloor.csv", index=False)
     with pytest.raises(InputError, match=r"nofloor\.csv, field 'floor_ms'"):
-        pp.read_kernel_bench(tmp_path / "nofloor.csv")
+        kf.read_kernel_bench(tmp_path / "nofloor.csv")
     bad = good.copy()
     bad.loc[3, "ms"] = "fast"
     bad.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(InputError, match=r"bad\.csv, row 4, field 'ms'"):
-        pp.read_kernel_bench(tmp_path / "bad.csv")
+        kf.read_kernel_bench(tmp_path / "bad.csv")
     bad = good.copy()
     bad.loc[0, "floor_ms"] = "0"
     bad.to_csv(tmp_path / "zero.csv", index=False)
     with pytest.raises(InputError, match=r"row 1, field 'floor_ms'"):
-        pp.read_kernel_bench(tmp_path / "zero.csv")
+        kf.read_kernel_bench(tmp_path / "zero.csv")
     with pytest.raises(InputError, match="does not exist"):
-        pp.read_kernel_bench(tmp_path / "missing.csv")
+        kf.read_kernel_bench(tmp_path / "missing.csv")
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(InputError, match="empty"):
-        pp.plot_kernels(tmp_path / "empty.csv", tmp_path / "figs")
+        kf.plot_kernels(tmp_path / "empty.csv", tmp_path / "figs")
     with pytest.raises(InputError, match="format"):
-        pp.plot_kernels(csv_path, tmp_path / "figs", ["gif"])
+        kf.plot_kernels(csv_path, tmp_path / "figs", ["gif"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,9 +349,9 @@ def test_cli_and_import_without_torch(tmp_path, capsys):
     assert "nope.csv" in capsys.readouterr().err
 
     code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
-            "import tlora_sim.sim.report.profiler_plots as pp\n"
+            "import tlora_sim.profiler.figures as pp, tlora_sim.profiler.kernel_figures as kf\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n"
-            f"print(len(pp.plot_kernels({str(csv_path)!r}, {str(tmp_path / 'o2')!r}, ['png'])))")
+            f"print(len(kf.plot_kernels({str(csv_path)!r}, {str(tmp_path / 'o2')!r}, ['png'])))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "1", res.stderr
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from conftest import CM
 from tlora_sim.policies.registry import ABLATION_SUFFIX, available, make_policy
-from tlora_sim.sim.core.cluster import GPUS, ClusterSpec
+from tlora_sim.sim.core.cluster import ClusterSpec
+from tlora_sim.sim.costmodel.hardware import GPUS
 from tlora_sim.sim.core.engine import Engine
 from tlora_sim.sim.core.workload import build_jobs
 

@@ -1,22 +1,20 @@
-"""``profiler/validation/step_ratio.py``: measured over predicted steps of committed executed runs."""
+"""``sim/executor/step_ratio.py``: measured over predicted steps of committed executed runs."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from tlora_sim.sim.executor import step_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "profiler" / "data" / "validation" / "h100_third" / "tlora"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("step_ratio", ROOT / "profiler" / "validation" / "step_ratio.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return step_ratio
 
 
 def test_every_steady_step_is_set_against_its_prediction(tmp_path, capsys):

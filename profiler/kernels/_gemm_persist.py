@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._gemm_triton import _adapter_term, _tma_mainloop
+from ._gemm_triton import adapter_term, tma_mainloop
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed
     cols = nt * BN + tl.arange(0, BN)
     rmask = rows < m1
     cmask = cols < NOUT
-    acc = _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, nt * BN,
+    acc = adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, nt * BN,
                         NOUT, seed, BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
     if not (BWD and DROPOUT):
         # keeps the main loop's wgmma asynchronous (gemm_lora_kernel, session 15)
@@ -82,7 +82,7 @@ def _part(acc, OUT, ODESC, LO, RI, BIAS, meta_i, meta_f, ad, m0, m1, c0, NOUT, s
     rmask = rows < m1
     cmask = cols < NOUT
     if LORA:
-        acc += _adapter_term(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, meta_i, meta_f, ad,
+        acc += adapter_term(tl.zeros((BM, PW), dtype=tl.float32), LO, RI, meta_i, meta_f, ad,
                              sri, rows, rmask, cols, cmask, c0, NOUT, seed, BUCKETS, BM, PW, BWD,
                              DROPOUT, SEED_PTR, PREC)
     if HAS_BIAS:
@@ -133,7 +133,7 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
     kh = k_tiles // 2
     k0 = half * kh
     k1 = kh + half * (k_tiles - kh)
-    acc = _tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN, BK, BWD, PREC)
+    acc = tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN, BK, BWD, PREC)
     tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     tl.store(WSP + (2 * j + half).to(tl.int64) * (BM * BN) + tile, acc)   # this half's sum
     tl.debug_barrier()   # every thread's stores issued before the release below
@@ -158,7 +158,7 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
 @triton.jit
 def _gfin_idle(G, chunks, DA, DB, gf_items, gf_first, pid, NUM_SMS: tl.constexpr,
                GF_BLOCK: tl.constexpr):
-    """``_triton._gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
+    """``_triton.gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
     have no tile in the last round (GFIN): work item i of ``chunks`` (g_off, d_off, n, is_b: n <=
     GF_BLOCK elements of G from g_off, contiguous in DA or, with is_b, DB from d_off) is
     converted to the gradient's dtype and zeroed in G, two items per iteration (more bytes in
@@ -241,7 +241,7 @@ def gemm_persist_kernel(XIN, W, OUT, ODESC, LO, RI, BIAS, mtiles, meta_i, meta_f
         if LORA and LORA_FIRST:
             acc = _lora_first(acc, LO, RI, mtiles, meta_i, meta_f, sri, mt, nt, m0, NOUT, seed,
                               BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
-        acc = _tma_mainloop(acc, XIN, W, m0, nt, 0, k_tiles, BN, BK, BWD, PREC)
+        acc = tma_mainloop(acc, XIN, W, m0, nt, 0, k_tiles, BN, BK, BWD, PREC)
         tile_c += NUM_SMS
         mt, nt = _tile(tile_c, n_nt, n_mt, GROUP_M)
         if UNIFORM:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton import _dot, _keep, _prow, _seed_value
+from ._triton import dot_prec, keep_tile, pq_offset, seed_value
 
 
 @triton.jit
@@ -39,12 +39,12 @@ def _lowrank(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank, 
         if r0 < rank:
             rr = r0 + tl.arange(0, RC)
             rkm = rr < rank
-            lo = tl.load(LO + _prow(poff) + (rows - start)[:, None] * R + rr[None, :],
+            lo = tl.load(LO + pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :],
                          mask=rmask[:, None], other=0.0)   # rows padded to R (zeros)
             ri = tl.load(RI + (roff + rr).to(tl.int64)[:, None] * sri + cols[None, :],
                          mask=rkm[:, None] & cmask[None, :], other=0.0)
             lo = (lo.to(tl.float32) * lo_scale).to(ri.dtype)
-            acc = _dot(lo, ri, acc, PREC)
+            acc = dot_prec(lo, ri, acc, PREC)
     return acc
 
 
@@ -76,7 +76,7 @@ def _epilogue(acc, LO, RI, sri, lo_scale, rows, rmask, cols, cmask, start, rank,
 
 
 @triton.jit
-def _tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN: tl.constexpr, BK: tl.constexpr,
+def tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN: tl.constexpr, BK: tl.constexpr,
                   BWD: tl.constexpr, PREC: tl.constexpr):
     """``acc`` plus the row tile at ``m0`` of X times column tile ``nt`` of op(W) over the K
     blocks ``k0 .. k1 - 1``, both operands loaded through their TMA descriptors (XIN blocks
@@ -87,17 +87,17 @@ def _tma_mainloop(acc, XIN, W, m0, nt, k0, k1, BN: tl.constexpr, BK: tl.constexp
             w = W.load([kb * BK, nt * BN])
         else:
             w = W.load([nt * BN, kb * BK]).T
-        acc = _dot(x, w, acc, PREC)
+        acc = dot_prec(x, w, acc, PREC)
     return acc
 
 @triton.jit
-def _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, c0, NOUT,
+def adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask, c0, NOUT,
                   seed, BUCKETS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                   BWD: tl.constexpr, DROPOUT: tl.constexpr, SEED_PTR: tl.constexpr,
                   PREC: tl.constexpr):
     """``acc`` plus adapter ``ad``'s LoRA term on the (BM, BN) tile of ``rows`` x columns c0 ..
     c0 + BN (``cols``): forward ``s P B`` (s from ``meta_f``), backward ``Q A^T`` with, under
-    DROPOUT, the mask of ``_keep`` applied to the sum and kept values scaled by 1 / (1 - p).
+    DROPOUT, the mask of ``keep_tile`` applied to the sum and kept values scaled by 1 / (1 - p).
     The adapter's fields come from ``meta_i`` / ``meta_f`` (``_triton``'s META_I / META_F
     columns). Callers add the row-mask select that keeps their main loop's wgmma asynchronous."""
     start = tl.load(meta_i + ad * 8)
@@ -111,7 +111,7 @@ def _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask
         if DROPOUT:
             thresh = tl.load(meta_i + ad * 8 + 6)
             inv_keep = tl.load(meta_f + ad * 2 + 1)
-            keep = _keep(rows, c0, NOUT, _seed_value(seed, SEED_PTR), thresh, BM, BN)
+            keep = keep_tile(rows, c0, NOUT, seed_value(seed, SEED_PTR), thresh, BM, BN)
             acc = tl.where(keep, acc * inv_keep, 0.0)
     else:  # Y_lora = s P B
         scale = tl.load(meta_f + ad * 2)
@@ -151,7 +151,7 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
     cmask = cols < NOUT
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if LORA:
-        acc = _adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask,
+        acc = adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask,
                             nt * BN, NOUT, seed, BUCKETS, BM, BN, BWD, DROPOUT, SEED_PTR, PREC)
         if BWD:
             if not DROPOUT:
@@ -162,7 +162,7 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                 # ranks 16-128 (profiler/KERNELS.md, session 15). Rows past m1 are never stored.
                 acc = tl.where(rmask[:, None], acc, 0.0)
     if USE_TMA:
-        acc = _tma_mainloop(acc, XIN, W, m0, nt, 0, tl.cdiv(KRED, BK), BN, BK, BWD, PREC)
+        acc = tma_mainloop(acc, XIN, W, m0, nt, 0, tl.cdiv(KRED, BK), BN, BK, BWD, PREC)
     else:
         # clamped rows: loads need no row mask (rows past m1 are not stored); columns are
         # clamped only when NOUT is not a multiple of BN (a clamp hides their contiguity)
@@ -188,7 +188,7 @@ def gemm_lora_kernel(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f,
                 else:
                     w = tl.trans(tl.load(W + cl[:, None] * sw + ks[None, :], mask=km[None, :],
                                          other=0.0))
-            acc = _dot(x, w, acc, PREC)
+            acc = dot_prec(x, w, acc, PREC)
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     tl.store(OUT + rows.to(tl.int64)[:, None] * som + cols[None, :],

@@ -45,7 +45,7 @@ Math and rounding as the four-launch path (``_triton``'s docstring): P = mask(X)
 fp32 sums of K-split partials, stored once in bf16 (psave, for the backward); Y's LoRA term from
 that bf16 P times the scale, rounded to Y's dtype, times B; Q = the fp32 sum of s dY B^T N-split
 partials, rounded to X's dtype where it is used; dB and dA/dX's LoRA term by the same bodies as
-``_b1``/``_b2`` (``_b1b_body``, ``_b2_body``), each adapter's tokens in one chunk (dA and dB stored
+``_b1``/``_b2`` (``b1b_body``, ``b2_body``), each adapter's tokens in one chunk (dA and dB stored
 straight into the gradients: no fp32 workspace, no ``_gfin``).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import _b1b_body, _b2_body, _dot, _p_part, _prow, _q_part, _seed_value
+from ._triton import b1b_body, b2_body, dot_prec, p_part, pq_offset, q_part, seed_value
 from .config import cdiv
 
 __all__ = ["TinyPlan", "tiny_plan", "bind_forward", "bind_backward", "TINY_TOKENS_CUDA",
@@ -116,9 +116,9 @@ def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, s
     rr = tl.arange(0, R)
     rkm = rr < rank
     pm = rmask[:, None]
-    poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
-    if PHASE & 1:   # K split s of P (``_p_part``, as _f1_body), added into this step's half; arrive
-        acc = _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
+    poffs = pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :]
+    if PHASE & 1:   # K split s of P (``p_part``, as _f1_body), added into this step's half; arrive
+        acc = p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
         tl.atomic_add(Pcur + poffs, acc, mask=pm, sem="relaxed")
         if s == 0:   # the other half, for the next step
             tl.store(Pnxt + poffs, tl.zeros((BM, R), dtype=tl.float32), mask=pm)
@@ -136,7 +136,7 @@ def _tf_body(X, A, B, Y, bias, Psave, Pcur, Pnxt, Cnt, t, s, target, sxm, sam, s
             cols = nb * BN + tl.arange(0, BN)
             cm = cols < N
             b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-            y = _dot(ps, b.to(ps.dtype), None, PREC)
+            y = dot_prec(ps, b.to(ps.dtype), None, PREC)
             if HAS_BIAS:
                 y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
             tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
@@ -164,7 +164,7 @@ def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tiles, meta_i, m
             for z in range(pid * per, tl.minimum(pid * per + per, g_numel), 1024):
                 zo = z + tl.arange(0, 1024)
                 tl.store(G + zo, tl.zeros((1024,), dtype=tl.float32), mask=zo < g_numel)
-    seed = _seed_value(seed, SEED_PTR)
+    seed = seed_value(seed, SEED_PTR)
     e = tl.load(Ep + pid)
     par = (e & 1).to(tl.int64)
     Pcur = Pacc + par * p_numel
@@ -221,9 +221,9 @@ def _tf_kernel(X, A, B, Y, bias, Psave, seed, G, Pacc, Cnt, Ep, tiles, meta_i, m
 def _tbq_body(DY, B, Qcur, Qnxt, Cnt, ad, s, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0,
               nb1, scale, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
-    """N split s of Q = s dY B^T over one row tile (``_q_part``, as _b1q_body), added into this
+    """N split s of Q = s dY B^T over one row tile (``q_part``, as _b1q_body), added into this
     step's half; arrive on the adapter's counter."""
-    acc, offs, rmask = _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+    acc, offs, rmask = q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
                                scale, R, BM, BN, PREC)
     tl.atomic_add(Qcur + offs, acc, mask=rmask[:, None], sem="relaxed")
     if s == 0:
@@ -253,7 +253,7 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     e = tl.load(Ep + pid)
-    seed = _seed_value(seed, SEED_PTR)
+    seed = seed_value(seed, SEED_PTR)
     par = (e & 1).to(tl.int64)
     Qcur = Qacc + par * p_numel
     if pid < (n_q if PHASE & 1 else 0):
@@ -292,23 +292,23 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
         scale = tl.load(amf + (i // n_nb) * 2)
         if BUCKETS & 1:
             if (bucket == 0) & (nb * BN * CM0 < N):
-                _b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
                           scale, 1, 16, BM0, BN * CM0, PREC)
         if BUCKETS & 2:
             if (bucket == 1) & (nb * BN * CM1 < N):
-                _b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
                           scale, 1, 32, BM1, BN * CM1, PREC)
         if BUCKETS & 4:
             if (bucket == 2) & (nb * BN * CM2 < N):
-                _b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
                           scale, 1, 64, BM2, BN * CM2, PREC)
         if BUCKETS & 8:
             if (bucket == 3) & (nb * BN * CM3 < N):
-                _b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
                           scale, 1, 128, BM3, BN * CM3, PREC)
         if BUCKETS & 16:
             if (bucket == 4) & (nb * BN * CM4 < N):
-                _b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, DB, DB, sdm, N, start, m1, start, rank, roff, poff, nb,
                           scale, 1, 256, BM4, BN * CM4, PREC)
     for i in range(pid, n_xa if PHASE & 2 else 0, G):   # dX's LoRA term and dA, one block
         j = i // n_kb
@@ -318,31 +318,31 @@ def _tb_kernel(DY, X, A, B, Psave, DXL, DA, DB, seed, Qacc, Cnt, Ep, tmeta, tmf,
         if BUCKETS & 1:
             if (bucket == 0) & (kb * BK * CM0 < K):
                 _wait(Cnt, j, ((e + 1) * (tl.cdiv(L, BM0) * nsplit)).to(tl.int32))
-                _b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
+                b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
                          start, rank, roff, poff, kb, seed, thresh, inv_keep, 1, 16, BM0,
                          BK * CM0, DROPOUT, WRITE_DX, PREC)
         if BUCKETS & 2:
             if (bucket == 1) & (kb * BK * CM1 < K):
                 _wait(Cnt, j, ((e + 1) * (tl.cdiv(L, BM1) * nsplit)).to(tl.int32))
-                _b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
+                b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
                          start, rank, roff, poff, kb, seed, thresh, inv_keep, 1, 32, BM1,
                          BK * CM1, DROPOUT, WRITE_DX, PREC)
         if BUCKETS & 4:
             if (bucket == 2) & (kb * BK * CM2 < K):
                 _wait(Cnt, j, ((e + 1) * (tl.cdiv(L, BM2) * nsplit)).to(tl.int32))
-                _b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
+                b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
                          start, rank, roff, poff, kb, seed, thresh, inv_keep, 1, 64, BM2,
                          BK * CM2, DROPOUT, WRITE_DX, PREC)
         if BUCKETS & 8:
             if (bucket == 3) & (kb * BK * CM3 < K):
                 _wait(Cnt, j, ((e + 1) * (tl.cdiv(L, BM3) * nsplit)).to(tl.int32))
-                _b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
+                b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
                          start, rank, roff, poff, kb, seed, thresh, inv_keep, 1, 128, BM3,
                          BK * CM3, DROPOUT, WRITE_DX, PREC)
         if BUCKETS & 16:
             if (bucket == 4) & (kb * BK * CM4 < K):
                 _wait(Cnt, j, ((e + 1) * (tl.cdiv(L, BM4) * nsplit)).to(tl.int32))
-                _b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
+                b2_body(X, A, Qcur, DXL, DA, DA, sxm, sam, sdxm, K, start, start + L,
                          start, rank, roff, poff, kb, seed, thresh, inv_keep, 1, 256, BM4,
                          BK * CM4, DROPOUT, WRITE_DX, PREC)
     if PHASE & 2:
@@ -419,7 +419,7 @@ def tiny_plan(plan, device, n_sm: "int | None" = None,
     (``lora_gemm.choose_gemm``: our GEMM's epilogue takes the LoRA term otherwise) and the row
     tiles fit one program per SM (``n_sm``: the device's SM count, 8 off CUDA). ``ctas``:
     ``_tb_kernel``'s programs per SM (default ``cfg.tiny_ctas``). Cached on the plan."""
-    from .lora_gemm import _num_sms, choose_gemm
+    from .lora_gemm import num_sms, choose_gemm
     device = torch.device(device)
     ctas = int(plan.cfg.tiny_ctas if ctas is None else ctas)
     key = ("tiny", str(device), n_sm, ctas)
@@ -433,7 +433,7 @@ def tiny_plan(plan, device, n_sm: "int | None" = None,
     if 0 < plan.n_tokens <= limit and plan.n_tiles > 0 \
             and choose_gemm(plan, "fwd", device) is None \
             and choose_gemm(plan, "bwd", device) is None:
-        n = int(n_sm or (_num_sms(device) if device.type == "cuda" else 8))
+        n = int(n_sm or (num_sms(device) if device.type == "cuda" else 8))
         if plan.n_tiles <= n:
             tp = TinyPlan(plan, n, device, ctas)
     plan.extra[key] = tp

@@ -47,7 +47,7 @@ launched when such an adapter exists) converts those rows and zeroes them again 
 default acq_rel put a GPU-scope fence around each one (b1 84 -> 56 us, b2 71 -> 45 us at rank
 128, profiler/KERNELS.md, session 13).
 
-Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``_keep``;
+Dropout: a counter-based hash of (seed, token, column pair) gives the keep mask (``keep_tile``;
 ``reference.keep_mask`` is the same function in torch), so _f1 and _b2 regenerate the same mask
 and nothing is stored (a bitmask written by _f1 and read by _b2 measured slower on the H100:
 packing bits in _f1 cost more than the hash saved in _b2).
@@ -78,7 +78,7 @@ def _hash(idx, seed):
 
 
 @triton.jit
-def _seed_value(seed, SEED_PTR: tl.constexpr):
+def seed_value(seed, SEED_PTR: tl.constexpr):
     """The kernels' dropout seed: ``seed`` itself (already mixed on the host by
     ``config.mix_seed``), or, with SEED_PTR, mix_seed of the int counter ``seed`` points to (the
     same hash in uint32 arithmetic), so that a captured CUDA graph draws a new mask each replay
@@ -94,7 +94,7 @@ def _seed_value(seed, SEED_PTR: tl.constexpr):
 
 
 @triton.jit
-def _keep(rows, c0, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
+def keep_tile(rows, c0, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """(BM, BK) keep mask of rows x columns c0 .. c0+BK-1 (c0 even): one 32-bit hash per pair of
     columns, (row, k) kept iff 16-bit half (k & 1) of hash(row * ceil(K/2) + k // 2) >= thresh."""
     kh = (K + 1) // 2
@@ -106,7 +106,7 @@ def _keep(rows, c0, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, acc, PREC: tl.constexpr):
+def dot_prec(a, b, acc, PREC: tl.constexpr):
     """tl.dot; PREC "interp" (CPU interpreter, whose dot mishandles bf16) computes it in fp32."""
     if PREC == "interp":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
@@ -115,7 +115,7 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _prow(poff):
+def pq_offset(poff):
     """P's / Q's offset ``poff`` of an adapter, a multiple of 16 (rows padded to R), written so
     that the compiler knows it (tl.multiple_of is dropped on a scalar): the accesses to P and Q
     become 16-byte vectors and cp.async copies instead of element-wise loads and stores."""
@@ -124,12 +124,12 @@ def _prow(poff):
 
 # ----------------------------------------------------------------------------------------- f1
 @triton.jit
-def _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh,
+def p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh,
             R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
             PREC: tl.constexpr):
     """fp32 (BM, R): X A^T over rows m0..m1-1 (BM) and K blocks kb0..kb1-1 (BK columns), X's
     elements dropped as the dropout mask says (unscaled: 1 / keep is applied where P is stored).
-    Shared by ``_f1_body`` and ``_tiny._tf_body``, as ``_q_part`` is for Q."""
+    Shared by ``_f1_body`` and ``_tiny._tf_body``, as ``q_part`` is for Q."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -142,10 +142,10 @@ def _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh,
         cm = cols < K
         x = tl.load(xrow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
         if DROPOUT:
-            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
+            keep = keep_tile(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
         a = tl.load(arow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        acc = _dot(x, tl.trans(a.to(x.dtype)), acc, PREC)
+        acc = dot_prec(x, tl.trans(a.to(x.dtype)), acc, PREC)
     return acc
 
 
@@ -157,11 +157,11 @@ def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
-    acc = _p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
+    acc = p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh, R, BM, BK, DROPOUT, PREC)
     # P's rows are padded to R: columns rank..R-1 are stored too (zeros: A's rows past rank load
     # as 0), so P and Q need only the row mask and their accesses stay 16-byte vectors
     pm = rmask[:, None]
-    poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
+    poffs = pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :]
     if ksplit == 1:
         tl.store(Psave + poffs, (acc * inv_keep).to(Psave.dtype.element_ty), mask=pm)
     else:  # K split: fp32 adds into Pacc; the tile's last program to finish writes P once
@@ -176,13 +176,13 @@ def _f1_body(X, A, Pacc, Psave, Cnt, sxm, sam, K, m0, m1, start, rank, roff,
 
 
 @triton.jit(do_not_specialize=["ksplit", "kb_per", "seed"])
-def _f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, ksplit, kb_per, seed,
+def f1_kernel(X, A, Pacc, Psave, Cnt, tiles, meta_i, meta_f, K, sxm, sam, ksplit, kb_per, seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BK: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                SEED_PTR: tl.constexpr = False):
     pid = tl.program_id(0)
-    seed = _seed_value(seed, SEED_PTR)
+    seed = seed_value(seed, SEED_PTR)
     t = pid // ksplit
     s = pid % ksplit
     ad = tl.load(tiles + t * 3)
@@ -228,7 +228,7 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
     rmask = rows < m1
     rr = tl.arange(0, R)
     rkm = rr < rank
-    poffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
+    poffs = pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :]
     p = tl.load(Psave + poffs, mask=rmask[:, None], other=0.0).to(tl.float32)  # P / (1-p)
     ps = (p * scale).to(Y.dtype.element_ty)
     yrow = Y + rows.to(tl.int64)[:, None] * syn
@@ -237,7 +237,7 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
         cols = nb * BN + tl.arange(0, BN)
         cm = cols < N
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        y = _dot(ps, b.to(ps.dtype), None, PREC)
+        y = dot_prec(ps, b.to(ps.dtype), None, PREC)
         if HAS_BIAS:
             y += tl.load(bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
         tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty),
@@ -245,7 +245,7 @@ def _f2_body(Psave, B, Y, bias, syn, sbm, N, m0, m1, start, rank, roff, poff, nb
 
 
 @triton.jit(do_not_specialize=["g_numel", "ngroups", "nb_per"])
-def _f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm, ngroups, nb_per,
+def f2_kernel(Psave, B, Y, bias, G, g_numel, tiles, meta_i, meta_f, N, syn, sbm, ngroups, nb_per,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
                BN: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_G: tl.constexpr,
@@ -299,7 +299,7 @@ def _grad_out(acc, G, D, offs, gm, nch):
     """One token chunk's fp32 share ``acc`` of a dA or dB block (elements ``offs``, mask ``gm``):
     stored into the gradient D (the adapters' dtype) when the adapter has one chunk (nch == 1),
     else added with relaxed fp32 atomics into the workspace G (zero between steps), which
-    ``_gfin_kernel`` then converts into D and zeroes again. (The block's last chunk writing D
+    ``gfin_kernel`` then converts into D and zeroes again. (The block's last chunk writing D
     itself, behind a per-block counter as _f1 does for P, measured slower: the acq_rel counter
     waits for every chunk's atomics, profiler/KERNELS.md, session 13.)"""
     if nch == 1:
@@ -309,7 +309,7 @@ def _grad_out(acc, G, D, offs, gm, nch):
 
 
 @triton.jit
-def _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
+def q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
             R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     """(acc, offs, rmask): acc = s dY B^T over rows m0..m1-1 (BM, fp32 (BM, R)) and N blocks
     nb0..nb1-1 (BN columns), offs its elements in the compact, R-padded Q (as P's), rmask the
@@ -326,9 +326,9 @@ def _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale
         cm = cols < N
         dy = tl.load(drow + cols[None, :], mask=rmask[:, None] & cm[None, :], other=0.0)
         b = tl.load(brow + cols[None, :], mask=rkm[:, None] & cm[None, :], other=0.0)
-        acc = _dot(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
+        acc = dot_prec(dy, tl.trans(b.to(dy.dtype)), acc, PREC)
     acc = acc * scale
-    offs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]   # padded rows, as P's
+    offs = pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :]   # padded rows, as P's
     return acc, offs, rmask
 
 
@@ -336,7 +336,7 @@ def _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale
 def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
               R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q_ATOMIC: tl.constexpr,
               PREC: tl.constexpr):
-    acc, offs, rmask = _q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
+    acc, offs, rmask = q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1,
                                scale, R, BM, BN, PREC)
     if Q_ATOMIC:   # N split: partial sums into the zeroed fp32 Q
         tl.atomic_add(Q + offs, acc, mask=rmask[:, None], sem="relaxed")
@@ -345,7 +345,7 @@ def _b1q_body(DY, B, Q, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, 
 
 
 @triton.jit
-def _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
+def b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, scale,
               nch, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
     rr = tl.arange(0, R)
@@ -356,18 +356,18 @@ def _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb, sc
     for m in range(m0, m1, BM):
         rows = m + tl.arange(0, BM)
         rmask = rows < m1
-        p = tl.load(Psave + _prow(poff) + (rows - start)[:, None] * R + rr[None, :],
+        p = tl.load(Psave + pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :],
                     mask=rmask[:, None], other=0.0)
         dy = tl.load(DY + rows.to(tl.int64)[:, None] * sdm + cols[None, :],
                      mask=rmask[:, None] & cm[None, :], other=0.0)
-        acc = _dot(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
+        acc = dot_prec(tl.trans(p.to(dy.dtype)), dy, acc, PREC)
     acc = acc * scale
     _grad_out(acc, GB, DB, (roff + rr).to(tl.int64)[:, None] * N + cols[None, :],
               rkm[:, None] & cm[None, :], nch)
 
 
 @triton.jit(do_not_specialize=["nsplit", "nb_per", "n_q", "n_nb"])
-def _b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
+def b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, sbm,
                nsplit, nb_per, n_q, n_nb,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -425,29 +425,29 @@ def _b1_kernel(DY, B, Psave, Q, GB, DB, tiles, chunks, meta_i, meta_f, N, sdm, s
         scale = tl.load(meta_f + ad * 2)
         if BUCKETS & 1:
             if (bucket == 0) & (nb * BN * CM0 < N):
-                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
                           scale, nch, 16, BM0, BN * CM0, PREC)
         if BUCKETS & 2:
             if (bucket == 1) & (nb * BN * CM1 < N):
-                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
                           scale, nch, 32, BM1, BN * CM1, PREC)
         if BUCKETS & 4:
             if (bucket == 2) & (nb * BN * CM2 < N):
-                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
                           scale, nch, 64, BM2, BN * CM2, PREC)
         if BUCKETS & 8:
             if (bucket == 3) & (nb * BN * CM3 < N):
-                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
                           scale, nch, 128, BM3, BN * CM3, PREC)
         if BUCKETS & 16:
             if (bucket == 4) & (nb * BN * CM4 < N):
-                _b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
+                b1b_body(DY, Psave, GB, DB, sdm, N, m0, m1, start, rank, roff, poff, nb,
                           scale, nch, 256, BM4, BN * CM4, PREC)
 
 
 # ----------------------------------------------------------------------------------------- b2
 @triton.jit
-def _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
+def b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff, poff,
              kb, seed, thresh, inv_keep, nch,
              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
              WRITE_DX: tl.constexpr, PREC: tl.constexpr):
@@ -463,27 +463,27 @@ def _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
         rows = m + tl.arange(0, BM)
         rmask = rows < m1
         qm = rmask[:, None]
-        qoffs = _prow(poff) + (rows - start)[:, None] * R + rr[None, :]
+        qoffs = pq_offset(poff) + (rows - start)[:, None] * R + rr[None, :]
         qb = tl.load(Q + qoffs, mask=qm, other=0.0).to(X.dtype.element_ty)
         xm = rmask[:, None] & cm[None, :]
         x = tl.load(X + rows.to(tl.int64)[:, None] * sxm + cols[None, :], mask=xm, other=0.0)
         if DROPOUT:
-            keep = _keep(rows, kb * BK, K, seed, thresh, BM, BK)
+            keep = keep_tile(rows, kb * BK, K, seed, thresh, BM, BK)
             x = tl.where(keep, x, tl.zeros_like(x))
         if WRITE_DX:
-            d = _dot(qb, a, None, PREC)
+            d = dot_prec(qb, a, None, PREC)
             if DROPOUT:
                 d = tl.where(keep, d * inv_keep, 0.0)
             tl.store(DXL + rows.to(tl.int64)[:, None] * sdxm + cols[None, :],
                      d.to(DXL.dtype.element_ty), mask=xm)
-        acc = _dot(tl.trans(qb), x, acc, PREC)
+        acc = dot_prec(tl.trans(qb), x, acc, PREC)
     acc = acc * inv_keep
     _grad_out(acc, GA, DA, (roff + rr).to(tl.int64)[:, None] * K + cols[None, :],
               rkm[:, None] & cm[None, :], nch)
 
 
 @triton.jit(do_not_specialize=["n_kb", "seed"])
-def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
+def b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, n_kb,
                seed,
                BUCKETS: tl.constexpr, BM0: tl.constexpr, BM1: tl.constexpr,
                BM2: tl.constexpr, BM3: tl.constexpr, BM4: tl.constexpr,
@@ -491,7 +491,7 @@ def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, 
                CM4: tl.constexpr, BK: tl.constexpr, DROPOUT: tl.constexpr,
                WRITE_DX: tl.constexpr, PREC: tl.constexpr, SEED_PTR: tl.constexpr = False):
     pid = tl.program_id(0)
-    seed = _seed_value(seed, SEED_PTR)
+    seed = seed_value(seed, SEED_PTR)
     c = pid // n_kb
     kb = pid % n_kb
     ad = tl.load(chunks + c * 3)
@@ -507,38 +507,38 @@ def _b2_kernel(X, A, Q, DXL, GA, DA, chunks, meta_i, meta_f, K, sxm, sam, sdxm, 
     inv_keep = tl.load(meta_f + ad * 2 + 1)
     if BUCKETS & 1:
         if (bucket == 0) & (kb * BK * CM0 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+            b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
                      poff, kb, seed, thresh, inv_keep, nch, 16, BM0, BK * CM0, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 2:
         if (bucket == 1) & (kb * BK * CM1 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+            b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
                      poff, kb, seed, thresh, inv_keep, nch, 32, BM1, BK * CM1, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 4:
         if (bucket == 2) & (kb * BK * CM2 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+            b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
                      poff, kb, seed, thresh, inv_keep, nch, 64, BM2, BK * CM2, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 8:
         if (bucket == 3) & (kb * BK * CM3 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+            b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
                      poff, kb, seed, thresh, inv_keep, nch, 128, BM3, BK * CM3, DROPOUT,
                      WRITE_DX, PREC)
     if BUCKETS & 16:
         if (bucket == 4) & (kb * BK * CM4 < K):
-            _b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
+            b2_body(X, A, Q, DXL, GA, DA, sxm, sam, sdxm, K, m0, m1, start, rank, roff,
                      poff, kb, seed, thresh, inv_keep, nch, 256, BM4, BK * CM4, DROPOUT,
                      WRITE_DX, PREC)
 
 
 # ------------------------------------------------------------------------------- mask helper
 @triton.jit(do_not_specialize=["seed", "thresh"])
-def _mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
+def mask_kernel(OUT, M, K, seed, thresh, BM: tl.constexpr, BK: tl.constexpr):
     """Materialise the keep mask (1 = kept) that _f1 uses, for tests and references."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
-    keep = _keep(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
+    keep = keep_tile(rows, tl.program_id(1) * BK, K, seed, thresh, BM, BK)
     tl.store(OUT + rows.to(tl.int64)[:, None] * K + cols[None, :], keep.to(tl.int8),
              mask=(rows < M)[:, None] & (cols < K)[None, :])
 
@@ -556,7 +556,7 @@ def _gfin_row(g, d, n, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["sum_r", "K", "N"])
-def _gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
+def gfin_kernel(G, DA, DB, multi, sum_r, K, N, BLOCK: tl.constexpr):
     """dA/dB rows of the adapters with several token chunks out of the fp32 workspace G (dA^T
     rows (sum_r, K) then dB rows (sum_r, N)), converted to DA's / DB's dtype; G is zeroed again for
     the next step. Program i < sum_r: dA row i, else dB row i - sum_r; rows with multi[row] == 0

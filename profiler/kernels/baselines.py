@@ -30,10 +30,9 @@ from typing import List, Sequence
 import torch
 import torch.nn.functional as F
 
-from .lorafusion_ext import lorafusion_available  # noqa: F401 (re-exported for bench/kernels.py)
 from .multilora import MultiLoRALinear
 
-__all__ = ["IMPLS", "make_impl", "peft_available", "Impl", "lorafusion_available"]
+__all__ = ["IMPLS", "make_impl", "peft_available", "Impl"]
 
 
 def peft_available() -> bool:

@@ -82,7 +82,7 @@ def choose_gemm(plan, pass_: str, device, cfg: Optional[KernelConfig] = None,
         n_tiles = sum(cdiv(L, choice.bm) for L in plan.seg_lens) * cdiv(plan.in_features,
                                                                          choice.bn)
         if cfg.bwd_cublas == "always" or (choice.persistent and tail_split_tiles(
-                choice, n_tiles, _num_sms(device)) > 0):
+                choice, n_tiles, num_sms(device)) > 0):
             choice = None
     plan.extra[key] = choice
     return choice
@@ -139,7 +139,7 @@ def _run(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=
 _NUM_SMS: dict = {}
 
 
-def _num_sms(device) -> int:
+def num_sms(device) -> int:
     """Multiprocessors of ``device`` (the persistent grid); 4 off CUDA (the interpreter)."""
     key = str(device)
     if key not in _NUM_SMS:
@@ -169,7 +169,7 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     buckets = plan.buckets if plan is not None else 0
     meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)
     n_mt = cdiv(M, gc.bm) if uniform else mtiles.shape[0]
-    nsm = _num_sms(a.device)
+    nsm = num_sms(a.device)
     ws = None if uniform or plan is None else tail_workspace(plan, gc, bwd, n_mt, nout, nsm,
                                                              a.device)
     launch(gemm_persist_kernel, _persist_grid(gc, n_mt, nout, nsm), _persist_name(gc, bwd),
@@ -330,7 +330,7 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
     full = _all_full(plan, gc.bm, M, False) and nout % (gc.bn // gc.split) == 0
-    nsm = _num_sms(a.device)
+    nsm = num_sms(a.device)
     n_mt = mtiles.shape[0]
     ws = tail_workspace(plan, gc, bwd, n_mt, nout, nsm, a.device)
     wsp, tcnt = ws or (plan.meta_f, plan.meta_i)   # unused without TAIL_SPLIT

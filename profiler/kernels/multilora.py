@@ -20,13 +20,11 @@ from typing import Optional, Sequence
 import torch
 
 from . import _triton as K_
-from .config import (MAX_RANK, SMEM_LIMIT_BYTES, KernelConfig, cdiv, keep_threshold,  # noqa: F401
-                     mix_seed, smem_bytes, stages_for)
+from .config import MAX_RANK, KernelConfig, cdiv, keep_threshold, mix_seed
 from .plan import LoRAPlan, build_plan
 from .program import backward_program, forward_program, gbuf_numel, prec_of
 
-__all__ = ["KernelConfig", "LoRAPlan", "build_plan", "multi_lora_linear", "MultiLoRALinear",
-           "keep_threshold", "mix_seed", "dropout_keep_mask_triton", "MAX_RANK"]
+__all__ = ["multi_lora_linear", "MultiLoRALinear", "dropout_keep_mask_triton"]
 
 
 _prec = prec_of
@@ -143,7 +141,7 @@ def dropout_keep_mask_triton(M: int, K: int, seed: int, p: float, device) -> tor
     """The (M, K) int8 keep mask (1 = kept) the kernels use for ``seed`` and probability p."""
     out = torch.empty(M, K, dtype=torch.int8, device=device)
     if M and K:
-        K_._mask_kernel[(cdiv(M, 32), cdiv(K, 32))](out, M, K, mix_seed(seed),
+        K_.mask_kernel[(cdiv(M, 32), cdiv(K, 32))](out, M, K, mix_seed(seed),
                                                        keep_threshold(p), BM=32, BK=32)
     return out
 

@@ -89,7 +89,7 @@ class ForwardProgram:
         self.cnt = torch.zeros(max(plan.n_tiles, 1), dtype=torch.int32, device=x.device)
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
         self.f1 = BoundLaunch(
-            K_._f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
+            K_.f1_kernel, (plan.n_tiles * plan.ksplit,), "f1", plan.buckets, cfg,
             ("X", "A", "Psave", "seed"),
             dict(Pacc=self.pacc, Cnt=self.cnt, tiles=plan.tiles, meta_i=plan.meta_i,
                  meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), ksplit=plan.ksplit, kb_per=plan.kb_per, BUCKETS=plan.buckets,
@@ -100,7 +100,7 @@ class ForwardProgram:
         self.f2 = None
         if self.write_y or self.g_numel > 0:
             self.f2 = BoundLaunch(
-                K_._f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
+                K_.f2_kernel, (plan.n_tiles * ngroups,), "f2", plan.buckets, cfg,
                 ("Psave", "B", "Y", "bias", "G"),
                 dict(g_numel=self.g_numel, tiles=plan.tiles, meta_i=plan.meta_i, meta_f=meta_f,
                      N=Nf, syn=Nf, sbm=lora_B.stride(0), ngroups=ngroups, nb_per=plan.ng_per,
@@ -190,7 +190,7 @@ class BackwardProgram:
             self.gacc = torch.zeros(plan.sum_r * (Kf + Nf) if multi else 1,
                                     dtype=torch.float32, device=x.device)
             self.b1 = BoundLaunch(
-                K_._b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
+                K_.b1_kernel, (n_q + plan.n_chunks * n_nb,), "b1", plan.buckets, cfg,
                 ("DY", "B", "Psave", "Q", "DB"),
                 dict(GB=self.gacc[self.ga_end:] if multi else self.gacc, tiles=plan.tiles, chunks=plan.chunks, meta_i=plan.meta_i, meta_f=meta_f,
                      N=Nf, sdm=dy.stride(0), sbm=lora_B.stride(0), nsplit=plan.nsplit,
@@ -199,7 +199,7 @@ class BackwardProgram:
                      PREC=prec),
                 dict(num_warps=cfg.warps_b1), checked=(0,))
             self.b2 = BoundLaunch(
-                K_._b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
+                K_.b2_kernel, (plan.n_chunks * n_kb,), "b2", plan.buckets, cfg,
                 ("X", "A", "Q", "DXL", "DA", "seed"),
                 dict(GA=self.gacc, chunks=plan.chunks, meta_i=plan.meta_i,
                      meta_f=meta_f, K=Kf, sxm=x.stride(0), sam=lora_A.stride(0), sdxm=Kf if self.write_dx else 0,
@@ -211,7 +211,7 @@ class BackwardProgram:
             if multi:
                 rows = [int(c > 1) for c, r in zip(plan.nch, plan.ranks) for _ in range(r)]
                 self.gfin = BoundLaunch(
-                    K_._gfin_kernel, (2 * plan.sum_r,), "gfin", 0, cfg, ("DA", "DB"),
+                    K_.gfin_kernel, (2 * plan.sum_r,), "gfin", 0, cfg, ("DA", "DB"),
                     dict(G=self.gacc, multi=torch.tensor(rows, dtype=torch.int32).to(x.device),
                          sum_r=plan.sum_r, K=Kf, N=Nf, BLOCK=1024),
                     dict(num_warps=4), start_stages=1, checked=())

@@ -467,14 +467,14 @@ def main(argv: list[str] | None = None) -> int:
               f"not written", file=sys.stderr)
         return 128 + signum
     except Exception as e:  # an engine invariant or a bug: one line, the class says which
-        from tlora_sim.sim.core.engine import InvariantError
+        from tlora_sim.sim.core.invariants import InvariantError
 
         signum = _interrupted_by(e)
         if signum is not None:  # a library failed while unwinding from a signal (e.g. a PDF half-compressed)
             print(f"tlora-sim: interrupted (signal {signum}); finished files are complete, unfinished ones were "
                   f"not written", file=sys.stderr)
             return 128 + signum
-        from tlora_sim.sim.core.engine import PolicyError
+        from tlora_sim.sim.core.policy_call import PolicyError
         from tlora_sim.sim.runtime.write_errors import is_write_error, write_error
 
         if isinstance(e, PolicyError):  # a crashing policy: one line, the traceback in a file or behind -v

@@ -1,7 +1,7 @@
 """Cluster shapes: ``NODESxGPUSxTYPE`` specs such as ``16x8xH100``.
 
 The GPU types themselves (``GpuSpec``, ``GPUS``) are hardware facts the cost model owns
-(``sim/costmodel/hardware.py``); they are re-exported here for the simulation's convenience.
+(``sim/costmodel/hardware.py``); import them from there.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tlora_sim.sim.costmodel.hardware import GPUS, GpuSpec  # noqa: F401 - re-exported
+from tlora_sim.sim.costmodel.hardware import GPUS, GpuSpec
 from tlora_sim.traces.errors import InputError
 
 

@@ -10,7 +10,10 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
-from tlora_sim.sim.report.rundata import BASELINE_POLICY, MAX_POINTS_PER_LINE, _BARS_COLUMN_MAX_POLICIES, _BAR_METRICS, _LW, _S_PER_DAY, _S_PER_H, _warn, time_weighted_bins  # noqa: F401
+from tlora_sim.sim.report.rundata import BAR_METRICS, BASELINE_POLICY, MAX_POINTS_PER_LINE, warn_skipped
+from tlora_sim.sim.report.style import LINE_WIDTH, S_PER_DAY, S_PER_H, legend_above
+
+_BARS_COLUMN_MAX_POLICIES = 6  # more policies than this: bars_figure goes full text width
 
 
 # --------------------------------------------------------------------------------------------
@@ -39,12 +42,6 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(minor) if narrow else NullFormatter())
 
 
-def _legend(fig, ax, ncol_max: int = 3) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside upper center", ncol=min(len(handles), ncol_max))
-
-
 def _ecdf_points(values: np.ndarray, n_total: int, max_points: int) -> tuple[np.ndarray, np.ndarray]:
     x = np.sort(values)
     y = np.arange(1, x.size + 1, dtype=float) / max(n_total, 1)
@@ -63,7 +60,7 @@ def _cdf_figure(samples: Mapping[str, tuple[np.ndarray, int]], styles: Mapping[s
         if vals.size == 0:
             continue
         x, y = _ecdf_points(vals, n_total, MAX_POINTS_PER_LINE)
-        ax.step(x, y, where="post", linewidth=_LW, **styles[pol].line_kwargs())
+        ax.step(x, y, where="post", linewidth=LINE_WIDTH, **styles[pol].line_kwargs())
     if ref_line is not None:
         ax.axvline(ref_line, color="black", linewidth=0.5, alpha=0.45, zorder=0)  # not the reference policy's grey dots
     ax.set_xscale("log")
@@ -71,7 +68,7 @@ def _cdf_figure(samples: Mapping[str, tuple[np.ndarray, int]], styles: Mapping[s
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(fs.axis_label("CDF", "fraction of jobs"))
-    _legend(fig, ax)
+    legend_above(fig, ax)
     return fig
 
 
@@ -84,7 +81,7 @@ def jct_cdf_figure(jct_by_policy: Mapping[str, tuple[np.ndarray, int]],
         styles: from :func:`tlora_sim.sim.report.style.policy_styles` (default: from the policies given).
     """
     styles = styles or fs.policy_styles(jct_by_policy)
-    return _cdf_figure(jct_by_policy, styles, fs.axis_label("Job completion time", "h"), _S_PER_H)
+    return _cdf_figure(jct_by_policy, styles, fs.axis_label("Job completion time", "h"), S_PER_H)
 
 
 def slowdown_cdf_figure(slowdown_by_policy: Mapping[str, tuple[np.ndarray, int]],
@@ -108,7 +105,7 @@ def _smoothed(series: Mapping[str, tuple[np.ndarray, np.ndarray]]):
     spans = [float(e[-1] - e[0]) for e, m in series.values() if m.size]
     span = max(spans, default=0.0)
     window = smoothing_window(span)
-    unit, per = ("days", _S_PER_DAY) if span > 2 * _S_PER_DAY else ("h", _S_PER_H)
+    unit, per = ("days", S_PER_DAY) if span > 2 * S_PER_DAY else ("h", S_PER_H)
     out = {}
     for pol, (edges, means) in series.items():
         if not means.size:
@@ -140,11 +137,11 @@ def throughput_time_figure(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
     for pol in styles:
         if pol in smooth:
             x, m = smooth[pol]
-            ax.plot(x, m / factor, linewidth=_LW, **styles[pol].line_kwargs())
+            ax.plot(x, m / factor, linewidth=LINE_WIDTH, **styles[pol].line_kwargs())
     ax.set_ylim(bottom=0)
     ax.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}"))
     ax.set_ylabel(fs.axis_label("Throughput", f"{prefix} tokens/s".lstrip()))
-    _legend(fig, ax, ncol_max=4)
+    legend_above(fig, ax, ncol_max=4)
     return fig
 
 
@@ -177,7 +174,7 @@ def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
         for pol in styles:
             if pol in smooth:
                 x, m = smooth[pol]
-                ax.plot(x, 100.0 * m, linewidth=_LW, **styles[pol].line_kwargs())
+                ax.plot(x, 100.0 * m, linewidth=LINE_WIDTH, **styles[pol].line_kwargs())
         if not data:
             ax.text(0.5, 0.5, "not in timeline", transform=ax.transAxes, ha="center", va="center",
                     color="0.4")
@@ -186,14 +183,15 @@ def utilization_time_figure(alloc: Mapping[str, tuple[np.ndarray, np.ndarray]],
         top = max((100.0 * float(np.nanmax(m)) for _, m in smooth.values() if m.size), default=100.0)
         ax.set_ylim(0, min(105.0, max(top * 1.1, 1.0)))
     ax_c.set_xlabel(fs.axis_label("Time", f"{unit}; each point the mean over {window}" if window else unit))
-    _legend(fig, ax_a if alloc else ax_c, ncol_max=4)
+    legend_above(fig, ax_a if alloc else ax_c, ncol_max=4)
     return fig
 
 
-def _available_bar_metrics(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
-    """Bar metrics with at least one finite value in ``summary``."""
+def available_bar_metrics(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """The entries of ``rundata.BAR_METRICS`` whose column ``summary`` has, with at least one finite
+    value (the panels :func:`bars_figure` draws)."""
     out = []
-    for m in _BAR_METRICS:
+    for m in BAR_METRICS:
         if m[0] in summary.columns:
             vals = pd.to_numeric(summary[m[0]], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
             if np.isfinite(vals).any():
@@ -228,9 +226,9 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
     styles = styles or fs.policy_styles(summary["policy"])
     table = summary.set_index("policy")
     pols = [p for p in styles if p in table.index]
-    metrics = _available_bar_metrics(summary)
+    metrics = available_bar_metrics(summary)
     if not metrics:
-        raise ValueError("summary has none of the bar metrics " + ", ".join(m[0] for m in _BAR_METRICS))
+        raise ValueError("summary has none of the bar metrics " + ", ".join(m[0] for m in BAR_METRICS))
     has_base = baseline in table.index
     wide = len(pols) > _BARS_COLUMN_MAX_POLICIES
     if wide:  # many policies: one row of panels at full text width, legend below
@@ -251,7 +249,7 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
             ylabel = fs.axis_label("Ratio", "\u00d7 reference")
             fmt = "{:.2f}"
         elif col.endswith("_jct_s"):
-            shown, ylabel, fmt = vals / _S_PER_H, fs.axis_label(quantity, "h"), "{:.3g}"
+            shown, ylabel, fmt = vals / S_PER_H, fs.axis_label(quantity, "h"), "{:.3g}"
         elif col.endswith("_util"):
             shown, ylabel, fmt = 100.0 * vals, fs.axis_label(quantity, "%"), "{:.1f}"
         else:
@@ -259,7 +257,7 @@ def bars_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] | No
             factor, prefix = _si_scale(float(np.max(finite)) if finite.size else 0.0)
             shown, ylabel, fmt = vals / factor, fs.axis_label(quantity, f"{prefix} tok/s".lstrip()), "{:.3g}"
         if has_base and not normalised:
-            _warn(f"bars: {baseline!r} has {col} = {base}; panel {title!r} shows raw values")
+            warn_skipped(f"bars: {baseline!r} has {col} = {base}; panel {title!r} shows raw values")
         heights = np.where(np.isfinite(shown), shown, 0.0)
         ax.bar(x, heights, width=0.75, color=[styles[p].color for p in pols],
                hatch=None, edgecolor="black", linewidth=0.4)
@@ -358,5 +356,5 @@ def speedup_figure(summary: pd.DataFrame, styles: Mapping[str, fs.PolicyStyle] |
     ax.set_ylim(0, top * 1.22)
     ax.set_ylabel(fs.axis_label("Speed-up \u2191", "\u00d7 reference"))
     ax.grid(axis="x", visible=False)
-    _legend(fig, ax, ncol_max=2)
+    legend_above(fig, ax, ncol_max=2)
     return fig

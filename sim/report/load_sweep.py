@@ -15,8 +15,9 @@ import pandas as pd
 
 from tlora_sim.sim.report import style as fs
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundata import FIGURES_DIR, JOBS_CSV, PlotWarning, SUMMARY_CSV, _LW, _S_PER_H, _check_formats, _numeric, _warn, load_compare  # noqa: F401
-from tlora_sim.sim.report.figures import _legend  # noqa: F401
+from tlora_sim.sim.report.rundata import FIGURES_DIR, JOBS_CSV, SUMMARY_CSV, load_compare
+from tlora_sim.sim.report.rundata import check_formats as _check_formats, numeric_column as _numeric, warn_skipped as _warn
+from tlora_sim.sim.report.style import LINE_WIDTH as _LW, S_PER_H as _S_PER_H, legend_above as _legend
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Every figure is re-drawn from what the simulator wrote, so any run can be re-plo
 * a **comparison directory** ``OUT/`` holds ``summary.csv`` (required; one row per policy) and one run
   directory per policy, ``OUT/<policy>/``; figures go to ``OUT/figures/``.
 
-Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data:`FIGURE_NAMES`):
+Figures (each written as ``<name>.png`` at 200 dpi and ``<name>.pdf``, see :data:`rundata.FIGURE_NAMES`):
 
 ``jct_cdf``
     CDF of job completion time (finish - submit), log x-axis in hours, one line per policy.
@@ -30,19 +30,22 @@ to ``DIR/figures/``:
 ``queue_vs_load``
     Average and p90 queueing delay (first start - submit) against offered load (GPU demand / cluster
     GPUs, from the synthetic traces' ``load=`` option or given explicitly), a line per policy
-    (:func:`plot_queue_vs_load`).
+    (:func:`load_sweep.plot_queue_vs_load`).
 
 :func:`relative_table` gives the numbers behind ``bars`` (ratios to the reference baseline
-``independent-backfill``, :data:`REFERENCE_POLICY`) as a table.
+``independent-backfill``, :data:`rundata.REFERENCE_POLICY`) as a table.
 
 CDFs count every job in ``jobs.csv`` in the denominator, so a policy that leaves jobs unfinished
 (empty ``jct_s``) tops out below 1. Time series are piecewise constant (each ``timeline.csv`` row holds
-from its ``time_s`` to the next row's); lines with more than :data:`MAX_POINTS_PER_LINE` segments are
-aggregated into equal-width bins by time-weighted averaging (:func:`time_weighted_bins`), which keeps
+from its ``time_s`` to the next row's); lines with more than :data:`rundata.MAX_POINTS_PER_LINE` segments are
+aggregated into equal-width bins by time-weighted averaging (:func:`rundata.time_weighted_bins`), which keeps
 the integral (e.g. the tokens trained) exact, so million-row timelines plot in about a second.
 
-A missing optional input skips the figures that need it with a :class:`PlotWarning`; a missing
+A missing optional input skips the figures that need it with a :class:`rundata.PlotWarning`; a missing
 required input, or a malformed file, raises :class:`tlora_sim.traces.errors.InputError` naming the file.
+
+Reading the directories is :mod:`rundata`'s, drawing each figure :mod:`figures`' and
+:mod:`load_sweep`'s; this module writes them.
 
 matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only), so no display is needed
 and the global backend is never changed. Command line: ``python -m tlora_sim.sim.report.plots DIR [--formats png,pdf]``.
@@ -62,41 +65,23 @@ from tlora_sim.sim.report import style as fs
 from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS, ratio_to
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BAR_METRICS, _TIMELINE_COLUMNS, _check_formats, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
-from tlora_sim.sim.report.figures import speedup_figure, _available_bar_metrics, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
-from tlora_sim.sim.report.load_sweep import QUEUE_LOAD_FIGURE, find_compare_dirs, load_sweep_points, plot_queue_vs_load, queue_vs_load_figure, trace_load  # noqa: F401
+from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, FIGURES_DIR, JOBS_CSV, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, BAR_METRICS, TIMELINE_COLUMNS, check_formats, read_timeline, warn_skipped, load_compare, load_run
+from tlora_sim.sim.report.figures import speedup_figure, available_bar_metrics, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure
+from tlora_sim.sim.report.load_sweep import find_compare_dirs, plot_queue_vs_load
 
 __all__ = [
-    "FIGURE_NAMES",
-    "MAX_POINTS_PER_LINE",
-    "PlotWarning",
-    "RunData",
-    "load_run",
-    "load_compare",
-    "time_weighted_bins",
     "plot_run",
     "plot_compare",
     "plot_any",
-    "jct_cdf_figure",
-    "slowdown_cdf_figure",
-    "throughput_time_figure",
-    "utilization_time_figure",
-    "bars_figure",
     "RELATIVE_COLUMNS",
     "relative_table",
-    "QUEUE_LOAD_FIGURE",
-    "find_compare_dirs",
-    "trace_load",
-    "load_sweep_points",
-    "queue_vs_load_figure",
-    "plot_queue_vs_load",
 ]
 
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-def _footer(runs: list[RunData]) -> str:
+def figure_footer(runs: list[RunData]) -> str:
     """What a reader of the figure needs to know it: trace, cluster, seed(s), jobs kept; then the
     reference and discipline, the cost model and the share of GPU-time on extrapolated step times."""
     if not runs:
@@ -177,12 +162,12 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
             summary = summary[summary["policy"].isin(list(policies))].reset_index(drop=True)
         names = [n for n in names if n in policies]
     if metrics and summary is not None:
-        allowed = {m[0] for m in _BAR_METRICS} | {"makespan_s"}
+        allowed = {m[0] for m in BAR_METRICS} | {"makespan_s"}
         bad = [m for m in metrics if m not in allowed]
         if bad:
             raise InputError(f"unknown metric {bad[0]!r}; the bar figures take: {', '.join(sorted(allowed))}",
                              field="--metrics")
-        drop = [m[0] for m in _BAR_METRICS if m[0] not in metrics and m[0] in summary.columns]
+        drop = [m[0] for m in BAR_METRICS if m[0] not in metrics and m[0] in summary.columns]
         keep_speed = {"avg_jct_s": "avg_jct_speedup", "p90_jct_s": "p90_jct_speedup",
                       "throughput_tokens_per_s": "throughput_x", "makespan_s": "makespan_speedup"}
         drop += [v for k, v in keep_speed.items() if k not in metrics and v in summary.columns]
@@ -191,7 +176,7 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
     ordered = [p for p in styles if p in runs]
     written: list[Path] = []
 
-    footer = _footer([runs[p] for p in ordered])
+    footer = figure_footer([runs[p] for p in ordered])
 
     def save(fig, name: str) -> None:
         if only is not None and name not in only:
@@ -204,7 +189,7 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
 
     # read and check everything first: a bad file stops the command before any figure is rewritten
     want_series = only is None or bool({"throughput_time", "utilization_time"} & set(only))
-    timelines = {p: _read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None and want_series}
+    timelines = {p: read_timeline(runs[p]) for p in ordered if runs[p].timeline_path is not None and want_series}
     for p in ordered:
         runs[p].jct_s()
         runs[p].slowdown()
@@ -216,27 +201,27 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
         if jct:
             save(jct_cdf_figure(jct, styles), "jct_cdf")
         else:
-            _warn(f"{where}: no finished job with a JCT; skipping figure 'jct_cdf'")
+            warn_skipped(f"{where}: no finished job with a JCT; skipping figure 'jct_cdf'")
 
         slow = {}
         for p in ordered:
             s = runs[p].slowdown()
             if s is None:
-                _warn(f"{runs[p].run_dir / JOBS_CSV}: no slowdown (or isolated_runtime_s) column; "
+                warn_skipped(f"{runs[p].run_dir / JOBS_CSV}: no slowdown (or isolated_runtime_s) column; "
                       f"'slowdown_cdf' leaves policy {p!r} out")
             elif np.any(s[0] > 0):
                 slow[p] = s
         if slow:
             save(slowdown_cdf_figure(slow, styles), "slowdown_cdf")
         else:
-            _warn(f"{where}: no job with a slowdown; skipping figure 'slowdown_cdf'")
+            warn_skipped(f"{where}: no job with a slowdown; skipping figure 'slowdown_cdf'")
 
         # Time series.
-        series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {c: {} for c in _TIMELINE_COLUMNS}
+        series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {c: {} for c in TIMELINE_COLUMNS}
         for p in ordered if want_series else ():
             run = runs[p]
             if run.timeline_path is None:
-                _warn(f"{run.run_dir}: no {TIMELINE_CSV}; time-series figures leave policy {p!r} out")
+                warn_skipped(f"{run.run_dir}: no {TIMELINE_CSV}; time-series figures leave policy {p!r} out")
                 continue
             for col, binned in timelines[p].items():
                 series[col][p] = binned
@@ -245,22 +230,22 @@ def _plot_all(where: Path, runs: Mapping[str, RunData], summary: pd.DataFrame | 
         elif series["tokens_per_s"]:
             save(throughput_time_figure(series["tokens_per_s"], styles), "throughput_time")
         else:
-            _warn(f"{where}: no timeline with tokens_per_s; skipping figure 'throughput_time'")
+            warn_skipped(f"{where}: no timeline with tokens_per_s; skipping figure 'throughput_time'")
         if not want_series:
             pass
         elif series["gpu_alloc_util"] or series["gpu_compute_util"]:
             save(utilization_time_figure(series["gpu_alloc_util"], series["gpu_compute_util"], styles),
                  "utilization_time")
         else:
-            _warn(f"{where}: no timeline with gpu_alloc_util or gpu_compute_util; skipping figure "
+            warn_skipped(f"{where}: no timeline with gpu_alloc_util or gpu_compute_util; skipping figure "
                   f"'utilization_time'")
 
         # Summary bars.
         if summary is None:
-            _warn(f"{where}: no {SUMMARY_JSON}; skipping figure 'bars'")
-        elif not _available_bar_metrics(summary):
-            _warn(f"{where}: summary has no value for any of "
-                  f"{', '.join(m[0] for m in _BAR_METRICS)}; skipping figure 'bars'")
+            warn_skipped(f"{where}: no {SUMMARY_JSON}; skipping figure 'bars'")
+        elif not available_bar_metrics(summary):
+            warn_skipped(f"{where}: summary has no value for any of "
+                  f"{', '.join(m[0] for m in BAR_METRICS)}; skipping figure 'bars'")
         else:
             save(bars_figure(summary, styles, baseline=reference), "bars")
         if summary is not None and len(summary) > 1 and reference in set(summary["policy"]) and any(
@@ -289,14 +274,14 @@ def plot_run(run_dir: str | Path, formats: Iterable[str] = ("png", "pdf"), *,
         InputError: the directory or ``jobs.csv`` is missing, a file is malformed, or a format is
             unknown.
     """
-    fmts = _check_formats(formats)
+    fmts = check_formats(formats)
     run = load_run(run_dir)
     summary = None
     if run.summary is not None:
         row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
         row["policy"] = run.policy
         summary = pd.DataFrame([row])
-        for col in (m[0] for m in _BAR_METRICS):
+        for col in (m[0] for m in BAR_METRICS):
             if col in summary:
                 summary[col] = pd.to_numeric(summary[col], errors="coerce")
     from tlora_sim.sim.report.tenant_figure import plot_tenants
@@ -331,7 +316,7 @@ def plot_compare(compare_dir: str | Path, formats: Iterable[str] = ("png", "pdf"
         InputError: the directory or ``summary.csv`` is missing, a file is malformed, or a format is
             unknown.
     """
-    fmts = _check_formats(formats)
+    fmts = check_formats(formats)
     summary, runs = load_compare(compare_dir)
     return _plot_all(Path(compare_dir), runs, summary, fmts, policies=policies, metrics=metrics, size=size, only=only)
 

@@ -37,14 +37,11 @@ REFERENCE_POLICY = "independent-backfill"
 """The reference baseline of every comparison (every job alone, FIFO with EASY backfilling):
 what ``compare`` and ``sweep`` add when absent, what speed-ups and ratios are taken against."""
 BASELINE_POLICY = REFERENCE_POLICY  # the older name
-_BARS_COLUMN_MAX_POLICIES = 6  # more policies than this: bars_figure goes full text width
-_S_PER_H = 3600.0
-_S_PER_DAY = 86400.0
-_LW = 1.0  # line width (pt) of data lines; StepPatch (stairs) does not follow lines.linewidth
-_TIMELINE_COLUMNS = ("tokens_per_s", "gpu_alloc_util", "gpu_compute_util")
+#: The ``timeline.csv`` columns the time-series figures draw.
+TIMELINE_COLUMNS = ("tokens_per_s", "gpu_alloc_util", "gpu_compute_util")
 
-# (summary column, panel title, better direction, raw-value label quantity)
-_BAR_METRICS = (
+#: The summary bars: (summary column, panel title, better direction, raw-value label quantity).
+BAR_METRICS = (
     ("avg_jct_s", "Avg JCT", "lower", "JCT"),
     ("p90_jct_s", "p90 JCT", "lower", "JCT"),
     ("throughput_tokens_per_s", "Throughput", "higher", "Rate"),
@@ -57,7 +54,9 @@ class PlotWarning(UserWarning):
     """A figure (or one policy's line in it) was skipped because optional data is missing."""
 
 
-def _warn(msg: str) -> None:
+def warn_skipped(msg: str) -> None:
+    """Warn (:class:`PlotWarning`) that a figure or a policy's line in it is skipped; the warning
+    names the caller of the function that calls this."""
     warnings.warn(msg, PlotWarning, stacklevel=3)
 
 
@@ -132,8 +131,12 @@ def _read_csv(path: Path, **kwargs) -> pd.DataFrame:
         raise InputError(f"cannot read: {exc.strerror}", file=str(path)) from None
 
 
-def _numeric(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
-    """Column ``col`` as float64; a non-numeric cell raises InputError naming file, row and field."""
+def numeric_column(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
+    """Column ``col`` of ``df`` (read from ``path``) as float64, blank cells NaN.
+
+    Raises:
+        InputError: a non-numeric cell, naming the file, its row (1-based, after the header) and field.
+    """
     raw = df[col]
     if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
         return raw.astype("float64")
@@ -152,7 +155,7 @@ def _read_jobs(path: Path) -> pd.DataFrame:
     cols = set(jobs.columns)
     for col in ("jct_s", "slowdown", "finish_time_s", "submit_time_s", "isolated_runtime_s"):
         if col in cols:
-            jobs[col] = _numeric(jobs, col, path)
+            jobs[col] = numeric_column(jobs, col, path)
     if "jct_s" not in cols:
         if {"finish_time_s", "submit_time_s"} <= cols:
             jobs["jct_s"] = jobs["finish_time_s"] - jobs["submit_time_s"]
@@ -237,18 +240,18 @@ def load_compare(compare_dir: str | Path) -> tuple[pd.DataFrame, dict[str, RunDa
     summary["policy"] = summary["policy"].astype(str)
     if summary["policy"].duplicated().any():
         dup = summary.loc[summary["policy"].duplicated(), "policy"].iloc[0]
-        _warn(f"{path}: policy {dup!r} appears more than once; using its first row")
+        warn_skipped(f"{path}: policy {dup!r} appears more than once; using its first row")
         summary = summary.drop_duplicates("policy", keep="first")
     for col in summary.columns:
-        if col != "policy" and col in {m[0] for m in _BAR_METRICS}:
-            summary[col] = _numeric(summary, col, path)
+        if col != "policy" and col in {m[0] for m in BAR_METRICS}:
+            summary[col] = numeric_column(summary, col, path)
     order = fs.policy_order(summary["policy"])
     summary = summary.set_index("policy").loc[order].reset_index()
     runs: dict[str, RunData] = {}
     for pol in order:
         run_dir = compare_dir / pol
         if not (run_dir / JOBS_CSV).is_file():
-            _warn(f"{run_dir}: no {JOBS_CSV}; policy {pol!r} is left out of the per-job and "
+            warn_skipped(f"{run_dir}: no {JOBS_CSV}; policy {pol!r} is left out of the per-job and "
                   f"time-series figures")
             continue
         runs[pol] = load_run(run_dir, policy=pol)
@@ -383,23 +386,29 @@ def time_weighted_bins(time_s: Sequence[float] | np.ndarray, values: Sequence[fl
     return edges, np.diff(at_edges) / np.diff(edges)
 
 
-def _read_timeline(run: RunData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Binned series per available timeline column: {column: (edges_s, means)}."""
+def read_timeline(run: RunData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The run's ``timeline.csv`` binned per available :data:`TIMELINE_COLUMNS` column:
+    ``{column: (edges_s, means)}`` (:func:`time_weighted_bins`; the series end at the later of the
+    last row and the last job's finish). A missing column is left out with a :class:`PlotWarning`.
+
+    Raises:
+        InputError: no ``time_s`` column, a missing time, or a non-numeric cell.
+    """
     path = run.timeline_path
     assert path is not None
     header = list(_read_csv(path, nrows=0).columns)
     if "time_s" not in header:
         raise InputError("missing column", file=str(path), field="time_s")
-    cols = [c for c in _TIMELINE_COLUMNS if c in header]
-    missing = [c for c in _TIMELINE_COLUMNS if c not in header]
+    cols = [c for c in TIMELINE_COLUMNS if c in header]
+    missing = [c for c in TIMELINE_COLUMNS if c not in header]
     if missing:
-        _warn(f"{path}: no column(s) {', '.join(missing)}; their figures leave policy "
+        warn_skipped(f"{path}: no column(s) {', '.join(missing)}; their figures leave policy "
               f"{run.policy!r} out")
     df = _read_csv(path, usecols=["time_s", *cols])
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if len(df) == 0:
         return out
-    t = _numeric(df, "time_s", path)
+    t = numeric_column(df, "time_s", path)
     if t.isna().any():
         pos = int(np.flatnonzero(t.isna().to_numpy())[0])
         raise InputError("missing time", file=str(path), row=pos + 1, field="time_s")
@@ -408,14 +417,20 @@ def _read_timeline(run: RunData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if math.isfinite(end):
         t_end = max(t_end, end)
     for col in cols:
-        v = _numeric(df, col, path).ffill().fillna(0.0)
+        v = numeric_column(df, col, path).ffill().fillna(0.0)
         out[col] = time_weighted_bins(t.to_numpy(), v.to_numpy(), t_end_s=t_end)
     return out
 
 
 
 
-def _check_formats(formats: Iterable[str]) -> tuple[str, ...]:
+def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
+    """The figure formats asked for (a list or a comma-separated string), lower-case, without dots
+    or repeats, in order.
+
+    Raises:
+        InputError: none given, or one not in ``style.SUPPORTED_FORMATS`` (field ``formats``).
+    """
     if isinstance(formats, str):
         formats = [f for f in formats.split(",") if f]
     fmts = tuple(dict.fromkeys(str(f).lower().lstrip(".") for f in formats))

@@ -43,6 +43,12 @@ DOUBLE_COLUMN_WIDTH_IN = 7.0
 PNG_DPI = 200
 #: Output formats :func:`save_figure` accepts.
 SUPPORTED_FORMATS = ("png", "pdf", "svg")
+#: Line width (pt) of data lines, passed explicitly: StepPatch (stairs) does not follow
+#: ``lines.linewidth``.
+LINE_WIDTH = 1.0
+#: Seconds per hour and per day: the time axes are drawn in hours or days.
+S_PER_H = 3600.0
+S_PER_DAY = 86400.0
 
 #: Okabe & Ito (2008) colour-blind-safe palette, by name.
 OKABE_ITO = {
@@ -310,6 +316,14 @@ def style_context() -> Iterator[None]:
         yield
 
 
+def legend_above(fig, ax, ncol_max: int = 3) -> None:
+    """One legend for ``fig`` above its axes (``outside upper center``), from ``ax``'s labelled
+    artists, in at most ``ncol_max`` columns; nothing when ``ax`` has no labelled artist."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside upper center", ncol=min(len(handles), ncol_max))
+
+
 def new_figure(width_in: float = COLUMN_WIDTH_IN, height_in: float = 2.2):
     """Return a new :class:`matplotlib.figure.Figure` of the given size (inches), not tied to pyplot.
 
@@ -369,7 +383,7 @@ def save_figure(fig, out_dir: str | os.PathLike, name: str, formats: Iterable[st
 
 
 def run_figure_command(draw: Callable[[], Iterable[Path]], category: type[Warning]) -> int:
-    """The shared tail of the figure commands (``python -m tlora_sim.sim.report.plots``, ``tlora_sim.sim.report.profiler_plots``):
+    """The shared tail of the figure commands (``python -m tlora_sim.sim.report.plots``, ``tlora_sim.profiler.figures``):
     run ``draw`` with each warning of ``category`` printed as one ``warning: ...`` line on stderr,
     then print the written paths.
 

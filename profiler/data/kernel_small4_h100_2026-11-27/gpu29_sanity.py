@@ -5,13 +5,13 @@ any timing (a hang shows here); prints each bound tiny launch's grid, options an
 kernel's registers / shared memory / resident CTAs per SM."""
 import torch
 from tlora_sim.profiler.kernels import KernelConfig, build_plan, multi_lora_linear, reference_forward_backward
-from tlora_sim.profiler.kernels._tiny import _tb_kernel, _tf_kernel, resident_ctas, tiny_plan
+from tlora_sim.profiler.kernels._tiny import resident_ctas, tiny_plan
 from tlora_sim.profiler.kernels.program import ForwardProgram
 
 
-def info(bl, kernel, dyn):
+def info(bl, dyn):
     kw = dict(bl.static, **dict(zip(bl.dynamic, dyn)))
-    k = kernel.warmup(grid=(1,), num_stages=bl.start_stages or 3, **kw, **bl.options)
+    k = bl.kernel.warmup(grid=(1,), num_stages=bl.start_stages or 3, **kw, **bl.options)
     w = bl.options.get("num_warps", 4)
     return (f"grid {bl.grid[0]} options {bl.options} regs {k.n_regs} shared {k.metadata.shared} "
             f"resident/SM {resident_ctas(k, w, 'cuda')}")
@@ -50,9 +50,9 @@ if __name__ == "__main__":
         for k in ("tiny2", "tiny1"):
             f = [v for v in plans[k].extra.values() if isinstance(v, ForwardProgram)][0]
             b = list(f.bwd.values())[0]
-            print(k, "tf:", info(f.tiny[-1], _tf_kernel, (x, A, B, x, x, x, 1, torch.zeros(1, device="cuda"))))
+            print(k, "tf:", info(f.tiny[-1], (x, A, B, x, x, x, 1, torch.zeros(1, device="cuda"))))
             if b.tiny is not None:
-                print(k, "tb:", info(b.tiny[-1], _tb_kernel, (dy, x, A, B, x, x, A, B, 1)))
+                print(k, "tb:", info(b.tiny[-1], (dy, x, A, B, x, x, A, B, 1)))
             else:
                 print(k, "tb: four-launch backward")
     print("SANITY", "OK" if worst < 2e-2 else "FAIL", worst)

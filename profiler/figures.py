@@ -1,8 +1,8 @@
-"""Paper-style figures from the profiler's data files (no torch needed).
+"""Paper-style figures from the profiler's data files (no torch needed), and their command line.
 
 Two figures, each drawn only from files the profiler commits under ``profiler/data/``:
 
-``kernels`` (:func:`plot_kernels`)
+``kernels`` (:func:`tlora_sim.profiler.kernel_figures.plot_kernels`)
     Kernel benchmark (``bench/kernels.py`` -> ``kernel_bench_<gpu>.csv``): the training-step time of
     one linear layer (forward + backward, W frozen) per implementation (``base`` = the frozen layer
     alone, ``alone``, ``loop``, ``padded``, ``peft``, ``fused`` = ours) and adapter mix, as a ratio
@@ -27,9 +27,9 @@ Both take paths and return the written files (:func:`tlora_sim.sim.report.style.
 vector PDF, atomically). Bad input raises :class:`tlora_sim.traces.errors.InputError` naming the file (and row and
 field where there is one). Command line::
 
-    python -m tlora_sim.sim.report.profiler_plots --kernels profiler/data/kernel_bench_h100.csv \\
+    python -m tlora_sim.profiler.figures --kernels profiler/data/kernel_bench_h100.csv \\
         --costmodel profiler/data --out docs/figures
-    python -m tlora_sim.sim.report.profiler_plots --out docs/figures     # every committed data file
+    python -m tlora_sim.profiler.figures --out docs/figures     # every committed data file
 
 matplotlib is used without pyplot (:class:`matplotlib.figure.Figure` only); :mod:`tlora_sim.profiler.fit`
 (scipy, no torch) is imported only by the cost-model functions.
@@ -50,15 +50,14 @@ import pandas as pd
 
 from tlora_sim.sim.report import style as fs
 from tlora_sim.traces.errors import InputError
-from tlora_sim.sim.report.kernel_figures import DEFAULT_HOLDOUT_EVERY, KERNEL_COLUMNS, ProfilerPlotWarning, _BAND, _RELATIVE, _log_ticks, _warn, kernel_figure, kernel_table, plot_kernels, read_kernel_bench  # noqa: F401
+from tlora_sim.profiler.kernel_figures import RELATIVE_TO, ProfilerPlotWarning, log_ticks, plot_kernels, warn_skipped
+
+#: Held-out mixes: every k-th per model when the artifact does not say (``fit.heldout_mask``).
+DEFAULT_HOLDOUT_EVERY = 4
+_BAND = 0.10  # +-10 % band around y = x
 
 __all__ = [
-    "KERNEL_COLUMNS",
-    "ProfilerPlotWarning",
-    "read_kernel_bench",
-    "kernel_table",
-    "kernel_figure",
-    "plot_kernels",
+    "DEFAULT_HOLDOUT_EVERY",
     "costmodel_files",
     "costmodel_predictions",
     "costmodel_figure",
@@ -203,8 +202,8 @@ def _loglog_axes(ax, lo: float, hi: float) -> None:
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal", adjustable="box")
-    _log_ticks(ax.xaxis, lo, hi)
-    _log_ticks(ax.yaxis, lo, hi)
+    log_ticks(ax.xaxis, lo, hi)
+    log_ticks(ax.yaxis, lo, hi)
 
 
 def _ape_text(a: np.ndarray) -> str:
@@ -382,7 +381,7 @@ def plot_costmodel(data: str | Path, out_dir: str | Path, formats: Iterable[str]
         if files["e2e"] is not None and files["artifact"] is not None:
             e2e = e2e_predictions(files["e2e"], files["artifact"])
             if e2e.empty:
-                _warn(f"{files['e2e']}: no full-model step without an error; skipping costmodel_e2e_{g.lower()}")
+                warn_skipped(f"{files['e2e']}: no full-model step without an error; skipping costmodel_e2e_{g.lower()}")
                 continue
             with fs.style_context():
                 written += fs.save_figure(e2e_figure(e2e), out_dir, f"costmodel_e2e_{g.lower()}", formats)
@@ -394,13 +393,13 @@ def plot_costmodel(data: str | Path, out_dir: str | Path, formats: Iterable[str]
 # --------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tlora_sim.sim.report.profiler_plots [--kernels CSV] [--costmodel DIR] --out DIR [--formats png,pdf]``.
+    """``python -m tlora_sim.profiler.figures [--kernels CSV] [--costmodel DIR] --out DIR [--formats png,pdf]``.
 
     Without ``--kernels`` and ``--costmodel`` it draws every committed data file of
     ``profiler/data`` (``kernel_bench_*.csv``, and the cost model when a profile CSV is there).
     Prints the written files; returns 0, or 2 on an :class:`InputError` (printed as one line).
     """
-    ap = argparse.ArgumentParser(prog="python -m tlora_sim.sim.report.profiler_plots",
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.profiler.figures",
                                  description="Draw the kernel-benchmark and cost-model figures from the "
                                              "profiler's data files.")
     ap.add_argument("--kernels", type=Path, action="append", metavar="CSV",
@@ -409,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="directory with profile_<gpu>.csv [costmodel_<gpu>.json, e2e_<gpu>.csv], or a profile CSV")
     ap.add_argument("--gpu", help="cost model of this GPU type only (default: every one found)")
     ap.add_argument("--holdout-every", type=int, metavar="K", help="hold out every K-th mix (default: the artifact's, else 4)")
-    ap.add_argument("--relative-to", choices=_RELATIVE, default="floor", help="kernel ratios to (default: %(default)s)")
+    ap.add_argument("--relative-to", choices=RELATIVE_TO, default="floor", help="kernel ratios to (default: %(default)s)")
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--formats", default="png,pdf", help="comma-separated: png, pdf, svg")
     args = ap.parse_args(argv)

@@ -1,5 +1,7 @@
 """Kernel-benchmark figures and tables: reading ``bench/kernels.py``'s CSV, the per-mix table, and
-kernel time relative to the frozen base layer or the floor, per implementation."""
+kernel time relative to the frozen base layer or the floor, per implementation. Also what the
+profiler's figures share (:class:`ProfilerPlotWarning`, :func:`log_ticks`); the cost-model figures
+and the command line are in :mod:`tlora_sim.profiler.figures`."""
 from __future__ import annotations
 
 import math
@@ -15,21 +17,21 @@ from tlora_sim.sim.report import style as fs
 from tlora_sim.traces.errors import InputError
 
 
-
 #: Columns a kernel benchmark CSV must have (``bench/kernels.py`` writes these and more).
 KERNEL_COLUMNS = ("layer", "ranks", "tokens", "impl", "ms", "eager_ms", "floor_ms", "device", "torch", "triton")
 #: Timing columns of the kernel benchmark, and how their axis is named.
 _TIMINGS = {"ms": "GPU step time", "eager_ms": "Eager step time"}
-_RELATIVE = ("floor", "base")
-DEFAULT_HOLDOUT_EVERY = 4
-_BAND = 0.10  # +-10 % band around y = x
+#: What :func:`kernel_figure` divides kernel time by: the roofline floor, or the frozen base layer.
+RELATIVE_TO = ("floor", "base")
 
 
 class ProfilerPlotWarning(UserWarning):
     """Part of a profiler figure was left out because its data is missing."""
 
 
-def _warn(msg: str) -> None:
+def warn_skipped(msg: str) -> None:
+    """Warn (:class:`ProfilerPlotWarning`) that part of a figure is left out; the warning names the
+    caller of the function that calls this."""
     warnings.warn(msg, ProfilerPlotWarning, stacklevel=3)
 
 
@@ -150,8 +152,8 @@ def kernel_figure(df: pd.DataFrame, relative_to: str = "floor", timing: str = "m
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    if relative_to not in _RELATIVE:
-        raise ValueError(f"relative_to must be one of {_RELATIVE}, got {relative_to!r}")
+    if relative_to not in RELATIVE_TO:
+        raise ValueError(f"relative_to must be one of {RELATIVE_TO}, got {relative_to!r}")
     if timing not in _TIMINGS:
         raise ValueError(f"timing must be one of {tuple(_TIMINGS)}, got {timing!r}")
     table = kernel_table(df)
@@ -202,7 +204,7 @@ def kernel_figure(df: pd.DataFrame, relative_to: str = "floor", timing: str = "m
         if log:
             ax.set_yscale("log")
             ax.set_ylim(min(0.8, lo * 0.85), hi * 1.35)
-            _log_ticks(ax.yaxis, min(0.8, lo * 0.85), hi * 1.35)
+            log_ticks(ax.yaxis, min(0.8, lo * 0.85), hi * 1.35)
         else:
             ax.set_ylim(0, hi * 1.12)
         title = f"{layer} layer" if len(devices) == 1 else f"{device}: {layer} layer"
@@ -252,9 +254,7 @@ def plot_kernels(csv_path: str | Path, out_dir: str | Path, formats: Iterable[st
         return fs.save_figure(fig, out_dir, name, formats)
 
 
-
-
-def _log_ticks(axis, lo: float, hi: float) -> None:
+def log_ticks(axis, lo: float, hi: float) -> None:
     """Plain tick labels (0.2, 1, 5, not 10^k) on a log axis over [lo, hi]: at 1-2-5 per decade, at
     every integer mantissa when it spans under 1.2 decades, at powers of ten beyond 3 decades."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter

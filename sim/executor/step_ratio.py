@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Measured over predicted step time of executed runs, by plan, nano-batches and group size.
 
 For each run directory (``tlora-sim execute`` output: ``steps.csv``, ``config.json``), every
@@ -9,7 +8,7 @@ count, median and mean of measured / predicted, by (plan, nano-batches) and by m
 group; ``--csv`` also writes the per-step rows. This is how the README's "the step model is not"
 numbers were made::
 
-    .venv/bin/python profiler/validation/step_ratio.py profiler/data/validation/h100_third/{independent,mlora,tlora}
+    python -m tlora_sim.sim.executor.step_ratio profiler/data/validation/h100_third/{independent,mlora,tlora}
 """
 
 from __future__ import annotations
@@ -19,13 +18,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from tlora_sim.sim.executor.steptable import predicted_s, step_rows
+from tlora_sim.sim.executor.validate import load_run
+from tlora_sim.sim.executor.workload import executor_cost_model
+
 
 def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
-    """Per steady step of ``run_dir``: plan, nano_batches, members, measured s, predicted s, ratio."""
-    from tlora_sim.sim.executor.steptable import predicted_s, step_rows
-    from tlora_sim.sim.executor.validate import load_run
-    from tlora_sim.sim.executor.workload import executor_cost_model
+    """One row per steady step of the executed run ``run_dir``: run, plan, nano_batches, members,
+    measured_s and predicted_s (s; the prediction from ``artifact``, default the shipped one for the
+    run's GPU) and their ratio.
 
+    Raises:
+        InputError: a file of the run directory is missing or malformed (``validate.load_run``).
+    """
     cfg, jobs, steps, _ = load_run(run_dir)
     gpu = cfg["gpu"]["name"] if isinstance(cfg.get("gpu"), dict) and "name" in cfg["gpu"] else "H100"
     st = step_rows(steps)
@@ -39,7 +44,7 @@ def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m tlora_sim.sim.executor.step_ratio", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="executed run directories (tlora-sim execute --out)")
     ap.add_argument("--artifact", type=Path, default=None, help="cost-model artifact (default: the shipped one)")
