@@ -231,10 +231,11 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
         InputError: no policies, a repeated one, or bad input; every policy and option is checked before
             any simulation starts.
     """
-    from tlora_sim.policies.registry import load_policy_module, make_policy
+    from tlora_sim.policies.registry import load_policy_module
     from tlora_sim.sim.core import metrics
     from tlora_sim.sim.experiments.replay import (REFERENCE, policy_options_with_discipline, simulate,
                                                   with_reference)
+    from tlora_sim.sim.experiments.spec import build_policy
     from tlora_sim.sim.report.tables import speedups
 
     names = [p.strip() for p in (policies.split(",") if isinstance(policies, str) else policies) if p.strip()]
@@ -251,14 +252,14 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
     for p in opts:
         if p not in names:
             raise InputError(f"policy_options names {p!r}, which is not being run", field="policy_options")
-    opts = {p: policy_options_with_discipline(p, discipline, opts.get(p)) for p in names}
-    for p in names:
-        make_policy(p, opts[p])
+    specs = {p: dataclasses.replace(cfg, policy=p, discipline=discipline, reference=reference,
+                                    policy_options=policy_options_with_discipline(p, discipline, opts.get(p)))
+             for p in names}
+    built = {p: build_policy(one) for p, one in specs.items()}  # once each, before any simulation starts
     runs = {}
-    for p in names:
-        one = dataclasses.replace(cfg, policy=p, policy_options=dict(opts[p]), discipline=discipline,
-                                  reference=reference)
-        runs[p] = Run(**simulate(one, frame=frame, progress=progress, check_invariants=check_invariants))
+    for p, one in specs.items():
+        runs[p] = Run(**simulate(one, frame=frame, progress=progress, check_invariants=check_invariants,
+                                 policy=built[p]))
     table = pd.DataFrame([{k: v for k, v in r.summary.items() if not isinstance(v, (dict, list))}
                           | {"skipped": sum(r.summary["skipped"].values())} for r in runs.values()])
     table = speedups(table, reference)

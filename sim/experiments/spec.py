@@ -580,7 +580,8 @@ def axes(spec: ExperimentSpec, cluster_gpus: int) -> dict:
         cluster_gpus: the cluster's GPUs (``Cluster.total_gpus``).
 
     Returns:
-        the axis fields (``trace``, ``cluster``, ``policy``, ``seed``, ...), ``cluster_gpus``,
+        the axis fields (``trace``, ``cluster``, ``policy``, ``seed``, ..., and ``policy_options``:
+        a sweep's option lists are axes), ``cluster_gpus``,
         ``trace_load`` and ``trace_gpus`` (a synthetic spec's ``load=``/``gpus=``; None for other
         traces), ``trace_family`` (:func:`trace_family`) and ``load``: the offered GPU demand as
         a fraction of the cluster's GPUs, ``trace_load x trace_gpus / cluster_gpus x
@@ -591,7 +592,7 @@ def axes(spec: ExperimentSpec, cluster_gpus: int) -> dict:
         InputError: a synthetic spec with a malformed option.
     """
     out = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ExperimentSpec)
-           if (k := knob_of(f)) and k.axis}
+           if (k := knob_of(f)) and (k.axis or f.name == "policy_options")}  # option lists are axes too
     tl = trace_load(spec.trace)
     load = None
     if tl is not None:
