@@ -111,10 +111,6 @@ def _under(mod: str, prefix: str) -> bool:
 KNOWN_LAYER_VIOLATIONS = {
     # the executor reuses replay's run-coverage and version records (item 4: one runtime room)
     ("tlora_sim.sim.executor.execute", "tlora_sim.sim.experiments.replay"),
-    # the report re-infers a sweep's load axis from trace-spec strings and cluster specs (item 3:
-    # the experiment spec writes the axes into the run directory)
-    ("tlora_sim.sim.report.load_sweep", "tlora_sim.sim.core.cluster"),
-    ("tlora_sim.sim.report.load_sweep", "tlora_sim.traces.synthetic"),
     # the profiler's figures refit and re-predict the artifact (they belong with the profiler)
     ("tlora_sim.sim.report.profiler_plots", "tlora_sim.profiler.fit"),
     ("tlora_sim.sim.report.profiler_plots", "tlora_sim.sim.costmodel.profiled.artifact"),

@@ -64,7 +64,7 @@ from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, CONFIG_JSON, FIGURES_DIR, FIGURE_NAMES, JOBS_CSV, MAX_POINTS_PER_LINE, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, _BAR_METRICS, _TIMELINE_COLUMNS, _check_formats, _read_timeline, _warn, load_compare, load_run, time_weighted_bins  # noqa: F401
 from tlora_sim.sim.report.figures import speedup_figure, _available_bar_metrics, bars_figure, jct_cdf_figure, slowdown_cdf_figure, throughput_time_figure, utilization_time_figure  # noqa: F401
-from tlora_sim.sim.report.load_sweep import QUEUE_LOAD_FIGURE, find_compare_dirs, load_sweep_points, plot_queue_vs_load, queue_vs_load_figure, trace_load  # noqa: F401
+from tlora_sim.sim.report.load_sweep import QUEUE_LOAD_FIGURE, find_compare_dirs, load_sweep_points, plot_queue_vs_load, queue_vs_load_figure  # noqa: F401
 
 __all__ = [
     "FIGURE_NAMES",
@@ -86,7 +86,6 @@ __all__ = [
     "relative_table",
     "QUEUE_LOAD_FIGURE",
     "find_compare_dirs",
-    "trace_load",
     "load_sweep_points",
     "queue_vs_load_figure",
     "plot_queue_vs_load",
