@@ -459,7 +459,8 @@ def spec_from_args(args, command: str, policy: str, policy_options: Mapping[str,
                    ) -> ExperimentSpec:
     """The :class:`ExperimentSpec` of a parsed ``replay``/``compare`` command line, for ``policy``.
 
-    Each flag's value goes through its knob (``from_cli``, then ``check`` for a flag given);
+    Each flag's value goes through its knob (``from_cli``, then ``check`` for a flag given, except an
+    empty text, which the readers take as their default: ``--time-zone ''`` is UTC);
     ``--option`` items are the caller's (they name policies: ``policy_options`` gives this
     policy's); ``--baseline`` unset leaves ``reference`` None.
 
@@ -474,7 +475,7 @@ def spec_from_args(args, command: str, policy: str, policy_options: Mapping[str,
         value = getattr(args, f.name)
         if k.from_cli is not None:
             value = k.from_cli(value)
-        if value is not None and not (k.action == "store_true"):
+        if value is not None and value != "" and k.action != "store_true":  # "" is the reader's default
             value = checked(f.name, value)
         kw[f.name] = value
     return ExperimentSpec(**kw)
