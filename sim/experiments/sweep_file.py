@@ -14,7 +14,8 @@ from tlora_sim.traces.errors import InputError
 
 
 from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402,F401 - re-exported by sweep.py
-from tlora_sim.sim.experiments.spec import TIME_UNITS, read_key, sweep_default, sweep_knobs  # noqa: E402,F401
+from tlora_sim.sim.experiments.spec import (TIME_UNITS, ExperimentSpec, read_key, sweep_default,  # noqa: E402,F401
+                                            sweep_knobs)
 
 #: SWEEP.toml's keys, from the experiment spec (``spec.sweep_knobs``): the axes (lists, one cell per
 #: value), the keys one value holds for every cell, and the policy-options table.
@@ -34,60 +35,63 @@ FAILED_COLUMNS = ["cell_id", *INPUT_COLUMNS, "error", "message"]
 
 
 # ---- the sweep definition ------------------------------------------------------------------------
+IDENTITY_FIELDS = ("trace", "cluster", "policy", "seed", "lora_dist", "regroup_pause_s", "cost_model",
+                   "policy_options", "csv_columns", "time_unit", "strict")
+"""The spec fields every cell id hashes (the first sweeps' keys)."""
+LATER_IDENTITY_FIELDS = ("time_zone", "slurm_states", "discipline", "artifact", "window", "first_jobs",
+                         "arrival_scale")
+"""Spec fields that sweep keys set since: they enter a cell's id only where not at their default, so the
+cells of older sweeps keep their ids. ``policy_modules`` and ``reference`` never do (they say where a
+policy comes from and what the speed-ups are against, not what is simulated)."""
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One combination of the sweep.
+    """One combination of the sweep: the experiment spec as written in SWEEP.toml, and where its
+    files are.
 
     Attributes:
-        trace, cluster, policy, seed, lora_dist, regroup_pause_s, cost_model: the inputs as written.
-        policy_options: the policy's option overrides (sorted ``(key, value)`` pairs).
+        spec: the ``ExperimentSpec`` as written (paths as in the file, the policy's own options
+            without the discipline's); its fields read as the cell's (``cell.trace``,
+            ``cell.seed``, ...); ``policy_options`` and ``csv_columns`` read as sorted
+            ``(key, value)`` pairs.
         trace_run: the trace spec with its path resolved (what the replay reads).
         lora_dist_run: the distribution name or resolved JSON path.
-        csv_columns, time_unit, strict: sweep-wide reader options.
-        policy_modules: sweep-wide policy modules (resolved paths or dotted names), loaded in
-            every worker before the policy is built; not part of the cell's identity (they say
-            where a policy comes from, not what is simulated).
+        artifact_run: the cost-model artifact resolved against the sweep file's folder, or None.
     """
 
-    trace: str
-    cluster: str
-    policy: str
-    seed: int
-    lora_dist: str
-    regroup_pause_s: float
-    cost_model: str
-    policy_options: tuple[tuple[str, Any], ...] = ()
+    spec: ExperimentSpec
     trace_run: str = ""
     lora_dist_run: str = ""
-    csv_columns: tuple[tuple[str, str], ...] | None = None
-    time_unit: str = "s"
-    strict: bool = False
-    policy_modules: tuple[str, ...] = ()
-    time_zone: str | None = None
-    slurm_states: str | None = None
-    discipline: str = "default"
-    reference: str | None = None
-    artifact: str | None = None  # a profiled artifact file, as written (``--artifact``)
-    artifact_run: str | None = None  # ... resolved against the sweep file's folder
-    window: str | None = None  # trace cuts, as --window / --first-jobs / --arrival-scale
-    first_jobs: int | None = None
-    arrival_scale: float | None = None
+    artifact_run: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "spec":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.spec, name)
+
+    @property
+    def policy_options(self) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted(self.spec.policy_options.items()))
+
+    @property
+    def csv_columns(self) -> tuple[tuple[str, str], ...] | None:
+        cols = self.spec.csv_columns
+        return tuple(sorted(cols.items())) if cols is not None else None
 
     def identity(self) -> dict:
-        """The canonical inputs the id hashes (paths as written, not as resolved)."""
-        return {"trace": self.trace, "cluster": self.cluster, "policy": self.policy, "seed": self.seed,
-                "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
-                "cost_model": self.cost_model, "policy_options": dict(self.policy_options),
-                "csv_columns": dict(self.csv_columns) if self.csv_columns is not None else None,
-                "time_unit": self.time_unit, "strict": self.strict,
-                # reader options enter the id only when set, so older sweeps keep their cell ids
-                **({"time_zone": self.time_zone} if self.time_zone else {}),
-                **({"slurm_states": self.slurm_states} if self.slurm_states else {}),
-                **({"discipline": self.discipline} if self.discipline != "default" else {}),
-                **({"artifact": self.artifact} if self.artifact else {}),
-                **({"window": self.window} if self.window else {}),
-                **({"first_jobs": self.first_jobs} if self.first_jobs is not None else {}),
-                **({"arrival_scale": self.arrival_scale} if self.arrival_scale is not None else {})}
+        """The canonical inputs the id hashes (paths as written, not as resolved):
+        ``IDENTITY_FIELDS``, and ``LATER_IDENTITY_FIELDS`` where set."""
+        defaults = ExperimentSpec(trace="", policy="")
+        out = {name: getattr(self.spec, name) for name in IDENTITY_FIELDS}
+        out["regroup_pause_s"] = float(out["regroup_pause_s"])
+        out["policy_options"] = dict(out["policy_options"])
+        out["csv_columns"] = dict(out["csv_columns"]) if out["csv_columns"] is not None else None
+        for name in LATER_IDENTITY_FIELDS:
+            value = getattr(self.spec, name)
+            if value is not None and value != "" and value != getattr(defaults, name):
+                out[name] = value
+        return out
 
     @property
     def cell_id(self) -> str:
@@ -97,12 +101,10 @@ class Cell:
 
     def inputs_row(self) -> dict:
         """The ``INPUT_COLUMNS`` values (policy options as compact JSON)."""
-        return {"trace": self.trace, "cluster": self.cluster, "policy": self.policy, "seed": self.seed,
-                "lora_dist": self.lora_dist, "regroup_pause_s": float(self.regroup_pause_s),
-                "cost_model": self.cost_model,
-                "policy_options": json.dumps(dict(self.policy_options), sort_keys=True, separators=(",", ":")),
-                "discipline": self.discipline, "window": self.window, "first_jobs": self.first_jobs,
-                "arrival_scale": self.arrival_scale}
+        row = {name: getattr(self.spec, name) for name in INPUT_COLUMNS}
+        row["regroup_pause_s"] = float(row["regroup_pause_s"])
+        row["policy_options"] = json.dumps(dict(self.spec.policy_options), sort_keys=True, separators=(",", ":"))
+        return row
 
 
 @dataclass(frozen=True)
@@ -221,17 +223,22 @@ def parse_sweep(data: dict, *, file: str = "<sweep>", base_dir: str | Path = "."
                            else f"policies[{user_policies.index(name)}]" if name in user_policies else "reference")
                     raise err(fld, e.message) from None
 
-    csv_items = tuple(sorted(csv_columns.items())) if csv_columns is not None else None
-
     def reader(t: str, key: str, value):
         """A reader option as the cell of trace ``t`` gets it: only where its format takes it."""
         return value if key in format_options(trace_formats[t]) else None
 
-    cells = [Cell(t, c, p, s, d, r, m, tuple(sorted(combo.items())), trace_run[t], dist_run[d],
-                  reader(t, "csv_columns", csv_items), one["time_unit"] if "time_unit" in
-                  format_options(trace_formats[t]) else "s", one["strict"], tuple(modules),
-                  reader(t, "time_zone", one["time_zone"]), reader(t, "slurm_states", one["slurm_states"]), disc,
-                  reference, artifact, str((base / artifact).resolve()) if artifact else None, w, n, x)
+    def cell(t, c, p, combo, disc, s, d, r, m, w, n, x) -> Cell:
+        fmt_opts = format_options(trace_formats[t])
+        written = ExperimentSpec(
+            trace=t, policy=p, cluster=c, seed=s, lora_dist=d, policy_options=dict(sorted(combo.items())),
+            regroup_pause_s=r, cost_model=m, csv_columns=reader(t, "csv_columns", csv_columns),
+            time_unit=one["time_unit"] if "time_unit" in fmt_opts else "s", strict=one["strict"],
+            policy_modules=tuple(modules), time_zone=reader(t, "time_zone", one["time_zone"]),
+            slurm_states=reader(t, "slurm_states", one["slurm_states"]), discipline=disc, reference=reference,
+            artifact=artifact, window=w, first_jobs=n, arrival_scale=x)
+        return Cell(written, trace_run[t], dist_run[d], str((base / artifact).resolve()) if artifact else None)
+
+    cells = [cell(t, c, p, combo, disc, s, d, r, m, w, n, x)
              for t in lists["traces"] for c in lists["clusters"] for p in lists["policies"] for combo in combos[p]
              for disc in lists["disciplines"] for s in lists["seeds"]
              for d in lists["lora_dists"] for r in lists["regroup_pause_s"] for m in lists["cost_models"]
