@@ -174,8 +174,13 @@ def _config(trace: str | pd.DataFrame, policy: str, cluster: str, seed: int, opt
         kw["csv_columns"] = parse_column_mapping(kw["csv_columns"])
     if "policy_modules" in kw:
         kw["policy_modules"] = tuple(kw["policy_modules"])
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(f"seed must be an integer >= 0, got {seed!r}", field="seed")
+    from tlora_sim.sim.experiments.spec import checked
+
+    seed, cluster = (checked(k, v, where=lambda m, k=k: InputError(m, field=k))
+                     for k, v in (("seed", seed), ("cluster", cluster)))
+    for k, v in kw.items():  # each option through its field's check (a window may also be a pair)
+        if v is not None and v != "" and not (k == "window" and not isinstance(v, str)):
+            kw[k] = checked(k, v, where=lambda m, k=k: InputError(m, field=k))
     frame = None
     if not isinstance(trace, str):
         cuts = {k: kw.pop(k) for k in CUT_OPTIONS if kw.get(k) is not None}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -98,11 +99,11 @@ def knob(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | Non
 # ---- value checks (one per kind of value; the message says what was expected) ---------------------
 def _int_at_least(low: int, high: int | None = None) -> Callable[[Any], int]:
     def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
             raise InputError(f"expected an integer >= {low}, got {v!r}")
         if high is not None and v > high:
             raise InputError(f"expected an integer in {low}..2^63-1, got {v!r}")
-        return v
+        return int(v)
     return check
 
 
