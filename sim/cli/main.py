@@ -40,9 +40,9 @@ def _version() -> str:
 
 
 def _trace_help() -> str:
-    from tlora_sim.traces.registry import format_descriptions
+    from tlora_sim.sim.experiments.spec import trace_help
 
-    return "trace spec FORMAT:PATH; formats: " + "; ".join(f"{k} ({d})" for k, d in format_descriptions().items())
+    return trace_help()
 
 
 TRACE_HELP = _trace_help()

@@ -207,7 +207,8 @@ def _modules_from_cli(specs: Sequence[str]) -> tuple[str, ...]:
     return tuple(policy_module_spec(m) for m in specs)
 
 
-def _trace_help() -> str:
+def trace_help() -> str:
+    """The help text of a trace spec: the formats the reader registry knows, each with its description."""
     from tlora_sim.traces.registry import format_descriptions
 
     return "trace spec FORMAT:PATH; formats: " + "; ".join(f"{k} ({d})" for k, d in format_descriptions().items())
@@ -257,7 +258,7 @@ class ExperimentSpec:
     ``order``/``backfill`` into them).
     """
 
-    trace: str = knob(help=_trace_help, flag="--trace", commands=("replay", "compare"), metavar="SPEC",
+    trace: str = knob(help=trace_help, flag="--trace", commands=("replay", "compare"), metavar="SPEC",
                       required=True, key="traces", axis=True, example='["synthetic:jobs=2000,seed=1"]')
     policy: str = knob(help="policy name (see `tlora-sim policies`)", flag="--policy", commands=("replay",),
                        required=True, key="policies", axis=True, check=check_policy_name,

@@ -1,7 +1,8 @@
 """``tlora-sim sweep SWEEP.toml --out DIR``: replay the cross product of traces, clusters, policies,
 seeds and cost-model options, one run directory per cell, one row per cell in ``DIR/sweep.csv``.
 
-SWEEP.toml (every key is checked; an unknown key is an error)::
+SWEEP.toml (every key is checked; an unknown key is an error; each key is a field of the experiment
+spec, ``sim/experiments/spec.py``, read through it: docs/experiments.md lists them)::
 
     traces = ["itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz", "synthetic:jobs=2000,seed=1"]
     clusters = ["16x8xH100"]            # optional, default ["16x8xH100"]

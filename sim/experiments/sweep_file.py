@@ -24,9 +24,9 @@ TABLE_KEYS = ("policy_options",)
 SCALAR_KEYS = tuple(key for key, (_, k) in sweep_knobs().items() if not k.axis and key not in TABLE_KEYS)
 DEFAULTS: dict[str, list] = {key: sweep_default(name) for key, (name, k) in sweep_knobs().items()
                              if k.axis and key not in ("traces", "policies")}
-#: Reader options and the formats' option names (``traces.registry.format_options``); a sweep passes
-#: each only to the traces whose format takes it.
-READER_OPTIONS = ("csv_columns", "time_unit", "time_zone", "slurm_states")
+#: Reader options (the one-value keys ``traces describe`` takes too), named as the formats' options
+#: (``traces.registry.format_options``); a sweep passes each only to the traces whose format takes it.
+READER_OPTIONS = tuple(key for key, (_, k) in sweep_knobs().items() if "describe" in k.commands and not k.axis)
 REQUIRED = ("traces", "policies")
 
 INPUT_COLUMNS = ["trace", "cluster", "policy", "seed", "lora_dist", "regroup_pause_s", "cost_model",
