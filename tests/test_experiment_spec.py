@@ -57,6 +57,13 @@ def test_every_flag_stays_with_its_default_and_a_help_text(command, flags):
     assert "NODESxGPUSxTYPE" in text and "synthetic" in text and "auto" in text  # registries listed
 
 
+def test_each_command_gets_exactly_the_flags_its_fields_name():
+    for command, order in sp.FLAG_ORDER.items():
+        named = {f.name for cls in (sp.ExperimentSpec, sp.RunOptions) for f in dataclasses.fields(cls)
+                 if (k := sp.knob_of(f)) and k.flag and command in k.commands}
+        assert sorted(order) == sorted(named), command
+
+
 def test_flags_round_trip_to_the_spec():
     argv = ["replay", "--policy", "tlora", "--trace", "synthetic:jobs=5", "--cluster", "2x8xH200", "--seed", "7",
             "--out", "o", "--lora-dist", "mixed-ranks", "--columns", "submit=a,duration=b,gpus=c",

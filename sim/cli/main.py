@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="simulate one trace under several policies side by side",
                        description="Simulate one trace under several policies. Writes DIR/summary.csv "
                                    "(one row per policy), DIR/<policy>/ run directories and DIR/figures/.")
-    add_flags(c, "compare", defaults={"workers": min(2, os.cpu_count() or 1)})
+    add_flags(c, "compare")
     t = sub.add_parser("traces", help="inspect traces")
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
     d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -352,8 +353,8 @@ class RunOptions:
                                         "per seed, OUT/summary.csv with each metric's mean and 95%% confidence "
                                         "half-width (<metric>_ci95)", flag="--seeds", commands=("compare",),
                              metavar="LIST")
-    workers: int = knob(1, help="policies simulated in parallel processes", flag="--workers", type=int,
-                        commands=("compare",))
+    workers: int = knob(min(2, os.cpu_count() or 1), help="policies simulated in parallel processes",
+                        flag="--workers", type=int, commands=("compare",))  # default: the CPUs, at most 2
     decompose: bool = knob(False, help="run each grouping policy's ladder eager-alone (independent-backfill) -> "
                                        "fused-alone (independent-fused) -> + its order (POLICY-nogroup) -> + "
                                        "grouping (POLICY); summary.csv and decompose.csv give each step's "
