@@ -59,7 +59,7 @@ def test_every_flag_stays_with_its_default_and_a_help_text(command, flags):
 
 def test_each_command_gets_exactly_the_flags_its_fields_name():
     for command, order in sp.FLAG_ORDER.items():
-        named = {f.name for cls in (sp.ExperimentSpec, sp.RunOptions) for f in dataclasses.fields(cls)
+        named = {f.name for cls in sp.OPTION_CLASSES for f in dataclasses.fields(cls)
                  if (k := sp.knob_of(f)) and k.flag and command in k.commands}
         assert sorted(order) == sorted(named), command
 
@@ -235,13 +235,14 @@ def test_each_run_builds_its_policy_once(tmp_path, monkeypatch):
 
 
 def test_docs_list_every_flag_and_sweep_key():
-    text = (ROOT / "docs" / "experiments.md").read_text().split("## The fields", 1)[1].split("\n## ", 1)[0]
-    rows = {r["field"]: r for r in sp.fields_table()}
-    for name, row in rows.items():
-        line = next((ln for ln in text.splitlines() if ln.startswith(f"| `{name}` ")), None)
-        assert line is not None, f"docs/experiments.md has no row for {name}"
-        for cell in (row["flag"], row["sweep_key"]):
-            if cell:
-                assert f"`{cell}`" in line, (name, cell)
-    documented = re.findall(r"^\| `(\w+)` \|", text, flags=re.M)
-    assert sorted(documented) == sorted(rows), "docs/experiments.md rows are not the spec's fields"
+    doc = (ROOT / "docs" / "experiments.md").read_text().split("## The fields", 1)[1].split("\n## ", 1)[0]
+    for group in ("ExperimentSpec", "RunOptions", "SweepOptions"):
+        text = doc.split(f"### `{group}`", 1)[1].split("\n### ", 1)[0]
+        rows = {r["field"]: r for r in sp.fields_table() if r["group"] == group}
+        documented = re.findall(r"^\| `(\w+)` \|", text, flags=re.M)
+        assert sorted(documented) == sorted(rows), f"docs/experiments.md rows of {group} are not its fields"
+        for name, row in rows.items():
+            line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{name}` "))
+            for cell in (row["flag"], row["sweep_key"]):
+                if cell:
+                    assert f"`{cell}`" in line, (group, name, cell)

@@ -370,7 +370,31 @@ class RunOptions:
                        flag="--force", action="store_true")
 
 
-#: The flags of each command, in ``--help`` order: names of ``ExperimentSpec`` or ``RunOptions`` fields.
+@dataclass(frozen=True)
+class SweepOptions:
+    """How ``tlora-sim sweep`` runs (its experiment is SWEEP.toml's): its flags."""
+
+    out: Path | None = knob(None, help="output directory (required to run a sweep)", flag="--out", type=Path,
+                            metavar="DIR", commands=("sweep",))
+    backend: str = knob("local", help="local worker processes, or Ray tasks", flag="--backend",
+                        choices=("local", "ray"), commands=("sweep",))
+    address: str | None = knob(None, help="Ray cluster address (ray backend; default: start a local Ray)",
+                               flag="--address", metavar="ADDR", commands=("sweep",))
+    workers: int | None = knob(None, help="local worker processes, or CPUs of a local Ray (default: CPU count; "
+                                          "1 = in-process)", flag="--workers", type=int, metavar="N",
+                               commands=("sweep",))
+    no_progress: bool = knob(False, help="no progress bar", flag="--no-progress", action="store_true",
+                             commands=("sweep",))
+    dry_run: bool = knob(False, help="list the cells (id, finished, inputs) and exit", flag="--dry-run",
+                         action="store_true", commands=("sweep",))
+    no_plots: bool = knob(False, help="`sweep report DIR`: write report.csv only, no figures/", flag="--no-plots",
+                          action="store_true", commands=("sweep",))
+
+
+OPTION_CLASSES = (ExperimentSpec, RunOptions, SweepOptions)
+"""Every class whose fields are flags: the experiment's inputs, then how replay/compare and sweep run."""
+
+#: The flags of each command, in ``--help`` order: names of fields of ``OPTION_CLASSES``.
 COMMON_FLAGS = ("trace", "cluster", "seed", "out", "lora_dist", "csv_columns", "time_zone", "slurm_states",
                 "time_unit", "keep_states", "window", "first_jobs", "arrival_scale", "regroup_pause_s",
                 "policy_modules", "policy_options", "cost_model", "artifact", "sweeps", "early_exit", "strict",
@@ -380,27 +404,31 @@ FLAG_ORDER: dict[str, tuple[str, ...]] = {
     "compare": ("policies", "seeds", "workers", "reference", "discipline", "decompose", *COMMON_FLAGS),
     "describe": ("csv_columns", "time_unit", "time_zone", "slurm_states", "keep_states", "window", "first_jobs",
                  "arrival_scale"),
+    "sweep": ("out", "backend", "address", "workers", "no_progress", "dry_run", "no_plots"),
 }
 
 
-def _all_knobs() -> dict[str, Knob]:
+def _command_fields(command: str) -> dict[str, tuple[dataclasses.Field, Knob]]:
+    """The fields whose flag ``command`` takes: name -> (field, knob)."""
     out = {}
-    for cls in (ExperimentSpec, RunOptions):
+    for cls in OPTION_CLASSES:
         for f in dataclasses.fields(cls):
             k = knob_of(f)
-            if k is not None:
-                out[f.name] = k
+            if k is not None and k.flag and command in k.commands:
+                assert f.name not in out, (command, f.name)
+                out[f.name] = (f, k)
     return out
 
 
-def _field_default(name: str) -> Any:
-    for cls in (ExperimentSpec, RunOptions):
-        for f in dataclasses.fields(cls):
-            if f.name == name:
-                if f.default is not dataclasses.MISSING:
-                    return f.default
-                if f.default_factory is not dataclasses.MISSING:
-                    return f.default_factory()
+def _spec_knob(name: str) -> Knob:
+    return next(knob_of(f) for f in dataclasses.fields(ExperimentSpec) if f.name == name)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return None
 
 
@@ -412,10 +440,10 @@ def add_flags(parser, command: str, *, defaults: Mapping[str, Any] | None = None
         command: ``replay``, ``compare`` or ``describe``.
         defaults: field -> flag default overriding the field's (``--workers``: the CPUs).
     """
-    knobs = _all_knobs()
+    fields = _command_fields(command)
+    assert sorted(fields) == sorted(FLAG_ORDER[command]), command
     for name in FLAG_ORDER[command]:
-        k = knobs[name]
-        assert k.flag and command in k.commands, (name, command)
+        f, k = fields[name]
         kw: dict[str, Any] = {"help": k.help_text(), "dest": name}
         if k.action:
             kw["action"] = k.action
@@ -428,7 +456,7 @@ def add_flags(parser, command: str, *, defaults: Mapping[str, Any] | None = None
         if k.required:
             kw["required"] = True
         elif k.action != "store_true":
-            default = k.cli_default if k.cli_default is not None else _field_default(name)
+            default = k.cli_default if k.cli_default is not None else _default(f)
             if defaults and name in defaults:
                 default = defaults[name]
             if k.action == "append":
@@ -439,7 +467,7 @@ def add_flags(parser, command: str, *, defaults: Mapping[str, Any] | None = None
 
 def flag_of(name: str) -> str:
     """The command-line flag of field ``name`` (``regroup_pause_s`` -> ``--regroup-pause``)."""
-    return _all_knobs()[name].flag or name
+    return _spec_knob(name).flag or name
 
 
 def checked(name: str, value: Any, *, where: Callable[[str], InputError] | None = None) -> Any:
@@ -449,7 +477,7 @@ def checked(name: str, value: Any, *, where: Callable[[str], InputError] | None 
         InputError: the check's message, naming the flag (``where``: a function of the message
             making the error, e.g. one naming the sweep file and key).
     """
-    k = _all_knobs()[name]
+    k = _spec_knob(name)
     if k.check is None:
         return value
     try:
@@ -495,10 +523,11 @@ def sweep_default(name: str) -> Any:
     reference baseline defaults to ``independent-backfill`` (a sweep always runs one)."""
     from tlora_sim.sim.report.rundata import REFERENCE_POLICY
 
-    k = _all_knobs()[name]
+    f = next(f for f in dataclasses.fields(ExperimentSpec) if f.name == name)
+    k = knob_of(f)
     if name == "reference":
         return REFERENCE_POLICY
-    d = _field_default(name)
+    d = _default(f)
     if name == "policy_modules":
         return []
     return [d] if k.axis else d
@@ -650,13 +679,14 @@ def build_policy(spec: ExperimentSpec):
 
 
 def fields_table() -> list[dict]:
-    """One row per input and run option: ``field``, ``flag``, ``commands``, ``sweep_key`` (with
-    ``[]`` for an axis), ``default``, ``help`` (what docs/experiments.md tabulates)."""
+    """One row per field of ``OPTION_CLASSES``: ``group`` (the class), ``field``, ``flag``,
+    ``commands``, ``sweep_key`` (with ``[]`` for an axis), ``default``, ``help`` (what
+    docs/experiments.md tabulates)."""
     rows = []
-    for cls in (ExperimentSpec, RunOptions):
+    for cls in OPTION_CLASSES:
         for f in dataclasses.fields(cls):
             k = knob_of(f)
-            rows.append({"field": f.name, "flag": k.flag, "commands": k.commands,
+            rows.append({"group": cls.__name__, "field": f.name, "flag": k.flag, "commands": k.commands,
                          "sweep_key": (f"{k.key}[]" if k.axis else k.key) if k.key else None,
-                         "default": _field_default(f.name), "help": k.help_text()})
+                         "default": _default(f), "help": k.help_text()})
     return rows

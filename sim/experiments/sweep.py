@@ -396,16 +396,9 @@ def add_sweep_parser(subparsers) -> None:
                    help="the sweep definition (docs/examples/sweep.toml); or the word 'report' followed by a sweep "
                         "DIR: aggregate its cells over seeds into DIR/report.csv and a figure")
     s.add_argument("report_dir", type=Path, nargs="?", metavar="DIR", help=argparse.SUPPRESS)
-    s.add_argument("--out", type=Path, metavar="DIR", help="output directory (required to run a sweep)")
-    s.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="local worker processes, or Ray tasks")
-    s.add_argument("--address", metavar="ADDR", default=None,
-                   help="Ray cluster address (ray backend; default: start a local Ray)")
-    s.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="local worker processes, or CPUs of a local Ray (default: CPU count; 1 = in-process)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--dry-run", action="store_true", help="list the cells (id, finished, inputs) and exit")
-    s.add_argument("--no-plots", action="store_true", help="`sweep report DIR`: write report.csv only, no figures/")
+    from tlora_sim.sim.experiments.spec import add_flags
+
+    add_flags(s, "sweep")  # --out, --backend, ... from spec.SweepOptions
 
 
 def run_sweep_command(args) -> int:
