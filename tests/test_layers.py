@@ -137,12 +137,7 @@ def _under(mod: str, prefix: str) -> bool:
 
 # Imports that break a row of the table today, left for the rooms that own them (issue 42, items
 # 3 and 4). Remove an entry when its import goes; add none.
-KNOWN_LAYER_VIOLATIONS = {
-    # the report re-infers a sweep's load axis from trace-spec strings and cluster specs (item 3:
-    # the experiment spec writes the axes into the run directory)
-    ("tlora_sim.sim.report.load_sweep", "tlora_sim.sim.core.cluster"),
-    ("tlora_sim.sim.report.load_sweep", "tlora_sim.traces.synthetic"),
-}
+KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = set()  # none left (issue 42)
 
 
 def _layer_violations() -> set[tuple[str, str]]:

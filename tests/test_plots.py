@@ -12,6 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tlora_sim.sim.core.cluster import parse_cluster
+from tlora_sim.sim.experiments.spec import ExperimentSpec
+from tlora_sim.sim.experiments.spec import axes as spec_axes
 from tlora_sim.sim.report import style as fs
 from tlora_sim.sim.report import figures, load_sweep, plots, rundata
 from tlora_sim.traces.errors import InputError
@@ -283,8 +286,9 @@ SWEEP_POLICIES = ("independent", "tlora")
 
 
 def _write_sweep_point(out: Path, trace: str, cluster: str = "4x8xH100", lora_dist: str = "tlora",
-                       speed: float = 1.0, policies=SWEEP_POLICIES) -> Path:
-    """A comparison directory whose runs record ``trace`` and ``cluster`` as replay.py does."""
+                       speed: float = 1.0, policies=SWEEP_POLICIES, axes: bool = True) -> Path:
+    """A comparison directory whose runs record ``trace``, ``cluster`` and (``axes``) the axes as
+    replay.py does."""
     _write_compare(out, policies=policies, timeline=False)
     base_q = pd.read_csv(out / policies[0] / "jobs.csv")["queue_s"]
     for i, pol in enumerate(policies):
@@ -293,8 +297,10 @@ def _write_sweep_point(out: Path, trace: str, cluster: str = "4x8xH100", lora_di
         jobs.to_csv(out / pol / "jobs.csv", index=False)
         inputs = {"trace": trace, "policy": pol, "cluster": cluster, "seed": 0, "lora_dist": lora_dist,
                   "policy_options": {}, "regroup_pause_s": 30.0}
-        (out / pol / "config.json").write_text(json.dumps({"inputs": inputs, "policy": pol, "trace": trace,
-                                                           "cluster": cluster}))
+        config = {"inputs": inputs, "policy": pol, "trace": trace, "cluster": cluster}
+        if axes:  # what replay records (sim/experiments/spec.py axes)
+            config["axes"] = spec_axes(ExperimentSpec(**inputs), parse_cluster(cluster).total_gpus)
+        (out / pol / "config.json").write_text(json.dumps(config))
     summary = pd.read_csv(out / "summary.csv")
     summary["avg_queue_s"] = [pd.read_csv(out / p / "jobs.csv")["queue_s"].mean() for p in summary["policy"]]
     summary.to_csv(out / "summary.csv", index=False)
@@ -314,9 +320,6 @@ def _sweep(root: Path) -> Path:
 def test_queue_vs_load_points_and_figure(tmp_path):
     root = _sweep(tmp_path / "sens")
     assert [d.name for d in load_sweep.find_compare_dirs(root)] == ["itp", "p0", "p1", "p3", "p4", "p10"]
-    assert load_sweep.trace_load("synthetic:jobs=5,load=0.9,gpus=16") == (0.9, 16)
-    assert load_sweep.trace_load("synthetic:default") == (0.7, 32)  # the generator's defaults
-    assert load_sweep.trace_load("itp:x.csv.gz") is None
     with pytest.warns(rundata.PlotWarning) as record:
         points = load_sweep.load_sweep_points(load_sweep.find_compare_dirs(root))
     text = " ".join(str(w.message) for w in record)
@@ -386,11 +389,15 @@ def test_queue_vs_load_offered_load_explicit_loads_and_errors(tmp_path):
         plots.plot_any(lonely)
     with pytest.raises(InputError, match="summary.csv"):
         load_sweep.plot_queue_vs_load(tmp_path / "figs")
-    # a malformed load option names the directory and the option
+    # a malformed axes record names the run's config.json and the axis
     bad = tmp_path / "bad"
-    _write_sweep_point(bad / "x", "synthetic:jobs=40,load=lots")
+    _write_sweep_point(bad / "x", spec.format(0.4))
     _write_sweep_point(bad / "y", spec.format(0.5))
-    with pytest.raises(InputError, match=r"bad[/\\]x.*field 'load'"):
+    for pol in SWEEP_POLICIES:
+        cfg = json.loads((bad / "x" / pol / "config.json").read_text())
+        cfg["axes"]["load"] = "lots"
+        (bad / "x" / pol / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"bad[/\\]x[/\\]independent[/\\]config.json.*field 'axes.load'"):
         plots.plot_any(bad)
 
 

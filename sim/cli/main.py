@@ -28,7 +28,6 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "tlora-sim":
 import argparse  # noqa: E402 - after the start-up signal handlers
 from pathlib import Path  # noqa: E402
 
-from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402
 from tlora_sim.traces.errors import InputError  # noqa: E402
 
 def _version() -> str:
@@ -40,83 +39,13 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _lora_names() -> list[str]:
-    from tlora_sim.traces.lora import DISTRIBUTIONS
-
-    return sorted(DISTRIBUTIONS)
-
-
 def _trace_help() -> str:
-    from tlora_sim.traces.registry import format_descriptions
+    from tlora_sim.sim.experiments.spec import trace_help
 
-    return "trace spec FORMAT:PATH; formats: " + "; ".join(f"{k} ({d})" for k, d in format_descriptions().items())
+    return trace_help()
 
 
 TRACE_HELP = _trace_help()
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, metavar="SPEC", help=TRACE_HELP)
-    p.add_argument("--cluster", default="16x8xH100", metavar="NODESxGPUSxTYPE",
-                   help="cluster shape, GPU type H100, H200 or A100 (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the LoRA attribute assignment (default: %(default)s)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
-    p.add_argument("--lora-dist", default="tlora", metavar="NAME|JSON",
-                   help="LoRA attribute distribution: a registered name (" + ", ".join(_lora_names()) +
-                        ") or a JSON file like docs/examples/lora_70b.json (default: %(default)s)")
-    p.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
-                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
-                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
-    p.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
-                                                    "(default: UTC), e.g. America/Los_Angeles")
-    p.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated "
-                                                          "(default: COMPLETED,FAILED,TIMEOUT,CANCELLED,"
-                                                          "OUT_OF_MEMORY,NODE_FAIL)")
-    p.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"],
-                   help="csv format only: unit of the submit and duration columns (default: %(default)s)")
-    _add_trace_cuts(p)
-    p.add_argument("--regroup-pause", type=float, default=30.0, metavar="S",
-                   help="pause of a group when members join or are preempted, s (default: %(default)s)")
-    p.add_argument("--policy-module", action="append", default=[], metavar="PATH_OR_MODULE",
-                   help="import a policy module (a .py file or a dotted module name) before resolving "
-                        "policy names, so policies written outside the repo can run (repeatable; "
-                        "docs/writing-a-policy.md)")
-    p.add_argument("--option", action="append", default=[], metavar="[POLICY.]KEY=VALUE",
-                   help="policy config override, e.g. tlora.max_group_size=8 (repeatable)")
-    p.add_argument("--cost-model", default="auto", choices=list(COST_MODELS),
-                   help="; ".join(f"{k}: {v}" for k, v in COST_MODELS.items()) + " (default: %(default)s)")
-    p.add_argument("--artifact", type=Path, metavar="FILE",
-                   help="profiled cost-model artifact to use instead of the shipped one of the GPU type (e.g. from "
-                        "`tlora-sim costmodel calibrate`); recorded in config.json's cost_model")
-    p.add_argument("--sweeps", metavar="FRACTION:K1,K2",
-                   help="expand this fraction of jobs into hyper-parameter sweeps of K configurations "
-                        "(ALTO workloads), e.g. 0.3:4,8; applies to every policy alike")
-    p.add_argument("--early-exit", action="store_true",
-                   help="stop weak configurations of sweep families early (ALTO's rule, given to every policy run; "
-                        "stopped configurations are reported apart, never as completed jobs)")
-    p.add_argument("--strict", action="store_true",
-                   help="turn documented skips into errors: jobs larger than the cluster or its GPU memory, "
-                        "rows a trace reader drops (zero duration, Philly exact duplicates)")
-    p.add_argument("--no-invariants", action="store_true",
-                   help="do not check simulation invariants while running (for benchmarks; results are identical)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-plots", action="store_true", help="draw no figures (no figures/ directory); "
-                                                          "`tlora-sim plot DIR` draws them later")
-    p.add_argument("--force", action="store_true",
-                   help="replace an --out directory that already holds files (without it such a directory is "
-                        "refused; the new directory replaces it only once complete)")
-
-
-def _add_trace_cuts(p: argparse.ArgumentParser) -> None:
-    """The trace options every format takes: --keep-states (csv), --window, --first-jobs, --arrival-scale."""
-    p.add_argument("--keep-states", metavar="LIST", help="csv format with a state=COL mapping: states kept, "
-                                                         "comma-separated, e.g. Succeeded,Failed (default: all)")
-    p.add_argument("--window", metavar="START,END", help="keep jobs submitted in [START, END): seconds from the "
-                                                         "trace start or dates (2017-10-01,2017-11-01); any format")
-    p.add_argument("--first-jobs", type=int, metavar="N", help="keep the first N jobs (after --window)")
-    p.add_argument("--arrival-scale", type=float, metavar="X",
-                   help="divide submit times by X (2 = twice the arrival rate); durations kept")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,44 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="simulate one trace under one policy; writes a run directory",
                        description="Simulate one trace under one policy. Writes DIR/config.json, jobs.csv, "
                                    "timeline.csv, summary.json, perf.json and figures/.")
-    r.add_argument("--policy", required=True, help="policy name (see `tlora-sim policies`)")
-    _add_common(r)
+    from tlora_sim.sim.experiments.spec import add_flags
+
+    add_flags(r, "replay")  # every flag from the experiment spec's fields (sim/experiments/spec.py)
     c = sub.add_parser("compare", help="simulate one trace under several policies side by side",
                        description="Simulate one trace under several policies. Writes DIR/summary.csv "
                                    "(one row per policy), DIR/<policy>/ run directories and DIR/figures/.")
-    c.add_argument("--policies", required=True, help="comma-separated policy names, e.g. independent,mlora,tlora")
-    c.add_argument("--seeds", metavar="LIST", help="run every policy under several seeds, e.g. 0-4 or 0,3,7: "
-                                                 "OUT/seed-<s>/ per seed, OUT/summary.csv with each metric's mean "
-                                                 "and 95%% confidence half-width (<metric>_ci95)")
-    c.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="policies simulated in parallel processes")
-    c.add_argument("--baseline", default=None, metavar="NAME",
-                   help="the reference baseline speed-ups are taken against, run when not among --policies "
-                        "(default: independent-backfill: every job alone, FIFO with EASY backfilling)")
-    from tlora_sim.policies.discipline import DISCIPLINES
-
-    c.add_argument("--discipline", default="default", choices=list(DISCIPLINES),
-                   help="queue discipline of every policy: default (each policy's own priority order with the "
-                        "reference's EASY backfilling), shared (also the reference's FIFO order), native (each "
-                        "system's published discipline) (default: %(default)s)")
-    c.add_argument("--decompose", action="store_true",
-                   help="run each grouping policy's ladder eager-alone (independent-backfill) -> fused-alone "
-                        "(independent-fused) -> + its order (POLICY-nogroup) -> + grouping (POLICY); "
-                        "summary.csv and decompose.csv give each step's speed-up")
-    _add_common(c)
+    add_flags(c, "compare")
     t = sub.add_parser("traces", help="inspect traces")
     tsub = t.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
     d = tsub.add_parser("describe", help="jobs, span, GPU and duration percentiles of a trace")
     d.add_argument("spec", metavar="SPEC", help=TRACE_HELP)
-    d.add_argument("--columns", metavar="MAP", help="csv format only: submit=COL,gpus=COL and duration=COL or "
-                                                   "end=COL[,start=COL] [,job_id=COL][,tenant=COL][,state=COL] and "
-                                                   "LoRA attributes [,model=COL][,rank=COL][,seq_len=COL]"
-                                                   "[,batch_size=COL][,max_slowdown=COL][,steps=COL]")
-    d.add_argument("--time-unit", default="s", choices=["s", "ms", "min", "h"])
-    d.add_argument("--time-zone", metavar="TZ", help="IANA time zone of naive timestamps in csv and slurm traces "
-                                                    "(default: UTC)")
-    d.add_argument("--slurm-states", metavar="LIST", help="slurm format: job states kept, comma-separated")
-    _add_trace_cuts(d)
+    add_flags(d, "describe")
     po = sub.add_parser("policies", help="list registered policies, one per line: name, a one-line description "
                                          "and its options (--option POLICY.KEY=VALUE) with their defaults, "
                                          "tab-separated")
@@ -241,7 +144,7 @@ def _inputs_outside_out(args) -> None:
     trace = str(getattr(args, "trace", "") or "")
     candidates = [("--trace", trace.partition(":")[2] if ":" in trace else trace),
                   ("--lora-dist", str(getattr(args, "lora_dist", "") or ""))]
-    candidates += [("--policy-module", m) for m in getattr(args, "policy_module", []) or []]
+    candidates += [("--policy-module", m) for m in getattr(args, "policy_modules", []) or []]
     for flag, name in candidates:
         if not name or not os.path.exists(name):
             continue
@@ -251,27 +154,14 @@ def _inputs_outside_out(args) -> None:
                              f"another --out)", file=name, field=flag)
 
 
-def _base_config(args, policy: str):
-    import math
+def _base_config(args, policy: str, options: dict | None = None):
+    """The experiment spec of the command line for ``policy`` (``spec.spec_from_args``: every flag
+    through its field's check), after refusing inputs inside ``--out``."""
+    from tlora_sim.sim.experiments.spec import spec_from_args
 
-    from tlora_sim.sim.experiments.replay import ReplayConfig
-    from tlora_sim.traces.generic_csv import parse_column_mapping
-
-    if not (math.isfinite(args.regroup_pause) and args.regroup_pause >= 0):
-        raise InputError(f"must be a finite number of seconds >= 0, got {args.regroup_pause}", field="--regroup-pause")
-    if not 0 <= args.seed <= 2**63 - 1:
-        raise InputError(f"must be an integer in 0..2^63-1, got {args.seed}", field="--seed")
+    spec = spec_from_args(args, args.command, policy, options)
     _inputs_outside_out(args)
-
-    return ReplayConfig(trace=args.trace, policy=policy, cluster=args.cluster, seed=args.seed,
-                        lora_dist=args.lora_dist, regroup_pause_s=args.regroup_pause,
-                        csv_columns=parse_column_mapping(args.columns) if args.columns else None,
-                        time_unit=args.time_unit, strict=args.strict, sweeps=args.sweeps,
-                        cost_model=args.cost_model, policy_modules=tuple(_module_specs(args.policy_module)),
-                        early_exit=args.early_exit, time_zone=args.time_zone, slurm_states=args.slurm_states,
-                        keep_states=args.keep_states, window=args.window, first_jobs=args.first_jobs,
-                        arrival_scale=args.arrival_scale,
-                        artifact=str(args.artifact) if getattr(args, "artifact", None) else None)
+    return spec
 
 
 def _coverage(args, line: str) -> None:
@@ -298,7 +188,7 @@ def _header(args, policies: list[str], added: bool) -> None:
     numbers are in: a run refused for bad input prints nothing on stdout)."""
     from tlora_sim.sim.experiments.replay import REFERENCE
 
-    ref = args.baseline or REFERENCE
+    ref = args.reference or REFERENCE
     words = {"default": "each policy's own priority order, the reference's EASY backfilling",
              "shared": "the reference's FIFO order and EASY backfilling for every policy",
              "native": "each system's published discipline"}[args.discipline]
@@ -329,11 +219,8 @@ def _run(args) -> int:
     if args.command == "replay":
         from tlora_sim.sim.experiments.replay import replay
 
-        cfg = _base_config(args, args.policy)
-        opts = _options(args.option, [args.policy])[args.policy]
-        from dataclasses import replace
-
-        replay(replace(cfg, policy_options=opts), args.out, progress=not args.no_progress,
+        cfg = _base_config(args, args.policy, _options(args.policy_options, [args.policy])[args.policy])
+        replay(cfg, args.out, progress=not args.no_progress,
                    plots=not args.no_plots, check_invariants=not args.no_invariants, force=args.force,
                    on_summary=lambda s: _print_replay(args, s))
     elif args.command == "compare":
@@ -347,10 +234,10 @@ def _run(args) -> int:
             raise InputError(f"policy {dup[0]!r} given twice", field="--policies")
         if args.workers < 1:
             raise InputError(f"must be >= 1, got {args.workers}", field="--workers")
-        ref = args.baseline or REFERENCE
+        ref = args.reference or REFERENCE
         run_policies, added = with_reference(policies, ref)
         kw = dict(workers=args.workers, progress=not args.no_progress,
-                  policy_options=_options(args.option, run_policies), check_invariants=not args.no_invariants,
+                  policy_options=_options(args.policy_options, run_policies), check_invariants=not args.no_invariants,
                   force=args.force, reference=ref, discipline=args.discipline, plots=not args.no_plots)
         from tlora_sim.sim.experiments.replay import coverage_line
         from tlora_sim.sim.report.tables import format_table
@@ -359,7 +246,7 @@ def _run(args) -> int:
             from tlora_sim.sim.experiments import decompose
             from tlora_sim.sim.experiments.seeds import parse_seeds
 
-            kw["policy_options"] = _options(args.option, decompose.ladder_runs(policies))
+            kw["policy_options"] = _options(args.policy_options, decompose.ladder_runs(policies))
             ladder = decompose.compare_decomposed(
                 _base_config(args, policies[0]), policies, args.out,
                 seeds=parse_seeds(args.seeds) if args.seeds is not None else None, **kw)
@@ -387,7 +274,7 @@ def _run(args) -> int:
         from tlora_sim.traces.describe import describe_trace, format_description
         from tlora_sim.traces.generic_csv import parse_column_mapping
 
-        cols = parse_column_mapping(args.columns) if args.columns else None
+        cols = parse_column_mapping(args.csv_columns) if args.csv_columns else None
         print(format_description(describe_trace(read_trace(
             args.spec, csv_columns=cols, time_unit=args.time_unit, time_zone=args.time_zone,
             slurm_states=args.slurm_states, keep_states=args.keep_states, window=args.window,

@@ -174,8 +174,13 @@ def _config(trace: str | pd.DataFrame, policy: str, cluster: str, seed: int, opt
         kw["csv_columns"] = parse_column_mapping(kw["csv_columns"])
     if "policy_modules" in kw:
         kw["policy_modules"] = tuple(kw["policy_modules"])
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(f"seed must be an integer >= 0, got {seed!r}", field="seed")
+    from tlora_sim.sim.experiments.spec import checked
+
+    seed, cluster = (checked(k, v, where=lambda m, k=k: InputError(m, field=k))
+                     for k, v in (("seed", seed), ("cluster", cluster)))
+    for k, v in kw.items():  # each option through its field's check (a window may also be a pair)
+        if v is not None and v != "" and not (k == "window" and not isinstance(v, str)):
+            kw[k] = checked(k, v, where=lambda m, k=k: InputError(m, field=k))
     frame = None
     if not isinstance(trace, str):
         cuts = {k: kw.pop(k) for k in CUT_OPTIONS if kw.get(k) is not None}
@@ -231,10 +236,11 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
         InputError: no policies, a repeated one, or bad input; every policy and option is checked before
             any simulation starts.
     """
-    from tlora_sim.policies.registry import load_policy_module, make_policy
+    from tlora_sim.policies.registry import load_policy_module
     from tlora_sim.sim.core import metrics
     from tlora_sim.sim.experiments.replay import (REFERENCE, policy_options_with_discipline, simulate,
                                                   with_reference)
+    from tlora_sim.sim.experiments.spec import build_policy
     from tlora_sim.sim.report.tables import speedups
 
     names = [p.strip() for p in (policies.split(",") if isinstance(policies, str) else policies) if p.strip()]
@@ -251,14 +257,14 @@ def compare(trace: str | pd.DataFrame, policies: Sequence[str] | str, cluster: s
     for p in opts:
         if p not in names:
             raise InputError(f"policy_options names {p!r}, which is not being run", field="policy_options")
-    opts = {p: policy_options_with_discipline(p, discipline, opts.get(p)) for p in names}
-    for p in names:
-        make_policy(p, opts[p])
+    specs = {p: dataclasses.replace(cfg, policy=p, discipline=discipline, reference=reference,
+                                    policy_options=policy_options_with_discipline(p, discipline, opts.get(p)))
+             for p in names}
+    built = {p: build_policy(one) for p, one in specs.items()}  # once each, before any simulation starts
     runs = {}
-    for p in names:
-        one = dataclasses.replace(cfg, policy=p, policy_options=dict(opts[p]), discipline=discipline,
-                                  reference=reference)
-        runs[p] = Run(**simulate(one, frame=frame, progress=progress, check_invariants=check_invariants))
+    for p, one in specs.items():
+        runs[p] = Run(**simulate(one, frame=frame, progress=progress, check_invariants=check_invariants,
+                                 policy=built[p]))
     table = pd.DataFrame([{k: v for k, v in r.summary.items() if not isinstance(v, (dict, list))}
                           | {"skipped": sum(r.summary["skipped"].values())} for r in runs.values()])
     table = speedups(table, reference)

@@ -10,7 +10,7 @@ per policy and ``figures/``.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from operator import attrgetter, mul
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,68 +30,12 @@ from tlora_sim.sim.report.rundata import REFERENCE_POLICY
 from tlora_sim.sim.costmodel.factory import make_cost_model
 from tlora_sim.sim.core.workload import build_jobs
 from tlora_sim.sim.runtime.pool import run_tasks
+from tlora_sim.sim.experiments.spec import ExperimentSpec, axes, build_policy, policy_fields
 
 
-@dataclass(frozen=True)
-class ReplayConfig:
-    """All inputs of one replay.
-
-    Attributes:
-        trace: trace spec ``FORMAT:PATH`` (``tlora_sim.traces.read_trace``).
-        policy: registered policy name.
-        cluster: ``NODESxGPUSxTYPE``.
-        seed: seed of the LoRA attribute assignment (``numpy.random.default_rng``).
-        lora_dist: LoRA attribute distribution name or JSON path (``tlora_sim.traces.lora``).
-        policy_options: overrides of the policy's config dataclass.
-        regroup_pause_s: pause when a running group changes membership (s).
-        csv_columns: column mapping for the ``csv`` format.
-        time_unit: time unit of the ``csv`` format (s, ms, min, h).
-        strict: turn documented skips into errors: a job the cluster cannot host (``oversized``,
-            ``memory``) and rows a trace reader dropped by a documented rule (``zero_duration``,
-            ``duplicate``).
-        sweeps: ``FRACTION:K1,K2`` sweep families (ALTO workloads), or None.
-        cost_model: ``auto``, ``profiled`` or ``roofline``.
-        time_zone: IANA zone of naive timestamps (``csv`` and ``slurm`` formats; None: UTC).
-        slurm_states: job states kept from a ``slurm`` export (None: ``traces.slurm.DEFAULT_STATES``).
-        artifact: a profiled cost-model artifact file (``--artifact``) instead of the shipped one.
-        early_exit: run the shared early-exit rule on sweep families with the policy
-            (``policies/early_exit.py``); stopped configurations are reported apart.
-        policy_modules: policy modules (``.py`` paths or dotted names) imported before the policy
-            is built (``tlora_sim.policies.registry.load_policy_module``), in every process that
-            runs this configuration.
-        keep_states: states kept by a ``csv`` trace's mapped ``state`` column (None: all).
-        window, first_jobs, arrival_scale: the trace cut to ``"START,END"`` (seconds or dates), its
-            first N jobs, and its submit times divided by X (``tlora_sim.traces.window``; every format).
-        discipline: the queue discipline of the comparison (``policies/discipline.py``
-            ``DISCIPLINES``: ``default``, ``shared``, ``native``), recorded in ``config.json``;
-            its options are already merged into ``policy_options`` by ``compare``.
-        reference: the comparison's reference policy (recorded in ``config.json``; None for a
-            replay on its own).
-    """
-
-    trace: str
-    policy: str
-    cluster: str = "16x8xH100"
-    seed: int = 0
-    lora_dist: str = "tlora"
-    policy_options: dict[str, Any] = field(default_factory=dict)
-    regroup_pause_s: float = 30.0
-    csv_columns: dict[str, str] | None = None
-    time_unit: str = "s"
-    strict: bool = False
-    sweeps: str | None = None
-    cost_model: str = "auto"
-    policy_modules: tuple[str, ...] = ()
-    early_exit: bool = False
-    time_zone: str | None = None
-    slurm_states: str | None = None
-    keep_states: str | None = None
-    window: str | None = None
-    first_jobs: int | None = None
-    arrival_scale: float | None = None
-    discipline: str = "default"
-    reference: str | None = None
-    artifact: str | None = None  # a profiled artifact file (``--artifact``), else the shipped one
+ReplayConfig = ExperimentSpec
+"""All inputs of one replay: the experiment spec (``sim/experiments/spec.py``) under its older name;
+each field's meaning, flag and SWEEP.toml key are its ``Knob``."""
 
 
 REFERENCE = REFERENCE_POLICY
@@ -129,11 +73,14 @@ def policy_options_with_discipline(policy: str, discipline: str, user: dict | No
         InputError: unknown discipline or policy.
     """
     from tlora_sim.policies.discipline import discipline_options
-    from tlora_sim.policies.registry import config_of, make_policy
 
     extra = discipline_options(policy, discipline)
     if extra:
-        fields = config_of(make_policy(policy))
+        fields = policy_fields(policy)  # read from the registry: the policy is not built for it
+        if fields is None:
+            from tlora_sim.policies.registry import make_policy
+
+            make_policy(policy)  # an unknown name: the registry's error
         extra = {k: v for k, v in extra.items() if k in fields}
     return {**extra, **dict(user or {})}
 
@@ -259,24 +206,19 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
     Raises:
         InputError: bad input. sim.engine.InvariantError: an impossible state.
     """
-    from tlora_sim.policies.registry import config_of, load_policy_module, make_policy
+    from tlora_sim.policies.registry import config_of, load_policy_module
 
     for module in cfg.policy_modules:
         load_policy_module(module)
     if policy is None:
-        opts = dict(cfg.policy_options or {})
-        policy = make_policy(cfg.policy, opts)
-        own = config_of(policy).get("regroup_pause_s")
-        if "regroup_pause_s" not in opts and own is not None and own != cfg.regroup_pause_s:
-            # the join test prices the engine's pause (built again only when the two differ)
-            policy = make_policy(cfg.policy, {**opts, "regroup_pause_s": cfg.regroup_pause_s})
+        policy = build_policy(cfg)  # once; its options price the engine's regroup pause (spec.run_policy_options)
     if cfg.early_exit:
         from tlora_sim.policies.early_exit import WithEarlyExit
 
         policy = WithEarlyExit(policy)
     jobs, cluster, cost_model, frame, dist, skipped = load_workload(cfg, frame=frame)
     config = {
-        "inputs": asdict(cfg), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
+        "inputs": cfg.to_json(), "axes": axes(cfg, cluster.total_gpus), "cluster": cluster.spec, "gpu": asdict(cluster.gpu),
         "policy": cfg.policy, "policy_config": config_of(policy), "plan": policy.plan,
         "discipline": {"name": cfg.discipline, **effective_discipline(config_of(policy))},
         "reference": cfg.reference,
@@ -362,11 +304,23 @@ def _progress_bar(jobs, label: str, position: int):
                                             "[{elapsed}<{remaining}]")
 
 
-def _replay_row(cfg: ReplayConfig, out: Path, progress: bool, position: int, check: bool) -> dict:
-    """One policy of a comparison (a pool task); its figures are the comparison's (``plot OUT/<policy>``
-    draws the run's own)."""
+def _replay_row(cfg: ReplayConfig, out: Path, progress: bool, position: int, check: bool,
+                policy: Any = None) -> dict:
+    """One policy of a comparison (a pool task), simulating ``policy`` (built by ``compare``; None:
+    built here); its figures are the comparison's (``plot OUT/<policy>`` draws the run's own)."""
     return _replay_into(cfg, out, progress=progress, plots=False, position=position, check_invariants=check,
-                        policy=None, listeners=())
+                        policy=policy, listeners=())
+
+
+def _shippable(policy: Any) -> Any:
+    """``policy`` where it pickles (to a worker process), else None (the worker builds its own)."""
+    import pickle
+
+    try:
+        pickle.dumps(policy)
+    except Exception:  # noqa: BLE001 - a plug-in holding a lambda, a lock, an open file ...
+        return None
+    return policy
 
 
 def with_reference(policies: Sequence[str], reference: str = REFERENCE) -> tuple[list[str], bool]:
@@ -416,29 +370,31 @@ def compare(base: ReplayConfig, policies: list[str], out_dir: str | Path, *, wor
     Raises:
         InputError: unknown policy, option or discipline, before any simulation starts.
     """
-    from tlora_sim.policies.registry import load_policy_module, make_policy
+    from tlora_sim.policies.registry import load_policy_module
 
     final = check_out_dir(out_dir, force=force, what="comparison")
     for module in base.policy_modules:
         load_policy_module(module)
     policies, _ = with_reference(policies, reference)
-    opts = {}
-    for p in policies:  # fail on a bad name, option or discipline before any simulation starts
-        opts[p] = policy_options_with_discipline(p, discipline, (policy_options or {}).get(p))
-        make_policy(p, opts[p])
-    cfgs = [ReplayConfig(**{**asdict(base), "policy": p, "policy_options": opts[p], "discipline": discipline,
-                            "reference": reference}) for p in policies]
+    cfgs = [replace(base, policy=p, discipline=discipline, reference=reference,
+                    policy_options=policy_options_with_discipline(p, discipline, (policy_options or {}).get(p)))
+            for p in policies]
+    # each policy built once, here: a bad name, option or discipline fails before any simulation starts
+    built = [build_policy(c) for c in cfgs]
     with staged_dir(final) as out:
-        return _compare_into(cfgs, out, workers, progress, check_invariants, reference, plots, on_table)
+        return _compare_into(cfgs, out, workers, progress, check_invariants, reference, plots, on_table, built)
 
 
 def _compare_into(cfgs: list[ReplayConfig], out: Path, workers: int, progress: bool,
                   check_invariants: bool, reference: str, plots: bool,
-                  on_table: Callable[[pd.DataFrame, dict], None] | None) -> pd.DataFrame:
-    """``compare`` writing straight into ``out`` (the caller stages it)."""
+                  on_table: Callable[[pd.DataFrame, dict], None] | None, built: list) -> pd.DataFrame:
+    """``compare`` writing straight into ``out`` (the caller stages it), simulating the ``built``
+    policies (one per config; sent to worker processes where they pickle)."""
     from tlora_sim.sim.report.tables import speedups
 
-    tasks = [(c, out / c.policy, progress, i, check_invariants) for i, c in enumerate(cfgs)]
+    pooled = workers > 1 and len(cfgs) > 1
+    tasks = [(c, out / c.policy, progress, i, check_invariants, _shippable(p) if pooled else p)
+             for i, (c, p) in enumerate(zip(cfgs, built))]
     rows = run_tasks(_replay_row, tasks, workers)
     broken = [c.policy for c, r in zip(cfgs, rows) if r.get("error") == "BrokenProcessPool"]
     if broken:

@@ -1,7 +1,8 @@
 """``tlora-sim sweep SWEEP.toml --out DIR``: replay the cross product of traces, clusters, policies,
 seeds and cost-model options, one run directory per cell, one row per cell in ``DIR/sweep.csv``.
 
-SWEEP.toml (every key is checked; an unknown key is an error)::
+SWEEP.toml (every key is checked; an unknown key is an error; each key is a field of the experiment
+spec, ``sim/experiments/spec.py``, read through it: docs/experiments.md lists them)::
 
     traces = ["itp:../shared/traces/msr-itp-elasticflow/cluster02.csv.gz", "synthetic:jobs=2000,seed=1"]
     clusters = ["16x8xH100"]            # optional, default ["16x8xH100"]
@@ -71,37 +72,25 @@ from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.runtime.outlock import SweepLock
 from tlora_sim.sim.experiments.sweep_dir import check_sweep_out, read_cell_summary, remove_stale_stages
 from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, load_sweep, parse_sweep  # noqa: F401
+
+
 # ---- one cell --------------------------------------------------------------------------------------
 def _replay_config(cell: Cell):
-    from dataclasses import fields
-
-    from tlora_sim.sim.experiments.replay import ReplayConfig
-
-    names = {f.name for f in fields(ReplayConfig)}
-    from tlora_sim.sim.experiments.seeds import seed_spec
-
+    """The experiment spec a cell runs (``spec.ExperimentSpec``): its paths resolved, its synthetic
+    trace seeded (``seeds.seed_spec``) and its discipline's options merged under its own."""
     from tlora_sim.sim.experiments.replay import policy_options_with_discipline
+    from tlora_sim.sim.experiments.seeds import seed_spec
+    from tlora_sim.sim.experiments.spec import ExperimentSpec
 
-    opts = policy_options_with_discipline(cell.policy, cell.discipline, dict(cell.policy_options))
-    kw: dict[str, Any] = dict(trace=seed_spec(cell.trace_run, cell.seed), policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
-                              lora_dist=cell.lora_dist_run, policy_options=opts, discipline=cell.discipline,
-                              reference=cell.reference,
-                              regroup_pause_s=cell.regroup_pause_s,
-                              csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None,
-                              time_unit=cell.time_unit, strict=cell.strict,
-                              policy_modules=cell.policy_modules, time_zone=cell.time_zone,
-                              slurm_states=cell.slurm_states)
-    for key in ("window", "first_jobs", "arrival_scale"):  # trace cuts, only where set
-        if getattr(cell, key, None) is not None and key in names:
-            kw[key] = getattr(cell, key)
-    if getattr(cell, "artifact_run", None) and "artifact" in names:
-        kw["artifact"] = cell.artifact_run
-    if "cost_model" in names:
-        kw["cost_model"] = cell.cost_model
-    elif cell.cost_model != "roofline":
-        raise InputError(f"cost model {cell.cost_model!r}: sim.replay runs only the roofline model",
-                         field="cost_models")
-    return ReplayConfig(**kw)
+    return ExperimentSpec(
+        trace=seed_spec(cell.trace_run, cell.seed), policy=cell.policy, cluster=cell.cluster, seed=cell.seed,
+        lora_dist=cell.lora_dist_run, regroup_pause_s=cell.regroup_pause_s, cost_model=cell.cost_model,
+        policy_options=policy_options_with_discipline(cell.policy, cell.discipline, dict(cell.policy_options)),
+        csv_columns=dict(cell.csv_columns) if cell.csv_columns is not None else None, time_unit=cell.time_unit,
+        strict=cell.strict, policy_modules=cell.policy_modules, time_zone=cell.time_zone,
+        slurm_states=cell.slurm_states, window=cell.window, first_jobs=cell.first_jobs,
+        arrival_scale=cell.arrival_scale, discipline=cell.discipline, reference=cell.reference,
+        artifact=cell.artifact_run or None)
 
 
 def _run_cell(cell: Cell, out_dir: str) -> dict:
@@ -363,16 +352,9 @@ def add_sweep_parser(subparsers) -> None:
                    help="the sweep definition (docs/examples/sweep.toml); or the word 'report' followed by a sweep "
                         "DIR: aggregate its cells over seeds into DIR/report.csv and a figure")
     s.add_argument("report_dir", type=Path, nargs="?", metavar="DIR", help=argparse.SUPPRESS)
-    s.add_argument("--out", type=Path, metavar="DIR", help="output directory (required to run a sweep)")
-    s.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="local worker processes, or Ray tasks")
-    s.add_argument("--address", metavar="ADDR", default=None,
-                   help="Ray cluster address (ray backend; default: start a local Ray)")
-    s.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="local worker processes, or CPUs of a local Ray (default: CPU count; 1 = in-process)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--dry-run", action="store_true", help="list the cells (id, finished, inputs) and exit")
-    s.add_argument("--no-plots", action="store_true", help="`sweep report DIR`: write report.csv only, no figures/")
+    from tlora_sim.sim.experiments.spec import add_flags
+
+    add_flags(s, "sweep")  # --out, --backend, ... from spec.SweepOptions
 
 
 def run_sweep_command(args) -> int:

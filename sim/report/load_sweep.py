@@ -1,6 +1,9 @@
 """Queueing against offered load across a directory of comparisons (the sensitivity figure):
-finding the comparisons, reading each one's load from its trace spec or config, and drawing
-``queue_vs_load``."""
+finding the comparisons, reading each one's load from the ``axes`` its runs' ``config.json``
+records (``sim/experiments/spec.py`` ``axes``: the offered load, the cluster's GPUs and the trace
+with its load left out, derived once where the run was set up), and drawing ``queue_vs_load``.
+Run directories written before ``axes`` existed are left out with a warning naming them (re-run
+the comparison, or pass ``loads=``)."""
 from __future__ import annotations
 
 import json
@@ -47,34 +50,30 @@ def find_compare_dirs(parent: str | Path) -> list[Path]:
     return sorted(subs, key=lambda d: _natural_key(d.name))
 
 
-def trace_load(spec: str) -> tuple[float, int] | None:
-    """Offered load of a trace spec: ``(load, reference GPUs)``, or ``None`` when the spec has none.
+def _axes(runs: Mapping, d: Path) -> tuple[dict | None, Path | None]:
+    """The ``axes`` record of a comparison's runs (the first run's that has one) and its file."""
+    for run in runs.values():
+        rec = run.config.get("axes") if isinstance(run.config, dict) else None
+        if rec is not None:
+            path = Path(run.run_dir) / "config.json"
+            if not isinstance(rec, dict):
+                raise InputError(f"expected an object of the run's axes, got {rec!r}", file=str(path), field="axes")
+            return rec, path
+    return None, None
 
-    Only ``synthetic:`` specs carry a load: their ``load=`` option (default 0.7) is the offered GPU
-    demand as a fraction of a ``gpus=``-GPU cluster (default 32), see :mod:`tlora_sim.traces.synthetic`.
-    Real traces (``itp:``, ``philly:`` ...) return ``None``: their load is whatever they hold.
+
+def _axis_number(rec: dict, key: str, path: Path) -> float | None:
+    """``axes.<key>`` as a float (None where absent or null).
 
     Raises:
-        InputError: a synthetic spec with a malformed option (field = the option).
+        InputError: not a finite number, naming the file and ``axes.<key>``.
     """
-    fmt, _, arg = str(spec).partition(":")
-    if fmt.strip().lower() != "synthetic":
+    v = rec.get(key)
+    if v is None:
         return None
-    from tlora_sim.traces.synthetic import parse_options
-
-    opts = parse_options(arg)
-    return float(opts["load"]), int(opts["gpus"])
-
-
-def _trace_without_load(spec: str) -> str:
-    """A canonical form of ``spec`` with its load left out (what a load sweep keeps fixed)."""
-    fmt, _, arg = str(spec).partition(":")
-    if fmt.strip().lower() != "synthetic":
-        return str(spec)
-    from tlora_sim.traces.synthetic import parse_options
-
-    opts = {k: v for k, v in parse_options(arg).items() if k != "load"}
-    return "synthetic:" + ",".join(f"{k}={opts[k]}" for k in sorted(opts))
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InputError(f"expected a finite number, got {v!r}", file=str(path), field=f"axes.{key}")
+    return float(v)
 
 
 def _first(*values):
@@ -100,11 +99,12 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
     """Collect queueing delays per policy and offered load from several comparison directories.
 
     The offered load of each comparison comes from ``loads`` when given (keys: the directory path,
-    or its name; values: offered load as a fraction of the cluster's GPUs), else from the trace
-    spec of its policy runs (``config.json`` ``inputs.trace``, else ``summary.csv`` ``trace``):
-    ``load x gpus / cluster GPUs`` for a ``synthetic:...,load=L,gpus=G`` spec replayed on the
-    comparison's cluster (``config.json`` ``inputs.cluster``), i.e. the spec's ``load`` itself when
-    the cluster has the ``G`` GPUs the spec was sized for.
+    or its name; values: offered load as a fraction of the cluster's GPUs), else from the ``axes``
+    its policy runs record in ``config.json`` (``sim/experiments/spec.py`` ``axes``): ``load``,
+    i.e. ``load x gpus / cluster GPUs x arrival_scale`` for a ``synthetic:...,load=L,gpus=G``
+    spec replayed on the comparison's cluster (the spec's ``load`` itself when the cluster has the
+    ``G`` GPUs the spec was sized for and the arrivals are not scaled). A comparison whose runs
+    record no axes (written before they were recorded) is left out with a :class:`PlotWarning`.
 
     Without ``loads`` the comparisons are grouped into *load sweeps*: comparisons whose inputs
     (trace options, cluster, seed, LoRA distribution, ...) differ only in the load form one sweep
@@ -126,8 +126,9 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
         Sorted by series, load and policy display order.
 
     Raises:
-        InputError: a directory is not a comparison, a file is malformed, the policies of one
-            comparison disagree on the trace, or no load sweep remains.
+        InputError: a directory is not a comparison, a file is malformed (an ``axes`` value that
+            is no number names ``config.json`` and ``axes.<key>``), the policies of one comparison
+            disagree on the trace, or no load sweep remains.
     """
     dirs = list(dict.fromkeys(Path(d) for d in compare_dirs))
     if not dirs:
@@ -149,34 +150,33 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
         first_in = inputs[0] if inputs else {}
         cluster = _first(first_in.get("cluster"), configs[0].get("cluster") if configs else None,
                          summary["cluster"].iloc[0] if "cluster" in summary.columns and len(summary) else None)
-        cluster_gpus = math.nan
-        if cluster is not None:
-            from tlora_sim.sim.core.cluster import parse_cluster
-
-            try:
-                cluster_gpus = float(parse_cluster(str(cluster)).total_gpus)
-            except InputError as err:
-                raise InputError(err.message, file=str(d), field="cluster") from None
-        try:
-            tl = trace_load(spec) if spec is not None else None
-        except InputError as err:
-            raise InputError(f"trace spec {spec!r}: {err.message}", file=str(d), field=err.field) from None
+        rec, rec_path = _axes(runs, d)
+        cluster_gpus, tl = math.nan, None
+        if rec is not None:
+            cluster_gpus = _first(_axis_number(rec, "cluster_gpus", rec_path), math.nan)
+            trace_l, trace_g = _axis_number(rec, "trace_load", rec_path), _axis_number(rec, "trace_gpus", rec_path)
+            tl = (trace_l, int(trace_g)) if trace_l is not None and trace_g is not None else None
         if loads is not None:
             offered = _lookup_load(loads, d)
             if offered is None:
                 raise InputError("no load given for this comparison directory", file=str(d), field="loads")
             context = "explicit"
         else:
-            if tl is None:
+            if rec is None:
+                _warn(f"{d}: its runs' config.json records no axes (written by a tlora-sim before the experiment "
+                      f"spec); left out of the queueing-delay-against-load figure (re-run the comparison, or "
+                      f"pass loads= to give it one)")
+                continue
+            offered = _axis_number(rec, "load", rec_path)
+            if offered is None:
                 _warn(f"{d}: trace {spec!r} has no load= option (only synthetic traces do); left out of "
                       f"the queueing-delay-against-load figure (pass loads= to give it one)")
                 continue
-            offered = tl[0] * tl[1] / cluster_gpus if cluster_gpus > 0 else tl[0]
             fixed = {k: v for k, v in first_in.items() if k not in ("policy", "policy_options", "trace")}
             if not first_in and "seed" in summary.columns:
                 fixed = {"seed": str(summary["seed"].iloc[0])}
             fixed["cluster"] = cluster
-            fixed["trace"] = _trace_without_load(spec)
+            fixed["trace"] = rec.get("trace_family", spec)
             context = json.dumps(fixed, sort_keys=True, default=str)
         contexts[d] = context
         for _, srow in summary.iterrows():
