@@ -16,6 +16,7 @@ import pytest
 from tlora_sim.sim.cli.main import build_parser, main
 from tlora_sim.sim.experiments import spec as sp
 from tlora_sim.sim.experiments import sweep as sw
+from tlora_sim.sim.experiments import sweep_file as sf
 from tlora_sim.sim.experiments.replay import ReplayConfig
 from tlora_sim.sim.report import load_sweep, rundata
 from tlora_sim.traces.errors import InputError
@@ -101,8 +102,8 @@ def test_a_flag_its_check_refuses_is_named(argv, field, tmp_path, capsys):
 
 def test_sweep_keys_are_the_spec_fields():
     knobs = sp.sweep_knobs()
-    assert set(sw.LIST_KEYS) == {k for k, (_, kn) in knobs.items() if kn.axis}
-    assert set(sw.LIST_KEYS) | set(sw.SCALAR_KEYS) | set(sw.TABLE_KEYS) == set(knobs)
+    assert set(sf.LIST_KEYS) == {k for k, (_, kn) in knobs.items() if kn.axis}
+    assert set(sf.LIST_KEYS) | set(sf.SCALAR_KEYS) | set(sf.TABLE_KEYS) == set(knobs)
     for key, (name, _) in knobs.items():  # each key is one field of the spec
         assert name in {f.name for f in dataclasses.fields(ReplayConfig)}, key
 
@@ -162,7 +163,7 @@ def test_axes_record_the_offered_load():
     assert (ax["trace_load"], ax["trace_gpus"], ax["cluster_gpus"]) == (0.9, 16, 32)
     assert ax["load"] == pytest.approx(0.45) and "load=" not in ax["trace_family"]
     assert sp.axes(dataclasses.replace(spec, arrival_scale=2.0), 32)["load"] == pytest.approx(0.9)
-    assert set(sp.AXES) == set(sw.LIST_KEYS)
+    assert set(sp.AXES) == set(sf.LIST_KEYS)
     real = sp.axes(ReplayConfig(trace="itp:x.csv.gz", policy="tlora"), 128)
     assert real["load"] is None and real["trace_load"] is None and real["trace_family"] == "itp:x.csv.gz"
     assert sp.trace_load("synthetic:default") == (0.7, 32)  # the generator's defaults

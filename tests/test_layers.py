@@ -299,15 +299,9 @@ def reexports(mod: str, tree: ast.Module, text: str) -> set[tuple[str, str]]:
     return out
 
 
-# Re-exports left in files other rooms of issue 42 are rewriting (policies/tlora* by item 1,
-# sim/core/engine.py by item 4, the sweep's schema by item 3): module -> names it imports only for
-# others. Remove an entry when its import goes; add none.
-KNOWN_REEXPORTS = {
-    "tlora_sim.policies.tlora": "MAX_PROBES PROBE_STEPS",  # from tlora_tune; nobody imports them from tlora
-    "tlora_sim.sim.core.engine": "InvariantViolation PolicyError",  # in engine's __all__; defined in invariants, policy_call
-    "tlora_sim.sim.experiments.sweep": "COST_MODELS DEFAULTS LIST_KEYS REQUIRED SCALAR_KEYS TABLE_KEYS TIME_UNITS "
-                                       "parse_sweep",  # sweep_file's, unused in sweep.py
-}
+# Re-exports still allowed: module -> names it imports only for others. None is left (issue 42);
+# add none.
+KNOWN_REEXPORTS: dict[str, str] = {}
 
 
 def _reexports() -> set[tuple[str, str]]:

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tlora_sim.sim.cli.main import main
-from tlora_sim.sim.core.engine import Engine, PolicyError
+from tlora_sim.sim.core.engine import Engine
+from tlora_sim.sim.core.policy_call import PolicyError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--trace", "synthetic:jobs=20,seed=1", "--cluster", "1x8xH100", "--no-progress"]

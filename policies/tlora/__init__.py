@@ -4,6 +4,7 @@ and the registered policy that wires rules and index (see ``policy``'s docstring
 Public face: ``TLoRA`` (registered as ``tlora``) and ``TLoRAConfig``.
 """
 
-from tlora_sim.policies.tlora.policy import TLoRA, TLoRAConfig
+from tlora_sim.policies.tlora.config import TLoRAConfig
+from tlora_sim.policies.tlora.policy import TLoRA
 
 __all__ = ["TLoRA", "TLoRAConfig"]

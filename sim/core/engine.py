@@ -34,9 +34,9 @@ from tlora_sim.sim.core.decision_stats import DecisionStats
 from tlora_sim.sim.costmodel.interface import CostModel
 from tlora_sim.sim.core.gc_scope import frozen_before, no_collections
 from tlora_sim.sim.core.jobs import Job
-from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError, InvariantViolation
+from tlora_sim.sim.core.invariants import InvariantChecker, InvariantError
 from tlora_sim.sim.core.listeners import EngineListener, Listeners
-from tlora_sim.sim.core.policy_call import PolicyError, decide_checked
+from tlora_sim.sim.core.policy_call import decide_checked
 from tlora_sim.sim.core.placement import FreeGpus, Placement
 from tlora_sim.sim.core.results import JobRecord, SimResult, reference_plan_of, reference_steps
 from tlora_sim.sim.core.snapshot import AddMembers, GroupView, QueueKeys, QueueView, RemoveMembers, SetExecution, Snapshot, StartGroup, StopMembers
@@ -45,7 +45,7 @@ from tlora_sim.sim.core.snapshot import GroupViews, engine_snapshot
 # A member whose remaining steps fall below this is finished (float round-off of rate x time).
 _STEP_EPS = 1e-6
 _MEMBER, _TOKENS = attrgetter("member"), attrgetter("tokens_per_step")
-__all__ = ["Engine", "InvariantError", "InvariantViolation", "JobRecord", "PauseOptions", "PolicyError", "SimResult"]
+__all__ = ["Engine", "InvariantError", "JobRecord", "PauseOptions", "SimResult"]
 
 
 class _Wake:

@@ -10,7 +10,7 @@ spec, ``sim/experiments/spec.py``, read through it: docs/experiments.md lists th
     seeds = [0, 1]                      # optional, default [0]
     lora_dists = ["tlora"]              # optional, default ["tlora"] (names or JSON files)
     regroup_pause_s = [30.0]            # optional, default [30.0]
-    cost_models = ["auto"]              # optional, default ["auto"] (see COST_MODELS)
+    cost_models = ["auto"]              # optional, default ["auto"] (see sim/costmodel/factory.py COST_MODELS)
     disciplines = ["default"]           # optional: default, shared, native (policies/discipline.py)
     reference = "independent-backfill"  # optional: the reference baseline, added to policies when absent
     # optional, the same for every cell: strict = false, time_unit = "s", [csv_columns] submit = "...",
@@ -71,7 +71,7 @@ from typing import Any, Callable, Iterable
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.runtime.outlock import SweepLock
 from tlora_sim.sim.experiments.sweep_dir import check_sweep_out, read_cell_summary, remove_stale_stages
-from tlora_sim.sim.experiments.sweep_file import COST_MODELS, Cell, DEFAULTS, FAILED_COLUMNS, INPUT_COLUMNS, LIST_KEYS, REQUIRED, SCALAR_KEYS, Sweep, TABLE_KEYS, TIME_UNITS, load_sweep, parse_sweep  # noqa: F401
+from tlora_sim.sim.experiments.sweep_file import Cell, FAILED_COLUMNS, INPUT_COLUMNS, Sweep, load_sweep
 
 
 # ---- one cell --------------------------------------------------------------------------------------

@@ -13,8 +13,7 @@ from tlora_sim.traces.errors import InputError
 
 
 
-from tlora_sim.sim.costmodel.factory import COST_MODELS  # noqa: E402,F401 - re-exported by sweep.py
-from tlora_sim.sim.experiments.spec import (TIME_UNITS, ExperimentSpec, read_key, sweep_default,  # noqa: E402,F401
+from tlora_sim.sim.experiments.spec import (ExperimentSpec, read_key, sweep_default,  # noqa: E402
                                             sweep_knobs)
 
 #: SWEEP.toml's keys, from the experiment spec (``spec.sweep_knobs``): the axes (lists, one cell per

@@ -24,7 +24,7 @@ Writes ``OUT/step_env.csv`` (one row per timed step: condition, shape, k, ms) an
 ``OUT/step_env_summary.csv`` (median / mean / p10 / p90 per condition and shape), and prints the
 summary. Run on the GPU machine from the repository root::
 
-    python3 profiler/validation/step_env.py --out $OUT --trace itp:.device_carry/cluster02.csv.gz
+    python3 -m tlora_sim.sim.executor.step_env --out $OUT --trace itp:.device_carry/cluster02.csv.gz
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main() -> None:
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, __file__, "--out", str(a.out), "--reps", str(a.reps), "--device", a.device,
+    subprocess.run([sys.executable, "-m", "tlora_sim.sim.executor.step_env", "--out", str(a.out), "--reps", str(a.reps), "--device", a.device,
                     "--only-fresh"] + (["--tiny"] if a.tiny else []), check=True)
     late = pd.read_csv(a.out / "step_env_fresh_process.csv").assign(condition="new_process")
     df = pd.concat([pd.DataFrame(rows), late], ignore_index=True)

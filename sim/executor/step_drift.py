@@ -13,7 +13,7 @@ process, a probe round of
 Writes ``OUT/step_drift.csv`` (one row per probe round and shape: t_s, median_ms, mean_ms,
 python_loop_ms, cpu_mhz, gpu_sm_mhz) and prints each round. Run from the repository root::
 
-    python3 profiler/validation/step_drift.py --out $OUT --seconds 240
+    python3 -m tlora_sim.sim.executor.step_drift --out $OUT --seconds 240
 """
 
 from __future__ import annotations
