@@ -107,7 +107,9 @@ def test_ray_backend_gives_byte_identical_outputs_to_local(tmp_path, reliability
     """Local and Ray sweep backends write the same bytes (skips where sim.sweep or ray is missing)."""
     sweep_mod = pytest.importorskip("tlora_sim.sim.experiments.sweep", reason="tlora_sim.sim.experiments.sweep (the sweep runner) is not in this checkout")
     pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
-    sweep = sweep_mod.parse_sweep({"traces": ["synthetic:jobs=30,seed=1"], "clusters": ["2x8xH100"],
+    from tlora_sim.sim.experiments.sweep_file import parse_sweep
+
+    sweep = parse_sweep({"traces": ["synthetic:jobs=30,seed=1"], "clusters": ["2x8xH100"],
                                    "policies": ["independent", "tlora"], "seeds": [0, 1]},
                                   file="inline", base_dir=tmp_path)
     results = {}
