@@ -24,6 +24,17 @@ from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
 H200_CSV = artifact_path("H200").with_name("profile_h200.csv")
 pytestmark = pytest.mark.skipif(not H200_CSV.is_file(), reason="no shipped H200 profile")
+#: the device run of 2026-12-01 (profiler/data/lorafusion_lone_h200_2026-12-01/) whose lone
+#: lorafusion rows the shipped profile now holds; the tests fold synthetic rows into the profile as
+#: it was before that run (its rows taken out again)
+FOLDED_ID = "h200-20261201T231357-d16a"
+
+
+def _before(path):
+    """The shipped H200 profile without the folded device run's rows (the state it was folded into)."""
+    lines = H200_CSV.read_text().splitlines(keepends=True)
+    path.write_text("".join(ln for ln in lines if FOLDED_ID not in ln))
+    return path
 
 
 def _synthetic(path, scale=1.15):
@@ -63,8 +74,8 @@ def _cm(art, tmp_path, name):
 
 
 def test_fold_in_then_refit_measures_lone_lorafusion_jobs(tmp_path):
-    into = tmp_path / "profile_h200.csv"
-    into.write_bytes(H200_CSV.read_bytes())
+    into = _before(tmp_path / "profile_h200.csv")
+    before_bytes = into.read_bytes()
     new = tmp_path / "new" / "profile_h200.csv"
     new.parent.mkdir()
     n_lone = _synthetic(new)
@@ -73,11 +84,12 @@ def test_fold_in_then_refit_measures_lone_lorafusion_jobs(tmp_path):
     assert res["added"] == n_lone == 12 and res["plans"] == ["lorafusion"]
     assert res["models"] == ["llama3-8b", "qwen3-8b"]
     assert res["skipped"] == {"plan": 36, "error": 6, "adapters": 1}   # 18 alone + 18 fused, 6 rank-4 rows
-    assert into.read_bytes().startswith(H200_CSV.read_bytes())        # appended, nothing rewritten
+    assert into.read_bytes().startswith(before_bytes)                  # appended, nothing rewritten
     again = fold_in(into, [new], "H200")                                # idempotent
     assert again["added"] == 0 and again["already"] == n_lone
     art = fit_artifact(read_rows([into]), "H200")
-    shipped = ProfiledCostModel(load_artifact(artifact_path("H200")))
+    old_art = fit_artifact(read_rows([_before(tmp_path / "b.csv")]), "H200")
+    shipped = _cm(old_art, tmp_path, "costmodel_h200_before.json")
     cm = _cm(art, tmp_path, "costmodel_h200.json")
     for model in ("llama3-8b", "qwen3-8b"):
         cov = art["models"][model]["plans"]["lorafusion"]["coverage"]
@@ -98,26 +110,30 @@ def test_fold_in_then_refit_measures_lone_lorafusion_jobs(tmp_path):
     # adapters to one (2x too slow at 512 tokens); the refit meets them
     lone = read_rows([new])
     lone = lone[(lone.plan == "lorafusion") & (lone.n_adapters == 1)]
-    old, now = predict_rows(load_artifact(artifact_path("H200")), lone), predict_rows(art, lone)
+    old, now = predict_rows(old_art, lone), predict_rows(art, lone)
     small = (now.tokens == 512).to_numpy()
     assert small.sum() == 4 and (old.ape[small] > 0.5).all() and (now.ape[small] < 0.25).all()
     assert now.ape.median() < old.ape.median() and now.ape.max() < 0.25
     # models without lone rows keep their lorafusion fit (coverage from two adapters)
     assert art["models"]["llama3-70b"]["plans"]["lorafusion"]["coverage"]["adapters_min"] >= 2
     assert artifact_path("H100").read_bytes() == h100                  # the H100 artifact is not touched
-    assert hashlib.sha256(H200_CSV.read_bytes()).hexdigest() != hashlib.sha256(into.read_bytes()).hexdigest()
+    assert hashlib.sha256(before_bytes).hexdigest() != hashlib.sha256(into.read_bytes()).hexdigest()
+    # the shipped artifact is the refit with the device run's real rows: lone jobs measured too
+    real = ProfiledCostModel(load_artifact(artifact_path("H200")))
+    for model in ("llama3-8b", "qwen3-8b"):
+        assert not real.predict(model, "H200", [Member(16, 1, 512)], 1, "lorafusion").extrapolated
 
 
 def test_fold_in_cli_reports_and_refuses_bad_input(tmp_path, capsys):
-    into = tmp_path / "profile_h200.csv"
-    into.write_bytes(H200_CSV.read_bytes())
+    into = _before(tmp_path / "profile_h200.csv")
+    before_bytes = into.read_bytes()
     new = tmp_path / "profile_h200_new.csv"
     _synthetic(new)
     assert main(["fold-in", "--into", str(into), "--rows", str(new), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "would add 12 rows (lorafusion; models llama3-8b, qwen3-8b)" in out
-    assert "h200-2026-11-25-d3ef7573" in out and "costmodel fit --gpu H200" in out
-    assert into.read_bytes() == H200_CSV.read_bytes()                 # dry run: nothing written
+    assert load_artifact(artifact_path("H200"))["id"] in out and "costmodel fit --gpu H200" in out
+    assert into.read_bytes() == before_bytes                           # dry run: nothing written
     # the reference plans against the shipped artifact: the same rows it was fitted on, ratio ~1
     lines = [ln.split() for ln in out.splitlines() if ln.split()[:3] == ["llama3-8b", "fused", "gpu"]]
     assert lines and 0.9 < float(lines[0][4]) < 1.1

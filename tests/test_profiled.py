@@ -195,7 +195,7 @@ def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     cm = default_cost_model("H200")
     assert cm.name == "profiled"
     d = cm.describe()
-    assert d["gpu"] == "H200" and d["source"]["gpu_name"] == ["NVIDIA H200"] and len(d["source"]["profile_id"]) == 4
+    assert d["gpu"] == "H200" and d["source"]["gpu_name"] == ["NVIDIA H200"] and len(d["source"]["profile_id"]) == 5
     assert d["heldout"]["median_ape"] <= 0.05 and d["heldout"]["p90_ape"] <= 0.10
     mm = [Member(16, 2, 1024)] * 4
     assert not cm.predict("llama3-8b", "H200", mm, 1, "fused").extrapolated
