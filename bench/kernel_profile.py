@@ -17,7 +17,7 @@ Usage (GPU machine, repository root, package on PYTHONPATH as bench/kernels_gpu.
 
 ``--smem FILE`` instead compiles (no GPU needed, no launch; torch only for the comparison) every
 single-bucket variant of f1, f2, b1 and b2 for sm_90 at 1-4 pipeline stages under the tile
-configurations of tests/test_kernel_smem.py, the base GEMM with the LoRA epilogue at four
+configurations of tests/gpu/test_kernel_smem.py, the base GEMM with the LoRA epilogue at four
 tile shapes and 2-4 stages, and the persistent GEMM (``PGEMM_TILES``, session 16) at split 1/2/4
 in three loop modes and 3-4 stages, and writes the shared memory (bytes) Triton reports
 (``CompiledKernel.metadata.shared``) as JSON, printing each variant where the model
@@ -95,7 +95,7 @@ def kernel_trace(step, sets, n_steps):
     return out
 
 
-# tile configurations of tests/test_kernel_smem.py (CONFIGS and SWEPT): (bms, bk, bn, cms)
+# tile configurations of tests/gpu/test_kernel_smem.py (CONFIGS and SWEPT): (bms, bk, bn, cms)
 SMEM_CONFIGS = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
                 "bm128": ((128,) * 5, 128, 128, (1, 1, 1, 1, 1)),
                 "bk64-bn256": ((64, 64, 128, 64, 64), 64, 256, (1, 1, 1, 1, 1)),

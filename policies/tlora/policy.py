@@ -21,7 +21,7 @@ Each decision (``TLoRA.decide``):
    reads (``promise.Promise``).
 
 The decisions are those of ``tlora-ref`` (``reference.py``: the rules alone, every group and pair
-examined in every decision): ``tests/test_tlora_reference.py`` and ``tests/test_tlora_incremental.py``
+examined in every decision): ``tests/policies/test_tlora_reference.py`` and ``tests/policies/test_tlora_incremental.py``
 compare whole simulations, and the replay benchmark's output hashes match those from before the
 index. With ``grouping=False`` only the ordering and the fused kernel remain: every job runs alone
 (the ablation that separates the gain of grouping from the gain of ordering).

@@ -25,7 +25,7 @@ make most of that walk unnecessary, without changing a decision:
 change; rows are filled the first time a job is seen); ``QueueOrder`` is one decision's view: the
 queue order, each position's job, kind (base model, GPU count) and shape, and the positions of each
 kind and each shape in queue order. ``walk.walk`` reads it; its decisions are those of the plain
-walk, ``rules.walk_queue`` (``tests/test_tlora_queue.py`` compares whole simulations under every
+walk, ``rules.walk_queue`` (``tests/policies/test_tlora_queue.py`` compares whole simulations under every
 queue discipline).
 """
 

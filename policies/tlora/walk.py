@@ -9,7 +9,7 @@ shapes that found nothing only after a placement of their kind (from the next jo
 it). Across decisions, a shape that found no target (unable to start alone) keeps that answer while
 its kind's running groups are unchanged and nothing of the kind is planned
 (``QueueTable.no_target_at``, ``TLoRAIndex.kind_base``): the walk leaves such shapes out with one
-array comparison. ``tests/test_tlora_queue.py`` compares whole simulations with the plain walk.
+array comparison. ``tests/policies/test_tlora_queue.py`` compares whole simulations with the plain walk.
 """
 
 from __future__ import annotations

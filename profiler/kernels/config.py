@@ -223,7 +223,7 @@ def smem_bytes(kernel: str, bucket: int, cfg: "KernelConfig", stages: int) -> in
 
     An upper bound of what Triton 3.6 compiles for sm_90 (``CompiledKernel.metadata.shared``,
     H100 image, 2026-11-26: every bucket, 1-4 stages, the four tile configurations of
-    tests/test_kernel_smem.py and every flag that changes a loop's loads; 320 numbers, pinned in
+    tests/gpu/test_kernel_smem.py and every flag that changes a loop's loads; 320 numbers, pinned in
     profiler/data/kernel_profile_h100_2026-11-26_7_smem.json and checked by that test; equal to
     the compiled need at, e.g., f1 and f2 rank 256 / 3 stages 245,760 B (the two requirements an
     H100 reported when rank 256 failed, session 7), b2 rank 64 / 3 stages 196,608 B, b1 rank 128

@@ -21,7 +21,7 @@ sequences per sequence length) and its largest rank. So the features of a merged
 parts' features added (the largest rank: their maximum; whole numbers, so exact in any order),
 and ``FusedBatch.step_times`` calls ``layer_formula`` and ``step_s`` on many rows of features at
 once, with one micro-batch: element by element the scalar model's answer, bit for bit
-(``tests/test_profiled_formula.py``). ``multigpu.PlannerBatch`` builds its lower bound of the
+(``tests/costmodel/test_profiled_formula.py``). ``multigpu.PlannerBatch`` builds its lower bound of the
 planner on this class's rows (``fill_row``) and layer (``layer_rows``). Callers still act on a
 batch answer only beyond ``REL_MARGIN`` (1e-9), a margin they no longer need.
 """

@@ -59,7 +59,7 @@ Exactness: each plan's time is ``plan_step``'s formula on the same inputs, in th
 lookups on arrays; ``formula.opt_ms``; ``collective_ms_rows`` is ``Collectives.time_ms`` on arrays
 with the C library's log and exp; the communication terms added as ``plan_step`` adds them), so
 each plan's time equals ``plan_step``'s bit for bit and the bound is the minimum of those values
-(``tests/test_batch_multigpu.py``). ``REL_MARGIN`` (1e-9) is kept by the callers as a spare.
+(``tests/costmodel/test_batch_multigpu.py``). ``REL_MARGIN`` (1e-9) is kept by the callers as a spare.
 
 What is not reproduced: ``plan_step``'s memory and its extrapolation reasons (not needed for a
 time bound); ``micro`` > 1 (one micro-batch only); a ``terms`` override or explicit ``mixes``.
@@ -588,7 +588,7 @@ def lpt_gpus(members: Sequence[Member], n_gpus: int) -> list[int]:
     """The GPU of each member (in ``members``' order) under ``parallelism.per_gpu_mixes``'s
     placement for the ``local`` plan: members longest first (tokens; then rank, seq_len) on the
     least-loaded GPU (lowest index among equals). A heap instead of its scan over the GPUs (the same
-    choice: the least (load, index)); ``tests/test_batch_multigpu.py`` checks they agree."""
+    choice: the least (load, index)); ``tests/costmodel/test_batch_multigpu.py`` checks they agree."""
     heap = [(0.0, k) for k in range(n_gpus)]  # sorted: a heap
     out = [0] * len(members)
     for i in sorted(range(len(members)), key=lambda i: (-members[i][1] * members[i][2], members[i][0], members[i][2])):
