@@ -504,7 +504,10 @@ def test_killed_replay_leaves_only_complete_files(sig, delay, previous, baseline
     signum = getattr(signal, sig)
     assert proc.returncode in (0, 128 + signum, -signum), err
     if proc.returncode == 128 + signum:
-        assert "interrupted" in err and "Traceback" not in err
+        # a signal during start-up ends the process at once and silently, before anything is
+        # written (sim/cli/main.py _exit_on_signal); a later one says so in one line
+        started = "interrupted" in err
+        assert (started or (err == "" and (previous or not out.exists()))) and "Traceback" not in err, err
     present = check_complete_or_absent(out, baseline_run) if out.exists() else []
     if previous:
         assert set(present) >= {"config.json", "jobs.csv", "timeline.csv", "summary.json", "perf.json"}
