@@ -18,7 +18,12 @@ What the policy asks of it (``policy.TLoRA``):
 
 A refused merge stays refused until one side changes; a join answer for a job shape stands until
 its kind changes; the index reads the policy's join test (``TLoRA.merge_ok``, ``TLoRA.merged``)
-and nothing else of it. A waiting shape that had no target is left unasked when every group
+and nothing else of it. With the regroup pause priced the join test's pause test
+(``rules.budget_ok``) depends on the time and on a newcomer's step count, which those keys leave
+out: a refusal is kept only when the pause test did not refuse on the way (``keeps``, read from
+``TLoRA.budget_refusals``), no acceptance is kept, a kept target's pause test is run again before
+it is returned, and a "no target" that rested on the pause test is not recorded for the shape (the
+walk asks the shape's next job too, ``walk.walk``). A waiting shape that had no target is left unasked when every group
 changed since refuses its cost-model member outright (``no_target``: the merged step
 time over the group's own bound, size or memory, one question per group state and member however
 many shapes share it). Column screens on long queues: ``columns.ColumnScreens``.
