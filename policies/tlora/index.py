@@ -18,7 +18,12 @@ What the policy asks of it (``policy.TLoRA``):
 
 A refused merge stays refused until one side changes; a join answer for a job shape stands until
 its kind changes; the index reads the policy's join test (``TLoRA.merge_ok``, ``TLoRA.merged``)
-and nothing else of it. A waiting shape that had no target is left unasked when every group
+and nothing else of it. With the regroup pause priced the join test's pause test
+(``rules.budget_ok``) depends on the time and on a newcomer's step count, which those keys leave
+out: a refusal is kept only when the pause test did not refuse on the way (``keeps``, read from
+``TLoRA.budget_refusals``), no acceptance is kept, a kept target's pause test is run again before
+it is returned, and a "no target" that rested on the pause test is not recorded for the shape (the
+walk asks the shape's next job too, ``walk.walk``). A waiting shape that had no target is left unasked when every group
 changed since refuses its cost-model member outright (``no_target``: the merged step
 time over the group's own bound, size or memory, one question per group state and member however
 many shapes share it). Column screens on long queues: ``columns.ColumnScreens``.
@@ -81,6 +86,17 @@ class TLoRAIndex:
         self.shapes_asleep = 0  # queued shapes a walk did not ask (their kept answer stood): a statistic
         self.shapes_by_member = 0  # queued shapes found without a join target unasked (by member or in bulk)
         self.shapes_in_bulk = 0  # of those, found by one vector test for all the kind's shapes
+
+    def keeps(self, ok, before: int) -> bool:
+        """Whether ``merge_ok``'s answer ``ok`` (a bool, or a gain: -inf is a refusal), given while
+        the policy's ``budget_refusals`` moved from ``before``, may be kept across time and across
+        jobs of one shape: always without the pause priced; with it, only a refusal reached without
+        the pause test refusing (size, bounds, memory, collective rate: none of them depends on the
+        time or on a newcomer's step count, and a group's step time only grows as members join).
+        An acceptance is not kept then: the pause test must pass each time it is read."""
+        if not self.pause_priced:
+            return True
+        return (ok is False or ok == float("-inf")) and self.pol.budget_refusals == before
 
     def table(self, kind: tuple) -> KindTable | None:
         """The running groups of ``kind`` as arrays (None: none seen yet)."""
@@ -210,6 +226,7 @@ class TLoRAIndex:
             screens: dict[int, np.ndarray | None] = {}  # their screens over the sources (``_screen_column``)
             consumed: set[int] = set()  # ids of groups merged away or given members
             refused: list[int] = []  # sources every partner refused (indices into views)
+            timed = False  # a source was refused by the pause test (a refusal that may not stand)
             for i, view in enumerate(views):
                 gid = view.group_id
                 if gid in consumed:
@@ -236,11 +253,15 @@ class TLoRAIndex:
                     rate_src = collective_rate(src.members, src.step_time_s(snap, self.plan))
                     extra = list(src.members)
                     key = tuple(j.member for j in extra)
+                    before = self.pol.budget_refusals
                     for d in partners:
                         apart = rate_src + collective_rate(d.members, d.step_time_s(snap, self.plan)) - freed_value
                         if self.pol.merge_ok(snap, d, extra, apart, bound_extra=bound_src, key=key):
                             best = d
                             break
+                    if best is None and self.pol.budget_refusals != before:
+                        timed = True  # refused by the pause test: asked again on the next tick
+                        continue
                 if best is not None:
                     plan.merge(src, best)
                     consumed.update((gid, best.group_id))
@@ -251,7 +272,7 @@ class TLoRAIndex:
                     refused.append(i)
             tab = self._tables[kind]
             (tab.chk_hi if freed_value else tab.chk_lo)[at[refused]] = self.stamp
-            if not merged_into:
+            if not merged_into and not timed:
                 self._kind_checked[kind] = (freed_value, last)
         # the removals in the (size, id) order of a scan over every group (engine event order)
         plan.removed_groups.sort(key=lambda g: (len(g.removed), g.group_id))
@@ -387,18 +408,24 @@ class TLoRAIndex:
         hit = memo.get(mid)
         if hit is not None and hit[0] == valid:
             x = hit[1]
-            if x is None or isinstance(x, PlannedGroup):
+            if x is None:
                 return x
-            if x in snap.kinds.get(kind, ()):
-                return plan.group(x)
+            g = x if isinstance(x, PlannedGroup) else plan.group(x) if x in snap.kinds.get(kind, ()) else None
+            # with the pause priced the kept target must still pass the pause test: the groups ranked
+            # before it refused it by time-independent tests (``keeps``), so it stays the answer if so
+            if g is not None and (not self.pause_priced or self._join_answer(snap, g, job, can_start)[1]):
+                return g
         base = self.covered(plan, recent, base, kv)
+        before = self.pol.budget_refusals
         if hit is not None and hit[1] is None \
                 and self._still_no_target(snap, plan, job, can_start, kind, recent, hit[2], jkey, kv):
-            memo.put(mid, valid, None, base)
+            if self.pol.budget_refusals == before:
+                memo.put(mid, valid, None, base)
             return None
         best = self._join_target_search(snap, plan, job, can_start, kind, jkey)
-        ans = best if best is None or best.group_id is None else best.group_id
-        memo.put(mid, valid, ans, base)
+        if self.pol.budget_refusals == before:  # else the answer rests on a pause test: not kept
+            ans = best if best is None or best.group_id is None else best.group_id
+            memo.put(mid, valid, ans, base)
         return best
 
     def _still_no_target(self, snap: Snapshot, plan: Planner, job: Job, can_start: bool, kind: tuple,
@@ -471,7 +498,11 @@ class TLoRAIndex:
             ask = keep
         for gid, answers in ask:
             # an unchanged running group: its picture answers as its planned copy would (no copy made)
-            if answers.setdefault(jkey, accepts(protos[gid])):
+            before = self.pol.budget_refusals
+            ok = accepts(protos[gid])
+            if self.keeps(ok, before):
+                answers[jkey] = ok
+            if ok:
                 return False
         if kv:
             for gid in plan.touched_ids():
@@ -564,9 +595,10 @@ class TLoRAIndex:
                     continue
             g = x if isinstance(x, PlannedGroup) else plan.group(x)
             if ok is None:
+                before = self.pol.budget_refusals
                 ok = self.pol.merge_ok(snap, g, [job], collective_rate(g.members, g.step_time_s(snap, self.plan))
                                    + bonus)
-                if answers is not None:
+                if answers is not None and self.keeps(ok, before):
                     answers[jkey] = ok
             if ok:
                 return g
@@ -668,7 +700,10 @@ class TLoRAIndex:
                 answers = group_memo(self._scan_memo, g)
                 hit = answers.get(jkey)
                 if hit is None:
-                    hit = answers[jkey] = self._join_answer(snap, g, job, can_start)
+                    before = self.pol.budget_refusals
+                    hit = self._join_answer(snap, g, job, can_start)
+                    if self.keeps(hit[1], before):
+                        answers[jkey] = hit
                 slack, ok = hit
                 if ok and slack > best_slack:
                     best, best_slack = g, slack
@@ -709,7 +744,10 @@ class TLoRAIndex:
                 gains = group_memo(self._scan_memo, view)
                 gain = gains.get(jkey)
                 if gain is None:
-                    gain = gains[jkey] = self._gain(snap, view, job, can_start)
+                    before = self.pol.budget_refusals
+                    gain = self._gain(snap, view, job, can_start)
+                    if self.keeps(gain, before):
+                        gains[jkey] = gain
             if gain > best_gain:
                 best, best_gain = x, gain
         return best

@@ -95,6 +95,11 @@ class TLoRA:
         self._last_now = float("-inf")
         self._queue_table = QueueTable(self.job_bound_s)
         self._idle_changed: set[int] = set()  # groups changed in deferred idle decisions (``decide``)
+        self.budget_refusals = 0
+        """How many times ``merge_ok`` refused at the pause test (``Promise.budget_ok``): the only part
+        of the join test that depends on the time and on the newcomers' step counts. The index keeps
+        a refusal (or an answer built from refusals) only when this did not move while it was
+        reached, and keeps no acceptance with the pause priced (``index.TLoRAIndex``)."""
 
     # ---- the rules, with the merged step times memoised -----------------------------------------
     collective_rate = staticmethod(rules.collective_rate)
@@ -106,7 +111,14 @@ class TLoRA:
         cfg = self.config
         return rules.merge_ok(snap, g, extra, apart_rate, plan=self.plan, max_group_size=cfg.max_group_size,
                               min_gain=cfg.min_gain, bound_of=self.job_bound_s, pause_s=self._pause_s,
-                              budget=self.promise.budget_ok, merged=self.merged, bound_extra=bound_extra, key=key)
+                              budget=self._budget_ok, merged=self.merged, bound_extra=bound_extra, key=key)
+
+    def _budget_ok(self, snap: Snapshot, members: list, step_s: float, pause_s: float) -> bool:
+        """``Promise.budget_ok``, counting its refusals (``budget_refusals``)."""
+        ok = self.promise.budget_ok(snap, members, step_s, pause_s)
+        if not ok:
+            self.budget_refusals += 1
+        return ok
 
     def merged(self, snap: Snapshot, g: PlannedGroup, extra: Sequence[Job], bound_s: float = float("inf"),
                key: tuple | None = None) -> tuple[float, bool]:

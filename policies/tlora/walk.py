@@ -85,16 +85,21 @@ def walk(ix, snap, plan, q: QueueOrder) -> None:
     nt = q.table.no_target_at
 
     def target_of(head: Job, key: int, kind: tuple, can_start: bool, s: int):
-        """``head``'s join target, unless its shape (id ``s``; ``key`` = 2 s + can_start) found
-        none since ``kind`` last changed."""
+        """(``head``'s join target, unless its shape (id ``s``; ``key`` = 2 s + can_start) found
+        none since ``kind`` last changed; whether a "no target" rests on the pause test, which
+        depends on the job's step count and the time: then it is not recorded for the shape, and
+        the shape's next job is asked too)."""
         if no_target.get(key) == kind_version.get(kind, 0):
-            return None
+            return None, False
+        before = ix.pol.budget_refusals
         target = ix.join_target(snap, plan, head, can_start)
         if target is None:
+            if ix.pol.budget_refusals != before:
+                return None, True
             kv = no_target[key] = kind_version.get(kind, 0)
             if not kv and not can_start:
                 nt[s] = ix.kind_base(kind)
-        return target
+        return target, False
 
     n, p = len(q), 0
     # while GPU admission is open every head is placed or closes it: O(placements)
@@ -110,7 +115,7 @@ def walk(ix, snap, plan, q: QueueOrder) -> None:
             plan.start(head)
             continue
         s = int(q.shape[p - 1])
-        target = target_of(head, 2 * s + can_start, kind_key[q.kind[p - 1]], can_start, s)
+        target = target_of(head, 2 * s + can_start, kind_key[q.kind[p - 1]], can_start, s)[0]
         if target is None:
             if not can_start:
                 break  # admission closes
@@ -160,9 +165,13 @@ def walk(ix, snap, plan, q: QueueOrder) -> None:
                 heapq.heappush(heap, nxt)
             continue
         kind = kind_key[q.kind[p]]
-        target = target_of(head, 2 * s, kind, False, s)
+        target, timed = target_of(head, 2 * s, kind, False, s)
         if target is None:
-            dormant.setdefault(kind, []).append(s)
+            if timed:  # the shape's next job may pass the pause test: asked in its turn
+                for nxt in q.next_of_shapes([s], p, placed):
+                    heapq.heappush(heap, nxt)
+            else:
+                dormant.setdefault(kind, []).append(s)
             continue
         plan.join(target, head)
         placed.add(head.index)
