@@ -29,9 +29,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 tests
 
-# The iteration lane: no torch, no Triton interpreter, no Ray, no notebooks (tests/conftest.py hides them).
+# The iteration lane: no torch, no Triton interpreter, no Ray, no notebooks (tests/conftest.py hides them),
+# no long end-to-end tests (marked slow).
 test-fast: $(STAMP)
-	TLORA_TEST_FAST=1 $(BIN)/python -m pytest -n 2 tests
+	TLORA_TEST_FAST=1 $(BIN)/python -m pytest -n 2 -m "not slow" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

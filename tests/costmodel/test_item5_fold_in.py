@@ -73,6 +73,7 @@ def _cm(art, tmp_path, name):
     return ProfiledCostModel(load_artifact(p))
 
 
+@pytest.mark.slow
 def test_fold_in_then_refit_measures_lone_lorafusion_jobs(tmp_path):
     into = _before(tmp_path / "profile_h200.csv")
     before_bytes = into.read_bytes()

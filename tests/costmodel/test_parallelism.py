@@ -170,6 +170,7 @@ def test_costmodel_predict_ends_with_one_parsable_line():
     assert r.returncode == 2 and "--members" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_the_shipped_fit_reproduces_from_its_rows():
     from tlora_sim.profiler.fit_multigpu import validate
     from tlora_sim.sim.costmodel.profiled.artifact import data_dir

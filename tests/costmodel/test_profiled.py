@@ -164,6 +164,7 @@ def test_group_accounting(cm):
     assert m4 < m1
 
 
+@pytest.mark.slow
 def test_validate_last_line(capsys):
     from tlora_sim.sim.cli.costmodel import add_parsers, run
     import argparse
@@ -182,6 +183,7 @@ def test_validate_last_line(capsys):
     assert "held-out" in out and "llama3-70b" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not artifact_path("H200").is_file(), reason="no shipped H200 artifact")
 def test_h200_artifact_is_the_default_and_meets_its_accuracy(capsys):
     """The H200 artifact (four quick profiles on H200s, the last two with ``lorafusion`` and

@@ -193,6 +193,7 @@ def test_documented_skips_are_counted_without_strict(case, argv, bad_files, tmp_
     assert sum(skipped.values()) == 1
 
 
+@pytest.mark.slow
 def test_bad_inputs_in_a_real_subprocess_print_one_line(bad_files, tmp_path, reliability):
     """The console script itself (not just main()): exit 2, one line, no traceback."""
     for argv in (["replay", "--trace", f"itp:{bad_files['misspelt_col']}", "--policy", "tlora"],
@@ -486,6 +487,7 @@ def check_complete_or_absent(out: Path, baseline: Path) -> list[str]:
     return present
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, delay, previous", [
     ("SIGTERM", 1.0, False), ("SIGTERM", 1.7, False), ("SIGTERM", 2.5, True), ("SIGTERM", 3.3, False),
     ("SIGTERM", 4.2, True), ("SIGINT", 2.0, False), ("SIGINT", 3.7, True),

@@ -41,6 +41,7 @@ class Plain(TLoRAReference):
 
 
 @pytest.mark.parametrize("ordering", ["urgency", "srpt", "fifo", "backfill"])
+@pytest.mark.slow
 @pytest.mark.parametrize("trace, spec, cost_model", [
     ("synthetic:jobs=800,seed=4,load=1.6,gpus=32", "4x8xH100", "profiled"),
     ("synthetic:jobs=700,seed=7,load=1.6,gpus=32", "4x8xH100", "roofline"),
