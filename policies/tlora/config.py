@@ -122,3 +122,20 @@ def setup(config: TLoRAConfig) -> Setup:
                  reference_plan=config.plan_alone if config.slowdown_reference == "own" else "alone",
                  pause_priced=config.grouping and config.regroup_pause_s > 0,
                  timer_s=config.tick_s if (config.grouping or config.nano_batching) else None)
+
+
+def adopt(policy, config: TLoRAConfig) -> Setup:
+    """Give ``policy`` (a tLoRA policy object: ``tlora``, ``tlora-ref``, ``lookahead``) the attributes
+    the engine and the discipline read, from ``config``: ``order``, ``backfill``, ``plan`` (every
+    group it starts), ``plan_alone``, ``reference_plan`` (what a job's tolerated slowdown is measured
+    against) and ``timer_s``; returns the ``Setup`` they came from.
+
+    Raises:
+        InputError: as ``setup``.
+    """
+    s = setup(config)
+    policy.order, policy.backfill, policy.plan = s.order, s.backfill, s.plan
+    policy.plan_alone = s.plan if config.grouping else config.plan_alone
+    policy.reference_plan = s.reference_plan
+    policy.timer_s = s.timer_s
+    return s

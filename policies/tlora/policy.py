@@ -35,7 +35,7 @@ from tlora_sim.policies.ordering import backfill_starts, order_queue
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora import rules
-from tlora_sim.policies.tlora.config import NANO_PLANS, TLoRAConfig, setup
+from tlora_sim.policies.tlora.config import NANO_PLANS, TLoRAConfig, adopt
 from tlora_sim.policies.tlora.index import TLoRAIndex
 from tlora_sim.policies.tlora.promise import Promise
 from tlora_sim.policies.tlora.queue import QueueTable
@@ -73,13 +73,7 @@ class TLoRA:
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
-        s = setup(self.config)
-        self.order, self.backfill, self.plan = s.order, s.backfill, s.plan
-        self.plan_alone = self.plan if self.config.grouping else self.config.plan_alone
-        self.reference_plan = s.reference_plan
-        """The plan a job's tolerated slowdown is measured against (``alone``: its eager step)."""
-        self.timer_s = s.timer_s
-        self._setup = s
+        self._setup = adopt(self, self.config)  # order, backfill, plan(s), reference_plan, timer_s
         self._reset()
 
     def _reset(self) -> None:

@@ -17,7 +17,7 @@ from tlora_sim.policies.ordering import backfill_starts
 from tlora_sim.policies.planner import Planner, PlannedGroup
 from tlora_sim.policies.registry import register
 from tlora_sim.policies.tlora import rules
-from tlora_sim.policies.tlora.config import NANO_PLANS, TLoRAConfig, setup
+from tlora_sim.policies.tlora.config import NANO_PLANS, TLoRAConfig, adopt
 from tlora_sim.policies.tlora.promise import Promise
 from tlora_sim.sim.core.jobs import Job
 from tlora_sim.sim.core.snapshot import Action, SetExecution, Snapshot
@@ -35,11 +35,7 @@ class TLoRAReference:
 
     def __init__(self, config: TLoRAConfig | None = None) -> None:
         self.config = config or TLoRAConfig()
-        s = setup(self.config)
-        self.order, self.backfill, self.plan = s.order, s.backfill, s.plan
-        self.plan_alone = self.plan if self.config.grouping else self.config.plan_alone
-        self.reference_plan = s.reference_plan
-        self.timer_s = s.timer_s
+        s = adopt(self, self.config)  # order, backfill, plan(s), reference_plan, timer_s
         self._pause_s = self.config.regroup_pause_s if s.pause_priced else None
         self._pause_priced = s.pause_priced
         self.joins = self.merges = 0
