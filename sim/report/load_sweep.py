@@ -19,8 +19,8 @@ import pandas as pd
 from tlora_sim.sim.report import style as fs
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundata import FIGURES_DIR, JOBS_CSV, SUMMARY_CSV, load_compare
-from tlora_sim.sim.report.rundata import check_formats as _check_formats, numeric_column as _numeric, warn_skipped as _warn
-from tlora_sim.sim.report.style import LINE_WIDTH as _LW, S_PER_H as _S_PER_H, legend_above as _legend
+from tlora_sim.sim.report.rundata import check_formats, numeric_column, warn_skipped
+from tlora_sim.sim.report.style import LINE_WIDTH, S_PER_H, legend_above
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,13 +163,13 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
             context = "explicit"
         else:
             if rec is None:
-                _warn(f"{d}: its runs' config.json records no axes (written by a tlora-sim before the experiment "
+                warn_skipped(f"{d}: its runs' config.json records no axes (written by a tlora-sim before the experiment "
                       f"spec); left out of the queueing-delay-against-load figure (re-run the comparison, or "
                       f"pass loads= to give it one)")
                 continue
             offered = _axis_number(rec, "load", rec_path)
             if offered is None:
-                _warn(f"{d}: trace {spec!r} has no load= option (only synthetic traces do); left out of "
+                warn_skipped(f"{d}: trace {spec!r} has no load= option (only synthetic traces do); left out of "
                       f"the queueing-delay-against-load figure (pass loads= to give it one)")
                 continue
             fixed = {k: v for k, v in first_in.items() if k not in ("policy", "policy_options", "trace")}
@@ -186,9 +186,9 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
                 jobs = runs[pol].jobs
                 path = runs[pol].run_dir / JOBS_CSV
                 if "queue_s" in jobs.columns:
-                    q = _numeric(jobs, "queue_s", path).to_numpy(dtype=float)
+                    q = numeric_column(jobs, "queue_s", path).to_numpy(dtype=float)
                 elif {"start_time_s", "submit_time_s"} <= set(jobs.columns):
-                    q = (_numeric(jobs, "start_time_s", path) - jobs["submit_time_s"]).to_numpy(dtype=float)
+                    q = (numeric_column(jobs, "start_time_s", path) - jobs["submit_time_s"]).to_numpy(dtype=float)
                 q = q[np.isfinite(q)]
             avg = pd.to_numeric(pd.Series([srow.get("avg_queue_s", np.nan)]), errors="coerce").iloc[0]
             if not math.isfinite(float(avg)) and q.size:
@@ -225,7 +225,7 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
     for context, members in by_context.items():
         n_loads = points[points["compare_dir"].isin(members)]["load"].round(9).nunique()
         if n_loads < 2:
-            _warn(f"{', '.join(members)}: no other comparison differs from it only in the load; left "
+            warn_skipped(f"{', '.join(members)}: no other comparison differs from it only in the load; left "
                   f"out of the queueing-delay-against-load figure")
             continue
         series_of[context] = len(series_of) + 1
@@ -244,8 +244,8 @@ def load_sweep_points(compare_dirs: Sequence[str | Path],
 
 def _time_unit(max_s: float) -> tuple[float, str]:
     """(seconds per unit, unit) for a duration axis whose largest value is ``max_s`` seconds."""
-    if max_s >= 2 * _S_PER_H:
-        return _S_PER_H, "h"
+    if max_s >= 2 * S_PER_H:
+        return S_PER_H, "h"
     if max_s >= 120.0:
         return 60.0, "min"
     return 1.0, "s"
@@ -288,7 +288,7 @@ def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicySty
             if sub.empty:
                 continue
             y = pd.to_numeric(sub[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan) / scale
-            ax.plot(sub["load"].astype(float), y, marker=st.marker, linewidth=_LW, markersize=3.5,
+            ax.plot(sub["load"].astype(float), y, marker=st.marker, linewidth=LINE_WIDTH, markersize=3.5,
                     **st.line_kwargs())
         if loads.size and loads[0] <= 1.0 <= loads[-1]:
             ax.axvline(1.0, color="0.5", linewidth=0.5, linestyle=(0, (2, 2)), zorder=0)
@@ -300,7 +300,7 @@ def queue_vs_load_figure(points: pd.DataFrame, styles: Mapping[str, fs.PolicySty
     fig.supxlabel(fs.axis_label("Offered load", "GPU demand / cluster GPUs"), fontsize=8)
     if title:
         fig.suptitle(title, fontsize=6.5)
-    _legend(fig, axes[0])
+    legend_above(fig, axes[0])
     return fig
 
 
@@ -341,7 +341,7 @@ def plot_queue_vs_load(source: str | Path | Sequence[str | Path], out_dir: str |
     Raises:
         InputError: no comparison directory, no load sweep, a malformed file, or an unknown format.
     """
-    fmts = _check_formats(formats)
+    fmts = check_formats(formats)
     if isinstance(source, (str, Path)):
         root = Path(source)
         dirs = find_compare_dirs(root)
