@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from tlora_sim.sim.report import style as fs
-from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS, ratio_to
+from tlora_sim.sim.report.tables import SPEEDUP_COLUMNS, policies_holding, ratio_to
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 from tlora_sim.sim.report.rundata import REFERENCE_POLICY, BASELINE_POLICY, FIGURES_DIR, JOBS_CSV, PlotWarning, RunData, SUMMARY_CSV, SUMMARY_JSON, TIMELINE_CSV, BAR_METRICS, TIMELINE_COLUMNS, check_formats, read_timeline, warn_skipped, load_compare, load_run
@@ -356,12 +356,7 @@ def relative_table(summary: pd.DataFrame, baseline: str = BASELINE_POLICY) -> pd
         InputError: no ``policy`` column, or ``baseline`` is not one of the policies (the message
             lists the available ones).
     """
-    if "policy" not in summary.columns:
-        raise InputError("missing column", field="policy")
-    pols = [str(p) for p in summary["policy"]]
-    if baseline not in pols:
-        raise InputError(f"baseline policy {baseline!r} is not in the summary; available policies: "
-                         f"{', '.join(pols)} (pass baseline=NAME)", field="policy")
+    pols = policies_holding(summary, baseline, "baseline policy", "summary", " (pass baseline=NAME)")
     table = summary.assign(policy=pols).drop_duplicates("policy").set_index("policy")
     order = fs.policy_order(pols)
     out = pd.DataFrame({"policy": order})

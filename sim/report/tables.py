@@ -41,6 +41,22 @@ def ratio_to(values: np.ndarray, base: float, kind: str) -> np.ndarray:
     return np.where(np.isfinite(ratio), ratio, np.nan)
 
 
+def policies_holding(table: pd.DataFrame, name: str, role: str, where: str, hint: str = "") -> list[str]:
+    """``table``'s ``policy`` column as strings (one per row), checked to hold ``name``.
+
+    Raises:
+        InputError: no ``policy`` column, or ``name`` is not one of the policies ("``role`` 'name' is
+            not in the ``where``; available policies: ...", then ``hint``).
+    """
+    if "policy" not in table.columns:
+        raise InputError("missing column", field="policy")
+    pols = [str(p) for p in table["policy"]]
+    if name not in pols:
+        raise InputError(f"{role} {name!r} is not in the {where}; available policies: {', '.join(pols)}{hint}",
+                         field="policy")
+    return pols
+
+
 def speedups(table: pd.DataFrame, reference: str) -> pd.DataFrame:
     """``table`` with :data:`SPEEDUP_COLUMNS` against the ``reference`` row and a ``reference``
     column (the reference's name); the columns whose summary column is absent are left out.
@@ -49,12 +65,7 @@ def speedups(table: pd.DataFrame, reference: str) -> pd.DataFrame:
         InputError: no ``policy`` column, or ``reference`` is not one of the policies (the message
             lists them).
     """
-    if "policy" not in table.columns:
-        raise InputError("missing column", field="policy")
-    pols = [str(p) for p in table["policy"]]
-    if reference not in pols:
-        raise InputError(f"reference policy {reference!r} is not in the table; available policies: "
-                         f"{', '.join(pols)}", field="policy")
+    pols = policies_holding(table, reference, "reference policy", "table")
     out = table.copy()
     ref = out.loc[[p == reference for p in pols]].iloc[0]
     for name, col, kind in SPEEDUPS:
