@@ -153,12 +153,17 @@ class RealTimeExecutor(PoolLoop):
         wall0 = time.perf_counter()
         self.clock.start()
         while self._finished < len(self.jobs):
-            self._admit()
-            if self._next_timer is not None and self.now() >= self._next_timer:  # the policy's timer_s
+            t = self.now()
+            more = self._admit(t)
+            if self._next_timer is not None and t >= self._next_timer:  # the policy's timer_s
                 self._next_timer = None
                 self._need = self._need or bool(self.groups or self.queue)
-            while self._need:
-                self._decide()
+            while True:
+                while self._need:
+                    self._decide()
+                if not more:
+                    break
+                more = self._admit(self.now())
             self._flush()
             if self._finished == len(self.jobs):
                 break
@@ -176,14 +181,20 @@ class RealTimeExecutor(PoolLoop):
     def _next_arrival_s(self) -> float:
         return self.jobs[self._next].submit_time_s if self._next < len(self.jobs) else math.inf
 
-    def _admit(self) -> None:
-        t, first = self.now(), self._next
-        while self._next < len(self.jobs) and self.jobs[self._next].submit_time_s <= t:
-            self.queue[self._next] = self.jobs[self._next]
-            self._next += 1
-        if self._next > first:
-            self.checker.arrive(t, range(first, self._next))
+    def _admit(self, t: float) -> bool:
+        """Queue the jobs of the earliest submit instant that is due at clock time ``t`` (one
+        instant per call, as the engine's arrival events come: a wake-up a few ms late, or a step
+        that outlasts several arrivals, must not hand the policy jobs of a later instant in the same
+        decision). Returns whether jobs of a later instant are due too (call again after deciding)."""
+        jobs, first = self.jobs, self._next
+        if first < len(jobs) and jobs[first].submit_time_s <= t:
+            instant = jobs[first].submit_time_s
+            while self._next < len(jobs) and jobs[self._next].submit_time_s == instant:
+                self.queue[self._next] = jobs[self._next]
+                self._next += 1
+            self.checker.arrive(self.now(), range(first, self._next))
             self._need = True
+        return self._next < len(jobs) and jobs[self._next].submit_time_s <= t
 
     def _stalled(self) -> None:
         left = [j.job_id for j in self.jobs if self.records[j.index].finish_s is None]
