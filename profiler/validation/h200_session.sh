@@ -6,7 +6,8 @@
 #
 #   bash profiler/validation/h200_session.sh OUT STEP [STEP ...]
 #
-# STEP: calibrate            costmodel calibrate --gpu-name auto (BUDGET_S, default 150 s)
+# STEP: calibrate            costmodel calibrate --gpu-name auto (BUDGET_S, default 150 s) -> CAL_NAME.json
+#                            (default calibrated_h200; CAL_NAME=calibrated_h200_end for a second one later)
 #       A:POLICY[,POLICY]    workload A: ITP cluster02, the first 24 one-GPU jobs,
 #                            profiler/validation/lora_validation.json, --time-scale 300, 5-50 steps
 #       validate:W           validate-run W's runs with the shipped and the calibrated artifact and
@@ -27,6 +28,7 @@ for p in sim policies traces profiler; do ln -sfn "$PWD/$p" /tmp/ns/tlora_sim/$p
 export PYTHONPATH=/tmp/ns:/tmp/pydeps:$PWD PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TRITON_CACHE_DIR=$PWD/.triton_cache  # ignored: kept between calls on a warm machine (no recompiles)
 python3 -c "import pandas, simpy, tqdm, scipy" 2>/dev/null || pip install -q --no-index --no-deps \
   --find-links .device_carry/wheels --target /tmp/pydeps simpy >>"$WORK/pip.log" 2>&1
 CLI="python3 -m tlora_sim.sim.cli.main"
@@ -34,7 +36,7 @@ trace() { local f=../shared/traces/msr-itp-elasticflow/$1; [ -f "$f" ] || f=.dev
 LOG=$OUT/session.log
 save() { tar czf "$OUT/session.tgz.tmp" -C "$WORK" --exclude='*.tmp' . && mv "$OUT/session.tgz.tmp" "$OUT/session.tgz"; }
 {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv; hostname
   python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
   grep -m1 'model name' /proc/cpuinfo; nproc
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
@@ -46,9 +48,10 @@ for step in "$@"; do
   t0=$(date +%s)
   case $step in
     calibrate)
-      run $CLI costmodel calibrate --gpu-name auto --out "$WORK/calibrated_h200.json" --force \
-        --budget-s "${BUDGET_S:-150}" --points-out "$WORK/calibration_points.csv" > "$WORK/calibrate.log" 2>&1
-      echo "calibrate rc=$? $(( $(date +%s) - t0 )) s" >> "$LOG"; tail -4 "$WORK/calibrate.log" >> "$LOG" ;;
+      cal=${CAL_NAME:-calibrated_h200}
+      run $CLI costmodel calibrate --gpu-name auto --out "$WORK/$cal.json" --force \
+        --budget-s "${BUDGET_S:-150}" --points-out "$WORK/${cal}_points.csv" > "$WORK/$cal.log" 2>&1
+      echo "calibrate rc=$? $(( $(date +%s) - t0 )) s" >> "$LOG"; tail -6 "$WORK/$cal.log" >> "$LOG" ;;
     A:*|B:*)
       w=${step%%:*}; pols=${step#*:}
       art=${ARTIFACT:-shipped}
