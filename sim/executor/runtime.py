@@ -32,8 +32,10 @@ seconds since the run started), so the run directory is written by the replay's 
 
 Host-speed probes (issue 43, ``sim/executor/probe.py``): on one device on the wall clock (not the
 virtual clock, not a worker pool's ``poolloop.py``), a probe given to the executor is measured
-whenever it is due, between steps (the loop's top, never inside a step) and during idle waits
-(which end at the due time); ``probes`` rows (``probe.COLUMNS``) record each measurement.
+whenever it is due, between steps (never inside one: after the due arrivals were decided and the
+changed groups rebuilt, before the next step; arrivals during the probe are decided before that
+step) and during idle waits (which end at the due time); ``probes`` rows (``probe.COLUMNS``)
+record each measurement.
 """
 
 from __future__ import annotations
@@ -175,7 +177,6 @@ class RealTimeExecutor(PoolLoop):
         wall0 = time.perf_counter()
         self.clock.start()
         while self._finished < len(self.jobs):
-            self._probe_if_due()  # between steps: the previous one completed, the next not begun
             t = self.now()
             more = self._admit(t)
             if self._next_timer is not None and t >= self._next_timer:  # the policy's timer_s
@@ -190,6 +191,8 @@ class RealTimeExecutor(PoolLoop):
             self._flush()
             if self._finished == len(self.jobs):
                 break
+            if self._probe_if_due():  # between steps, after the due arrivals were decided;
+                continue  # those that came during the probe are decided before the next step
             if self.clock.virtual:
                 self._advance_virtual()
             elif self.pool is not None:
@@ -201,19 +204,20 @@ class RealTimeExecutor(PoolLoop):
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, len(self.log), self._decisions,
                          self._decision_time, time.perf_counter() - wall0, self._groups_started)
 
-    def _probe_if_due(self) -> None:
+    def _probe_if_due(self) -> bool:
         """Measure the host-speed probe if it is due (``now >= next``); the next is due one
-        ``probe_every_s`` after this one's start."""
+        ``probe_every_s`` after this one's start. Returns whether it measured."""
         if self.probe is None:
-            return
+            return False
         t0 = self.now()
         if t0 < self._next_probe:
-            return
+            return False
         w0 = time.perf_counter()
         m = self.probe.measure()
         self.probe_s += time.perf_counter() - w0
         self.probes.append({"t_s": t0, "probe_ms": float(m["probe_ms"]), "python_ms": float(m["python_ms"])})
         self._next_probe = t0 + self.probe_every_s
+        return True
 
     def _next_arrival_s(self) -> float:
         return self.jobs[self._next].submit_time_s if self._next < len(self.jobs) else math.inf
