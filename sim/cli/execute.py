@@ -65,6 +65,12 @@ def add_parsers(sub) -> None:
     e.add_argument("--memory-fraction", type=float, default=0.85, metavar="F",
                    help="share of the GPU's memory the policies may plan with")
     e.add_argument("--no-warmup", action="store_true", help="do not compile the kernels before the clock starts")
+    e.add_argument("--probe-every", type=float, default=2.0, metavar="S",
+                   help="time the host-speed probe (a fixed launch-bound eager forward+backward on the training "
+                        "device, and a pure-Python loop beside it) every S clock seconds, between steps and while "
+                        "idle, into probes.csv: on some hosts the host-bound floor of the eager step drifts during a "
+                        "run, and validate-run scales the host terms by it. Costs a few ms per probe on a GPU (the "
+                        "share is in perf.json). One device on the wall clock only; 0: no probes")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
     e.add_argument("--no-plots", action="store_true", help="skip the run's figures/")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -148,10 +154,18 @@ def run(args) -> int:
                         max_steps=args.max_steps, seed=args.seed, lora_dist=args.lora_dist, gpu_type=args.gpu_type,
                         policy_options=opts, warmup=not args.no_warmup,
                         memory_fraction=args.memory_fraction, processes=args.processes, skip_jobs=args.skip_jobs,
-                        artifact=str(args.artifact) if args.artifact else None, trace_options=topts)
+                        artifact=str(args.artifact) if args.artifact else None, trace_options=topts,
+                        probe_every_s=args.probe_every)
     check_kernels(cfg)
     s = execute(cfg, args.out, force=args.force, progress=not args.no_progress, plots=not args.no_plots)
+    import json
+
+    from tlora_sim.sim.report.rundir_layout import RunDir
+
+    perf = json.loads(RunDir(args.out).perf.read_text())
+    probes = (f", {perf['probes']} probes ({perf['probe_share']:.1%} of the wall time)"
+              if perf.get("probes") else "")
     print(f"{args.policy}: {s['jobs']} jobs, avg JCT {s['avg_jct_s']:.1f} s, makespan {s['makespan_s']:.1f} s, "
-          f"{s['steps_measured']} steps, {s['regroups']} regroups (median pause {s['regroup_pause_median_s']:.3f} s) "
-          f"-> {args.out}")
+          f"{s['steps_measured']} steps, {s['regroups']} regroups (median pause {s['regroup_pause_median_s']:.3f} s)"
+          f"{probes} -> {args.out}")
     return 0

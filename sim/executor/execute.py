@@ -20,7 +20,11 @@ for the policy.
 The run directory has a replay's files (``config.json``, ``jobs.csv``, ``timeline.csv``,
 ``summary.json``, ``perf.json``, ``figures/``; times are clock seconds since the run started) plus
 ``steps.csv`` (every measured step and rebuild, ``runtime.STEP_COLUMNS``) and ``workload.csv``
-(the exact jobs run, which ``validate-run`` replays).
+(the exact jobs run, which ``validate-run`` replays). On one device on the wall clock (not the
+virtual clock, not worker processes) with ``--probe-every S`` > 0, also ``probes.csv``: the
+host-speed probe (``sim/executor/probe.py``) measured every S clock seconds between steps and
+during idle waits (``probe.COLUMNS``); ``perf.json`` gets ``probes``, ``probe_s`` and
+``probe_share`` (probe_s / wall_s) always (0 without probes).
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ class ExecuteConfig:
             recorded in ``config.json``'s ``cost_model``.
         trace_options: keyword arguments of ``traces.read_trace`` (``csv_columns``,
             ``time_unit``, ``time_zone``, ``slurm_states``), as ``replay`` takes them.
+        probe_every_s: clock seconds between host-speed probes (``sim/executor/probe.py``, issue
+            43: the host-bound floor of the eager step drifts with time on some hosts, and
+            ``validate-run`` scales the host terms by the run's probes); 0: none. Probes run on
+            one device on the wall clock only (not the virtual clock, not worker processes).
     """
 
     trace: str
@@ -94,6 +102,7 @@ class ExecuteConfig:
     skip_jobs: int = 0
     artifact: str | None = None
     trace_options: dict[str, Any] = field(default_factory=dict)
+    probe_every_s: float = 2.0
 
 
 def uses_workers(cfg: "ExecuteConfig") -> bool:
@@ -150,6 +159,26 @@ def check_kernels(cfg: ExecuteConfig) -> None:
                          f"TRITON_INTERPRET=1 (and use --tiny)", field="--device")
 
 
+def check_probe(cfg: ExecuteConfig) -> None:
+    """Refuse a ``probe_every_s`` that is negative or not finite.
+
+    Raises:
+        InputError: that case, naming ``--probe-every``.
+    """
+    import math
+
+    every = cfg.probe_every_s
+    if not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
+        raise InputError(f"--probe-every must be a finite number of seconds >= 0 (0: no probes), got {every}",
+                         field="--probe-every")
+
+
+def probes_on(cfg: ExecuteConfig, clock: str) -> bool:
+    """Whether ``cfg`` probes the host speed: ``probe_every_s > 0``, one device on the wall clock
+    (``clock == "wall"``) and no worker processes."""
+    return cfg.probe_every_s > 0 and clock == "wall" and not uses_workers(cfg)
+
+
 def check_devices(cfg: ExecuteConfig) -> None:
     """Refuse what cannot run here.
 
@@ -192,6 +221,7 @@ def execute(cfg: ExecuteConfig, out_dir: str | Path, *, force: bool = False, pro
         InputError: bad inputs or an ``out_dir`` that may not be written (nothing is written).
         InvariantError: a policy action the executor cannot apply (nothing is written).
     """
+    check_probe(cfg)
     out = check_out_dir(out_dir, force=force)
     check_devices(cfg)
     pool = None
@@ -230,13 +260,25 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
     if cfg.warmup and pool is None:
         _warmup(trainer, jobs, policy.plan)
     clock = "wall" if cluster.total_gpus == 1 or pool is not None else "virtual"
+    probe = None
+    if probes_on(cfg, clock):
+        from tlora_sim.sim.executor import probe as probe_mod
+
+        probe = probe_mod.HostProbe(cfg.device)
+        probe.measure()  # its first, untimed pass and a measurement before the clock starts (steady costs in the run)
+        probe_info = {"every_s": cfg.probe_every_s, "device": cfg.device, "layers": probe_mod.LAYERS,
+                      "width": probe_mod.WIDTH, "batch": probe_mod.BATCH, "reps": probe_mod.REPS,
+                      "py_iters": probe_mod.PY_ITERS}
+    else:
+        probe_info = None
     workers = {"processes": pool.n, "backend": pool.backend, "device_names": pool.device_names,
                "no_multicast": dict(NO_MULTICAST)} if pool is not None else {"processes": 1}
     files = RunDir(out)
     write_json(files.config, {
         "inputs": asdict(cfg),
         "executor": {**dev_info, "kind": "real-time", "gpu_type": cluster.gpu.name, "clock": clock,
-                     "devices": cluster.total_gpus, "tiny_seq_div": TINY_SEQ_DIV if cfg.tiny else 1, **workers},
+                     "devices": cluster.total_gpus, "tiny_seq_div": TINY_SEQ_DIV if cfg.tiny else 1,
+                     "probe": probe_info, **workers},
         "cluster": cluster.spec, "gpu": asdict(cluster.gpu), "policy": cfg.policy, "policy_config": config_of(policy),
         "plan": policy.plan, "trace": cfg.trace, "seed": cfg.seed, "lora_distribution": dist.to_dict(),
         "cost_model": cm.describe(), "versions": versions()})
@@ -247,7 +289,8 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
 
         bar = tqdm(total=len(jobs), desc=f"execute {cfg.policy}", unit="job")
     ex = RealTimeExecutor(jobs, cluster, cm, policy, trainer,
-                          progress=(lambda k: bar.update(k - bar.n)) if bar else None)
+                          progress=(lambda k: bar.update(k - bar.n)) if bar else None, probe=probe,
+                          probe_every_s=cfg.probe_every_s if probe is not None else 0.0)
     try:
         res = ex.run()
     finally:
@@ -274,7 +317,13 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
     write_csv(files.jobs, jobs_df)
     write_csv(files.timeline, metrics.timeline_table(res, cluster))
     write_csv(files.steps, steps)
+    if probe is not None:
+        from tlora_sim.sim.executor.probe import COLUMNS as PROBE_COLUMNS
+
+        write_csv(files.probes, pd.DataFrame(ex.probes, columns=PROBE_COLUMNS))
     write_json(files.summary, summary)
+    wall = res.wall_s
     write_json(files.perf, {**perf, "jobs": len(jobs), "machine": platform.machine(),
-                            "python": platform.python_version()})
+                            "python": platform.python_version(), "probes": len(ex.probes), "probe_s": ex.probe_s,
+                            "probe_share": ex.probe_s / wall if wall > 0 else 0.0})
     return summary

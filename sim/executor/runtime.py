@@ -29,6 +29,13 @@ Policies see the cost model's step times (``GroupView.step_time_s``, ``Snapshot.
 exactly as in a replay, and the real remaining steps. The result is a ``SimResult`` (times in
 seconds since the run started), so the run directory is written by the replay's writers;
 ``log`` rows (``STEP_COLUMNS``) record every measured step and rebuild.
+
+Host-speed probes (issue 43, ``sim/executor/probe.py``): on one device on the wall clock (not the
+virtual clock, not a worker pool's ``poolloop.py``), a probe given to the executor is measured
+whenever it is due, between steps (never inside one: after the due arrivals were decided and the
+changed groups rebuilt, before the next step; arrivals during the probe are decided before that
+step) and during idle waits (which end at the due time); ``probes`` rows (``probe.COLUMNS``)
+record each measurement.
 """
 
 from __future__ import annotations
@@ -99,16 +106,25 @@ class RealTimeExecutor(PoolLoop):
         progress: optional callback ``progress(finished_jobs)``.
         clock: a ``WallClock`` or ``VirtualClock`` (default: wall for one device or a worker
             pool, virtual for several simulated devices).
+        probe: optional host-speed probe (anything with ``measure() -> {"probe_ms", "python_ms"}``,
+            e.g. ``probe.HostProbe`` on the trainer's device), measured every ``probe_every_s``
+            clock seconds, the first at the run's start: due when ``now >= next``, then ``next =
+            the probe's start + probe_every_s``. One device on the wall clock only. Each
+            measurement appends ``{"t_s": clock s at its start, "probe_ms", "python_ms"}`` to
+            ``probes``; ``probe_s`` sums their wall seconds (what probing cost the run).
+        probe_every_s: seconds between probes (> 0 where a probe is given).
 
     Raises:
         ValueError: jobs out of index order, several devices on the wall clock without a worker
-            pool, or a pool on another number of devices or on the virtual clock.
+            pool, a pool on another number of devices or on the virtual clock, or a probe on the
+            virtual clock, with a pool, or with ``probe_every_s <= 0``.
         InvariantError: a policy action the executor cannot apply (the engine's rules), a
             violated invariant, or jobs the policy leaves queued with nothing left to happen.
     """
 
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy, trainer,
-                 progress: Callable[[int], None] | None = None, clock=None):
+                 progress: Callable[[int], None] | None = None, clock=None, probe=None,
+                 probe_every_s: float = 0.0):
         self.jobs = list(jobs)
         if any(j.index != i for i, j in enumerate(self.jobs)):
             raise ValueError("jobs must be in index order")
@@ -121,6 +137,14 @@ class RealTimeExecutor(PoolLoop):
         if cluster.total_gpus > 1 and not self.clock.virtual and self.pool is None:
             raise ValueError(f"cluster {cluster.spec} has {cluster.total_gpus} devices: one process drives one real "
                              "device, so several are simulated on the virtual clock")
+        if probe is not None and (self.clock.virtual or self.pool is not None or not probe_every_s > 0):
+            raise ValueError("a host-speed probe runs on one device on the wall clock, every probe_every_s > 0 s "
+                             f"(got virtual={self.clock.virtual}, pool={self.pool is not None}, "
+                             f"probe_every_s={probe_every_s})")
+        self.probe, self.probe_every_s = probe, probe_every_s
+        self.probes: list[dict] = []  # probe.COLUMNS rows
+        self.probe_s = 0.0  # wall seconds spent measuring probes
+        self._next_probe = 0.0  # clock s the next probe is due
         self.cluster, self.cost_model, self.policy, self.trainer = cluster, cost_model, policy, trainer
         self.gpu = cluster.gpu.name
         self.progress = progress
@@ -167,6 +191,8 @@ class RealTimeExecutor(PoolLoop):
             self._flush()
             if self._finished == len(self.jobs):
                 break
+            if self._probe_if_due():  # between steps, after the due arrivals were decided;
+                continue  # those that came during the probe are decided before the next step
             if self.clock.virtual:
                 self._advance_virtual()
             elif self.pool is not None:
@@ -177,6 +203,21 @@ class RealTimeExecutor(PoolLoop):
             self._fail(f"devices still held after the last job finished: groups {sorted(self.groups)}")
         return SimResult(self.jobs, self.records, self.timeline, self._gpu_seconds, len(self.log), self._decisions,
                          self._decision_time, time.perf_counter() - wall0, self._groups_started)
+
+    def _probe_if_due(self) -> bool:
+        """Measure the host-speed probe if it is due (``now >= next``); the next is due one
+        ``probe_every_s`` after this one's start. Returns whether it measured."""
+        if self.probe is None:
+            return False
+        t0 = self.now()
+        if t0 < self._next_probe:
+            return False
+        w0 = time.perf_counter()
+        m = self.probe.measure()
+        self.probe_s += time.perf_counter() - w0
+        self.probes.append({"t_s": t0, "probe_ms": float(m["probe_ms"]), "python_ms": float(m["python_ms"])})
+        self._next_probe = t0 + self.probe_every_s
+        return True
 
     def _next_arrival_s(self) -> float:
         return self.jobs[self._next].submit_time_s if self._next < len(self.jobs) else math.inf
@@ -208,8 +249,11 @@ class RealTimeExecutor(PoolLoop):
                 if g.gid in self.groups:
                     self._launch(g)
                     self._complete(g)
-        elif self._next < len(self.jobs):
-            self.clock.idle_until(self._next_arrival_s())
+        elif self._next < len(self.jobs):  # idle: wake for the next arrival, or the next probe if sooner
+            wake = self._next_arrival_s()
+            if self.probe is not None:
+                wake = min(wake, self._next_probe)
+            self.clock.idle_until(wake)
         else:
             self._stalled()
 

@@ -9,6 +9,8 @@ Layout of a run directory (docs/outputs.md describes the columns):
 - ``timeline.csv``: piecewise-constant cluster series.
 - ``summary.json``: the run's metrics (deterministic bytes).
 - ``perf.json``: wall time, events/s, decision time (not deterministic).
+- ``steps.csv``, ``workload.csv`` (``tlora-sim execute``), and ``probes.csv`` where its host-speed
+  probes ran (optional: one device on the wall clock with ``--probe-every`` > 0).
 - ``figures/``: ``*.png`` and ``*.pdf`` drawn from the files above.
 
 A comparison directory holds one run directory per policy and ``summary.csv``; with several seeds,
@@ -44,6 +46,7 @@ class RunDir:
     SWEEP_REPORT = "report.csv"  # sweep report: cells aggregated over seeds
     STEPS = "steps.csv"  # tlora-sim execute: every measured step and regroup pause
     WORKLOAD = "workload.csv"  # tlora-sim execute: the exact jobs run (validate-run replays them)
+    PROBES = "probes.csv"  # tlora-sim execute: the host-speed probes (optional: one device, wall clock)
     VALIDATION = "validation.csv"  # tlora-sim validate-run: real against simulated, one row per run
 
     #: the files every complete run directory has (``perf.json`` aside: it is timing, not results).
@@ -96,6 +99,11 @@ class RunDir:
     def workload(self) -> Path:
         """``workload.csv`` of an executed run."""
         return self.root / self.WORKLOAD
+
+    @property
+    def probes(self) -> Path:
+        """``probes.csv`` of an executed run (optional: absent where no probe ran)."""
+        return self.root / self.PROBES
 
     @property
     def validation(self) -> Path:
