@@ -292,6 +292,12 @@ def _calibrate(args) -> int:
             if lacking:
                 raise InputError(f"lacks column(s) {lacking}", file=str(side))
             probes = probes[cb.PROBE_COLUMNS]
+            try:  # the probe of this tree (the one --points-out's measurement ran)
+                from tlora_sim.sim.executor.calibration import probe_what
+
+                what = probe_what()
+            except ImportError:  # no torch here
+                what = None
         measured_s = None
         machine = {"points": str(args.points), "machine": args.machine_note or "not recorded"}
     else:
@@ -389,16 +395,18 @@ def _show(art: dict) -> str:
         out.append(f"  calibrated over {cal.get('base_artifact')} on {mach.get('gpu_name', '?')} / {mach.get('cpu', '?')}: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     probe = cal.get("probe") if isinstance(cal, dict) else None
-    ref = f"probe reference {probe['ref_ms']:.2f} ms" if isinstance(probe, dict) and "ref_ms" in probe else (
-        "no probe reference (calibrated without the host-speed probe)" if isinstance(cal, dict) else None)
     try:
         floor = host_floor(art)
     except Exception as e:  # noqa: BLE001 - a display line; the artifact itself was checked on load
         floor, out = [], out + [f"  host floor: not computed ({type(e).__name__}: {e})"]
     for name, s_len, step, host in floor:
         out.append(f"  host floor {name:12s} smallest job (1 x {s_len} tokens, alone): step {step:.1f} ms, of which "
-                   f"host-bound launches {host:.1f} ms (calibrate on another host or software stack)"
-                   + (f"; {ref}" if ref else ""))
+                   f"host-bound launches {host:.1f} ms (calibrate on another host or software stack)")
+    if isinstance(probe, dict) and "ref_ms" in probe:
+        out.append(f"  host floor at probe reference {probe['ref_ms']:.2f} ms ({probe.get('what', 'sim/executor/probe.py')}); "
+                   f"on a host whose probe takes p ms its host terms are x p / {probe['ref_ms']:.2f}")
+    elif isinstance(cal, dict):
+        out.append("  host floor without a probe reference (calibrated without the host-speed probe)")
     if h:
         out.append(f"  held-out {h.get('rows')} rows / {h.get('mixes')} mixes: median APE {h['median_ape']:.2%}, "
                    f"p90 {h['p90_ape']:.2%}, mean {h['mape']:.2%}, max {h['max_ape']:.2%}")
