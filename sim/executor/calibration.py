@@ -45,14 +45,13 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
     t_start = time.perf_counter()
     trainer = DeviceTrainer(device, tiny=tiny)
     host_probe = HostProbe(device)
-    probes = []
+    rows, probes, job = [], [], 0
 
     def probe_now() -> dict:
         m = host_probe.measure()
         return {"t_s": time.perf_counter() - t_start, "probe_ms": float(m["probe_ms"]),
                 "python_ms": float(m["python_ms"]), "point": len(rows)}
 
-    rows, job = [], 0
     for k, p in enumerate(points):
         if time.perf_counter() - t_start > budget_s:
             log(f"calibrate: budget of {budget_s:.0f} s spent; {len(points) - k} of {len(points)} points left out")
