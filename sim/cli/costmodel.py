@@ -314,6 +314,11 @@ def _calibrate(args) -> int:
     if (pts.measured_ms <= 0).any() or pts.measured_ms.isna().any():
         raise InputError("measured step times must be > 0", file=str(args.points or "measurement"),
                          field="measured_ms")
+    probe = pd.to_numeric(pts.probe_ms, errors="coerce")
+    bad = (pts.probe_ms.notna() & ~((probe > 0) & (probe < float("inf")))).to_numpy()
+    if bad.any():  # empty is allowed (points measured before the probe: fitted without it)
+        raise InputError(f"probe_ms must be empty or a finite number > 0, got {pts.probe_ms.iloc[bad.argmax()]!r}",
+                         file=str(args.points or "measurement"), row=int(bad.argmax()) + 1, field="probe_ms")
     cal, pts = cb.build(art, pts, machine, measured_s, created=created, probes=probes, probe_what=what)
     cb.write_artifact(cal, args.out)
     p = cal["calibration"]["params"]

@@ -207,3 +207,13 @@ def test_cli_refits_points_with_their_probes(art, tmp_path, capsys):
     assert again["ref_ms"] == pytest.approx(pr["ref_ms"], rel=1e-6)  # of the points' stored (6-digit) probe_ms
     assert main(["costmodel", "show", "--artifact", str(out)]) == 0
     assert f"probe reference {pr['ref_ms']:.2f} ms" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_probe_ms(tmp_path, capsys):
+    pts = _points().assign(probe_ms=12.0)
+    pts.loc[4, "probe_ms"] = -1.0
+    pts.to_csv(tmp_path / "p.csv", index=False)
+    assert main(["costmodel", "calibrate", "--gpu-name", "H200", "--points", str(tmp_path / "p.csv"), "--out",
+                 str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "row 5" in err and "probe_ms" in err and not (tmp_path / "x.json").exists()
