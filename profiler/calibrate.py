@@ -347,7 +347,7 @@ def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None 
     """Fit ``pts`` over ``art`` and return (calibrated artifact, points with ``probe_factor``,
     ``shipped_ms``, ``calibrated_ms`` (at the point's own probe factor), ``calibrated_no_probe_ms``
     (factor 1) and their ``*_error`` columns). The artifact's ``id`` is ``<gpu>-cal-<date>-<8 hex>``
-    (the hash of the base id and the parameters); its ``calibration.probe`` is ``{"ref_ms",
+    (the hash of the base id, the parameters and ``ref_ms``); its ``calibration.probe`` is ``{"ref_ms",
     "points" (how many points had a probe), "probes" (every measurement: ``PROBE_COLUMNS``
     records of ``probes``), "what" (``probe_what``)}``, or None where the points have no probes.
     ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``."""
@@ -370,7 +370,8 @@ def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None 
                  "probes": json.loads(pr.to_json(orient="records", double_precision=6)),
                  "what": probe_what or "sim/executor/probe.py"}
     created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    digest = hashlib.sha256((art["id"] + json.dumps(params, sort_keys=True)).encode()).hexdigest()[:8]
+    key = art["id"] + json.dumps(params, sort_keys=True) + (f"|ref_ms {ref_ms!r}" if probe else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     cal.pop("_sha256", None)
     cal["id"] = f"{str(art['gpu']).lower()}-cal-{created[:10]}-{digest}"
     cal["created"] = created

@@ -136,6 +136,14 @@ def test_with_host_speed_scales_host_bound_steps_only(art):
     scaled = {k: (1.2 * v if k.startswith("host_") else v) for k, v in p.items()}
     assert np.allclose(cb.predict_ms(cb.with_host_speed(cb.derive(art, p), 1.2), pts),
                        cb.predict_ms(cb.derive(art, scaled), pts), rtol=1e-12)
+    d = cb.derive(art, p)
+    fast = cb.with_host_speed(d, 0.9)
+    for name, e in d["models"].items():
+        for fam, pe in e["plans"].items():
+            for f in cb.HOST_FIELDS:
+                if f in pe:
+                    assert fast["models"][name]["plans"][fam][f] == pytest.approx(0.9 * pe[f], rel=1e-12)
+            assert fast["models"][name]["plans"][fam]["coef"] == pe["coef"]
     with pytest.raises(ValueError):
         cb.with_host_speed(art, float("nan"))
 
