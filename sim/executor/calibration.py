@@ -45,6 +45,7 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
     t_start = time.perf_counter()
     trainer = DeviceTrainer(device, tiny=tiny)
     host_probe = HostProbe(device)
+    host_probe.measure()  # discarded: the probe's first passes carry one-off costs (allocator, library init)
     rows, probes, job = [], [], 0
 
     def probe_now() -> dict:
