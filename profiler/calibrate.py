@@ -32,6 +32,16 @@ Host scales are per base model (``host_loop:<model>``, ``host_fused:<model>``; a
 measured takes the geometric mean of the measured ones), and ``nano_host`` scales the host time of
 one nano-batch (``formula.layer_ms``). Times are milliseconds unless a name ends in
 ``_s``. Nothing here needs torch or a GPU.
+
+The host-speed probe (``sim/executor/probe.py``; ``profiler/data/validation/README.md``: the lent
+H200 hosts' single-thread speed drifts 14% between 10-s windows). Every point is measured between
+two probes; its ``probe_ms`` is their mean. When every point has one, the fit reads each point's
+host terms at its own speed: ``ref_ms`` = the median of the points' ``probe_ms``, and point
+*i*'s prediction is that of ``with_host_speed(derive(art, params), probe_ms_i / ref_ms)``, so the
+fitted host scales are those of a host running the probe in ``ref_ms``. A run that records its
+own probes (``execute``'s ``probes.csv``) then predicts with ``with_host_speed(cal, probe(t) /
+ref_ms)``; without probes (replay, compare) the calibrated artifact is the reference speed's.
+Points without ``probe_ms`` (earlier CSVs and artifacts) fit exactly as before the probe.
 """
 
 from __future__ import annotations
@@ -59,7 +69,12 @@ PARAMS = ("host_loop", "host_fused", "nano_host", "gpu_scale", "step_ms")
 BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
           "step_ms": (0.0, 100.0)}
 POINT_COLUMNS = ["model", "plan", "nano", "members", "adapters", "tokens", "role", "reps", "measured_ms",
-                 "p10_ms", "p90_ms"]
+                 "p10_ms", "p90_ms", "probe_ms"]
+#: point columns that earlier points files may lack (filled with NaN: fitted without the probe)
+OPTIONAL_COLUMNS = ("probe_ms",)
+#: one probe measurement of a calibration (``calibration.probe.probes``): seconds since the
+#: calibration started, the probe's ms, the pure-Python loop's ms, the point (row) it brackets
+PROBE_COLUMNS = ["t_s", "probe_ms", "python_ms", "point"]
 
 # The designed set, per model: (plan, nano, members as (rank, sequences, seq_len)), 512 to 8,192
 # tokens per step (the executor keeps every layer's activations: on one H200 with both 8B bases
@@ -161,6 +176,48 @@ def derive(art: dict, params: dict) -> dict:
 IDENTITY = {"host_loop": 1.0, "host_fused": 1.0, "nano_host": 1.0, "gpu_scale": 1.0, "step_ms": 0.0}
 
 
+def with_host_speed(art: dict, factor: float) -> dict:
+    """``art`` (shipped or calibrated) on a host ``factor`` times as slow as its reference: every
+    host term (``HOST_FIELDS`` of every plan family and model) times ``factor``, nothing else
+    changed (GPU tables and terms, ``nano_host``, the optimizer). ``factor`` = probe_ms /
+    ``calibration.probe.ref_ms`` (``sim/executor/probe.py``). It is ``derive(art, {"host_loop":
+    factor, "host_fused": factor})``, so the result has its own ``_sha256`` and can be passed to
+    ``ProfiledCostModel``; ``factor`` = 1 predicts what ``art`` does.
+
+    Raises:
+        ValueError: ``factor`` not finite and > 0.
+    """
+    factor = float(factor)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"host speed factor must be finite and > 0, got {factor}")
+    return derive(art, {"host_loop": factor, "host_fused": factor})
+
+
+def probe_factors(pts: pd.DataFrame) -> tuple[float | None, np.ndarray]:
+    """(``ref_ms``, per-row factor ``probe_ms / ref_ms``) of calibration points: ``ref_ms`` is the
+    median of the rows' ``probe_ms``. Where any row lacks a finite, positive ``probe_ms`` (or the
+    column is absent): (None, ones), the fit without the probe."""
+    ones = np.ones(len(pts))
+    if "probe_ms" not in pts.columns or not len(pts):
+        return None, ones
+    pr = pd.to_numeric(pts.probe_ms, errors="coerce").to_numpy(dtype=float)
+    if not (np.isfinite(pr).all() and (pr > 0).all()):
+        return None, ones
+    ref = float(np.median(pr))
+    return ref, pr / ref
+
+
+def predict_at_speed(art: dict, pts: pd.DataFrame, factors) -> np.ndarray:
+    """``predict_ms`` with row *i* at host speed ``factors[i]`` (``with_host_speed``; rows of one
+    factor share one derived model; a factor of exactly 1 uses ``art`` itself)."""
+    factors = np.asarray(factors, dtype=float)
+    out = np.empty(len(pts))
+    for f in np.unique(factors):
+        rows = factors == f
+        out[rows] = predict_ms(art if f == 1.0 else with_host_speed(art, f), pts[rows])
+    return out
+
+
 def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarray:
     """The step time (ms) ``art`` predicts for every row of ``pts`` (one GPU, the executor's
     no-checkpointing convention; memory does not enter step times)."""
@@ -175,7 +232,9 @@ def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarr
 
 def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
     """Fit ``PARAMS`` to the ``role == "fit"`` rows of ``pts`` (least squares on log(predicted /
-    measured), bounded by ``BOUNDS``; scipy's ``least_squares``, trust-region reflective).
+    measured), bounded by ``BOUNDS``; scipy's ``least_squares``, trust-region reflective). Where
+    every row of ``pts`` has a ``probe_ms`` (``probe_factors``), each row is predicted at its own
+    host speed (``predict_at_speed``): the parameters are the reference speed's.
 
     Returns:
         (params, info): the fitted parameters and ``{"cost": ..., "nfev": ..., "status": ...}``.
@@ -189,6 +248,9 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
     if fp.empty:
         raise InputError("no calibration points to fit (budget too small?)", field="--budget-s")
     meas = fp.measured_ms.to_numpy(dtype=float)
+    _, factors = probe_factors(pts)
+    factors = factors[(pts.role == "fit").to_numpy()]
+    probed = bool((factors != 1.0).any())
     free = []
     for m in sorted(set(fp.model)):
         d = fp[fp.model == m]
@@ -205,7 +267,8 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
         return params
 
     def resid(x):
-        return np.log(predict_ms(derive(art, unpack(x)), fp) / meas)
+        cal = derive(art, unpack(x))
+        return np.log((predict_at_speed(cal, fp, factors) if probed else predict_ms(cal, fp)) / meas)
 
     lo = [math.log(BOUNDS[p.split(":")[0]][0]) if p != "step_ms" else BOUNDS[p][0] for p in free]
     hi = [math.log(BOUNDS[p.split(":")[0]][1]) if p != "step_ms" else BOUNDS[p][1] for p in free]
@@ -279,43 +342,71 @@ def summarize(pts: pd.DataFrame, col: str) -> dict:
 
 
 def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None = None,
-          created: str | None = None) -> tuple[dict, pd.DataFrame]:
-    """Fit ``pts`` over ``art`` and return (calibrated artifact, points with ``shipped_ms``,
-    ``calibrated_ms`` and their errors). The artifact's ``id`` is ``<gpu>-cal-<date>-<8 hex>``
-    (the hash of the base id and the parameters)."""
+          created: str | None = None, probes: pd.DataFrame | None = None,
+          probe_what: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """Fit ``pts`` over ``art`` and return (calibrated artifact, points with ``probe_factor``,
+    ``shipped_ms``, ``calibrated_ms`` (at the point's own probe factor), ``calibrated_no_probe_ms``
+    (factor 1) and their ``*_error`` columns). The artifact's ``id`` is ``<gpu>-cal-<date>-<8 hex>``
+    (the hash of the base id, the parameters and ``ref_ms``); its ``calibration.probe`` is ``{"ref_ms",
+    "points" (how many points had a probe), "probes" (every measurement: ``PROBE_COLUMNS``
+    records of ``probes``), "what" (``probe_what``)}``, or None where the points have no probes.
+    ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``."""
     params, info = fit(art, pts)
     cal = derive(art, params)
     pts = pts.copy()
+    if "probe_ms" not in pts.columns:
+        pts["probe_ms"] = np.nan
+    ref_ms, factors = probe_factors(pts)
+    pts["probe_factor"] = factors
     pts["shipped_ms"] = predict_ms(art, pts)
-    pts["calibrated_ms"] = predict_ms(cal, pts)
-    pts["shipped_error"] = pts.shipped_ms / pts.measured_ms - 1
-    pts["calibrated_error"] = pts.calibrated_ms / pts.measured_ms - 1
+    pts["calibrated_ms"] = predict_at_speed(cal, pts, factors)
+    pts["calibrated_no_probe_ms"] = predict_ms(cal, pts)
+    for name in ("shipped", "calibrated", "calibrated_no_probe"):
+        pts[f"{name}_error"] = pts[f"{name}_ms"] / pts.measured_ms - 1
+    probe = None
+    if ref_ms is not None:
+        pr = pd.DataFrame(probes if probes is not None else [], columns=PROBE_COLUMNS)
+        probe = {"ref_ms": ref_ms, "points": int(len(pts)),
+                 "probes": json.loads(pr.to_json(orient="records", double_precision=6)),
+                 "what": probe_what or "sim/executor/probe.py"}
     created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    digest = hashlib.sha256((art["id"] + json.dumps(params, sort_keys=True)).encode()).hexdigest()[:8]
+    key = art["id"] + json.dumps(params, sort_keys=True) + (f"|ref_ms {ref_ms!r}" if probe else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     cal.pop("_sha256", None)
     cal["id"] = f"{str(art['gpu']).lower()}-cal-{created[:10]}-{digest}"
     cal["created"] = created
     cal["calibration"] = {
         "base_artifact": art["id"], "base_sha256": art.get("_sha256"), "params": params, "fit": info,
         "form": "host terms x host_scale[family] (loop: alone, loop; fused: fused, lorafusion, grouped); "
-                "GPU tables and terms x gpu_scale; optimizer const + step_ms",
-        "machine": machine, "measured_s": measured_s,
-        "error": {"shipped": summarize(pts, "shipped_ms"), "calibrated": summarize(pts, "calibrated_ms")},
+                "GPU tables and terms x gpu_scale; optimizer const + step_ms"
+                + ("; host scales at the probe's reference speed (ref_ms); on a host whose probe takes p ms: "
+                   "host terms x p / ref_ms (with_host_speed)" if probe else ""),
+        "machine": machine, "measured_s": measured_s, "probe": probe,
+        "error": {name: summarize(pts, f"{name}_ms") for name in ("shipped", "calibrated", "calibrated_no_probe")},
         "points": json.loads(pts.to_json(orient="records", double_precision=6)),
         "tool": "tlora-sim costmodel calibrate (profiler/calibrate.py)"}
     return cal, pts
 
 
+#: what each error line of ``error_table`` means
+ERROR_MEANING = {"shipped": "the shipped artifact",
+                 "calibrated": "the calibrated one at each point's own probe factor (validate-run with probes.csv)",
+                 "calibrated_no_probe": "the calibrated one at factor 1, the reference speed (replay, compare)"}
+
+
 def error_table(pts: pd.DataFrame) -> str:
-    """The held-out points' shipped and calibrated errors, then the summary lines."""
+    """The held-out points' shipped, calibrated (at their probe factor) and calibrated without
+    the probe (factor 1) errors, then one summary line each (``build``'s points)."""
     h = pts[pts.role == "heldout"]
-    cols = ["model", "plan", "nano", "members", "tokens", "measured_ms", "shipped_ms", "calibrated_ms",
-            "shipped_error", "calibrated_error"]
+    cols = ["model", "plan", "nano", "members", "tokens", "measured_ms", "probe_factor", "shipped_ms",
+            "calibrated_ms", "calibrated_no_probe_ms", "shipped_error", "calibrated_error",
+            "calibrated_no_probe_error"]
     lines = ["held-out points (measured, not fitted):",
              h[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}") if len(h) else "  (none)"]
-    for name in ("shipped", "calibrated"):
+    lines.append("errors: " + "; ".join(f"{k}: {v}" for k, v in ERROR_MEANING.items()))
+    for name in ("shipped", "calibrated", "calibrated_no_probe"):
         s = summarize(pts, f"{name}_ms")
-        lines.append(f"{name:10s} held-out median |error| {s['heldout']['median_ape']:.2%} p90 "
+        lines.append(f"{name:19s} held-out median |error| {s['heldout']['median_ape']:.2%} p90 "
                      f"{s['heldout']['p90_ape']:.2%} max {s['heldout']['max_ape']:.2%} ({s['heldout']['points']} "
                      f"points); fit points median {s['fit']['median_ape']:.2%}")
     return "\n".join(lines)

@@ -83,7 +83,10 @@ def add_parsers(sub) -> None:
                                     "fit host scales per plan family, a GPU scale and a per-step constant over the "
                                     "shipped artifact, print the held-out points' error under the shipped and the "
                                     "calibrated artifact, and write the calibrated artifact (with its provenance and "
-                                    "every measured point) to --out (profiler/calibrate.py).")
+                                    "every measured point) to --out (profiler/calibrate.py). Each point is timed "
+                                    "between two runs of a host-speed probe (sim/executor/probe.py, ~10-15 ms each); "
+                                    "the host terms are fitted relative to the probe's median (calibration.probe."
+                                    "ref_ms), so validate-run can follow a run's own probes (probes.csv).")
     cal.add_argument("--gpu-name", default="auto",
                      help="GPU type whose shipped artifact is calibrated (auto: this CUDA device's; default: %(default)s)")
     cal.add_argument("--out", type=Path, required=True, metavar="FILE", help="the calibrated artifact (JSON) to write")
@@ -99,7 +102,9 @@ def add_parsers(sub) -> None:
                           "CSV, or a calibrated artifact (its points and machine provenance)")
     cal.add_argument("--machine-note", default=None, metavar="TEXT",
                      help="with --points CSV: what is known of the machine that measured them (provenance)")
-    cal.add_argument("--points-out", type=Path, metavar="CSV", help="also write the measured points here")
+    cal.add_argument("--points-out", type=Path, metavar="CSV",
+                     help="also write the measured points here (and their probe measurements beside it, "
+                          "CSV_probes.csv, which --points CSV reads back where it exists)")
     cal.add_argument("--force", action="store_true", help="replace an existing --out")
     f = cs.add_parser("fit", help="fit an artifact from profile CSVs (validates first)")
     f.add_argument("--gpu", default="H100")
@@ -253,16 +258,18 @@ def _calibrate(args) -> int:
     if missing:
         raise InputError(f"models {missing} are not in artifact {art['id']} ({', '.join(art['models'])})",
                          field="--models")
-    created = None
+    created, probes, what = None, None, None
     if args.points is not None and args.points.suffix == ".json":  # a calibrated artifact: its points and machine
         prev = load_artifact(args.points).get("calibration")
         if not isinstance(prev, dict) or not isinstance(prev.get("points"), list):
             raise InputError("not a calibrated artifact (no calibration.points)", file=str(args.points))
         pts = pd.DataFrame(prev["points"])
-        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns]
+        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns and c not in cb.OPTIONAL_COLUMNS]
         if lacking:
             raise InputError(f"calibration.points lacks {lacking}", file=str(args.points))
-        pts = pts[cb.POINT_COLUMNS]
+        pts = pts.reindex(columns=cb.POINT_COLUMNS)
+        if isinstance(prev.get("probe"), dict):
+            probes, what = pd.DataFrame(prev["probe"].get("probes", []), columns=cb.PROBE_COLUMNS), prev["probe"].get("what")
         machine = {**prev.get("machine", {}), "refit_of": str(args.points)}
         measured_s = prev.get("measured_s")
         created = load_artifact(args.points).get("created")  # a refit of the same points is byte-identical
@@ -271,35 +278,67 @@ def _calibrate(args) -> int:
             pts = pd.read_csv(args.points, dtype={"members": str})
         except (OSError, ValueError) as e:
             raise InputError(f"cannot read calibration points ({e})", file=str(args.points)) from None
-        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns]
+        lacking = [c for c in cb.POINT_COLUMNS if c not in pts.columns and c not in cb.OPTIONAL_COLUMNS]
         if lacking:
             raise InputError(f"lacks column(s) {lacking}", file=str(args.points))
-        pts = pts[cb.POINT_COLUMNS]
+        pts = pts.reindex(columns=cb.POINT_COLUMNS)
+        side = _probes_path(args.points)
+        if side.exists():
+            try:
+                probes = pd.read_csv(side)
+            except (OSError, ValueError) as e:
+                raise InputError(f"cannot read probe measurements ({e})", file=str(side)) from None
+            lacking = [c for c in cb.PROBE_COLUMNS if c not in probes.columns]
+            if lacking:
+                raise InputError(f"lacks column(s) {lacking}", file=str(side))
+            probes = probes[cb.PROBE_COLUMNS]
+            try:  # the probe of this tree (the one --points-out's measurement ran)
+                from tlora_sim.sim.executor.calibration import probe_what
+
+                what = probe_what()
+            except ImportError:  # no torch here
+                what = None
         measured_s = None
         machine = {"points": str(args.points), "machine": args.machine_note or "not recorded"}
     else:
         t0 = time.perf_counter()
-        from tlora_sim.sim.executor.calibration import measure
+        from tlora_sim.sim.executor.calibration import measure, probe_what
 
-        pts = measure(cb.design(models), args.device, args.tiny, args.budget_s)
+        pts, probes = measure(cb.design(models), args.device, args.tiny, args.budget_s)
         measured_s = time.perf_counter() - t0
-        machine = cb.machine_info(args.device)
-        print(f"measured {len(pts)} points in {measured_s:.1f} s")
+        machine, what = cb.machine_info(args.device), probe_what()
+        print(f"measured {len(pts)} points in {measured_s:.1f} s ({len(probes)} probes)")
         if args.points_out:
             pts.to_csv(args.points_out, index=False)
+            probes.to_csv(_probes_path(args.points_out), index=False)
     if (pts.measured_ms <= 0).any() or pts.measured_ms.isna().any():
         raise InputError("measured step times must be > 0", file=str(args.points or "measurement"),
                          field="measured_ms")
-    cal, pts = cb.build(art, pts, machine, measured_s, created=created)
+    probe = pd.to_numeric(pts.probe_ms, errors="coerce")
+    bad = (pts.probe_ms.notna() & ~((probe > 0) & (probe < float("inf")))).to_numpy()
+    if bad.any():  # empty is allowed (points measured before the probe: fitted without it)
+        raise InputError(f"probe_ms must be empty or a finite number > 0, got {pts.probe_ms.iloc[bad.argmax()]!r}",
+                         file=str(args.points or "measurement"), row=int(bad.argmax()) + 1, field="probe_ms")
+    cal, pts = cb.build(art, pts, machine, measured_s, created=created, probes=probes, probe_what=what)
     cb.write_artifact(cal, args.out)
     p = cal["calibration"]["params"]
     print(cb.error_table(pts))
+    pr = cal["calibration"]["probe"]
+    print(f"probe: reference {pr['ref_ms']:.2f} ms (median of {pr['points']} points; factors "
+          f"{pts.probe_factor.min():.3f}-{pts.probe_factor.max():.3f}); {pr['what']}" if pr else
+          "probe: none (points without probe_ms: fitted at factor 1, as before the probe)")
     print("params: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     print(f"wrote {args.out} ({cal['id']}, over {art['id']})")
     e = cal["calibration"]["error"]
     print(f"heldout_median_ape_shipped={e['shipped']['heldout']['median_ape']:.4f} "
-          f"heldout_median_ape_calibrated={e['calibrated']['heldout']['median_ape']:.4f}")
+          f"heldout_median_ape_calibrated={e['calibrated']['heldout']['median_ape']:.4f} "
+          f"heldout_median_ape_calibrated_no_probe={e['calibrated_no_probe']['heldout']['median_ape']:.4f}")
     return 0
+
+
+def _probes_path(points: Path) -> Path:
+    """Where ``--points-out CSV`` writes the probe measurements: ``CSV_probes.csv`` beside it."""
+    return points.with_name(points.stem + "_probes.csv")
 
 
 def host_floor(art: dict) -> list[tuple]:
@@ -360,6 +399,7 @@ def _show(art: dict) -> str:
         p, mach = cal.get("params", {}), cal.get("machine", {})
         out.append(f"  calibrated over {cal.get('base_artifact')} on {mach.get('gpu_name', '?')} / {mach.get('cpu', '?')}: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
+    probe = cal.get("probe") if isinstance(cal, dict) else None
     try:
         floor = host_floor(art)
     except Exception as e:  # noqa: BLE001 - a display line; the artifact itself was checked on load
@@ -367,6 +407,11 @@ def _show(art: dict) -> str:
     for name, s_len, step, host in floor:
         out.append(f"  host floor {name:12s} smallest job (1 x {s_len} tokens, alone): step {step:.1f} ms, of which "
                    f"host-bound launches {host:.1f} ms (calibrate on another host or software stack)")
+    if isinstance(probe, dict) and "ref_ms" in probe:
+        out.append(f"  host floor at probe reference {probe['ref_ms']:.2f} ms ({probe.get('what', 'sim/executor/probe.py')}); "
+                   f"on a host whose probe takes p ms its host terms are x p / {probe['ref_ms']:.2f}")
+    elif isinstance(cal, dict):
+        out.append("  host floor without a probe reference (calibrated without the host-speed probe)")
     if h:
         out.append(f"  held-out {h.get('rows')} rows / {h.get('mixes')} mixes: median APE {h['median_ape']:.2%}, "
                    f"p90 {h['p90_ape']:.2%}, mean {h['mape']:.2%}, max {h['max_ape']:.2%}")

@@ -1,7 +1,8 @@
 """The measuring half of ``tlora-sim costmodel calibrate`` (the fitting half, torch-free, is
 ``profiler/calibrate.py``): full-model training steps of the designed points timed through the
 executor's own ``GroupTrainer.step`` (``trainer.py``), so the calibration sees what ``execute``
-runs. Needs torch (a GPU, or the CPU with ``tiny`` for a dry run)."""
+runs, each between two host-speed probes (``probe.py``: the fit reads the host terms relative to
+the probe's speed). Needs torch (a GPU, or the CPU with ``tiny`` for a dry run)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,49 @@ import time
 
 import numpy as np
 import pandas as pd
-from tlora_sim.profiler.calibrate import POINT_COLUMNS, members_str
+from tlora_sim.profiler.calibrate import POINT_COLUMNS, PROBE_COLUMNS, members_str
+
+
+def probe_what() -> str:
+    """What the probe times, for the artifact's ``calibration.probe.what`` (``probe.py``'s constants)."""
+    from tlora_sim.sim.executor import probe  # torch
+
+    return f"sim/executor/probe.py: {probe.LAYERS}x{probe.WIDTH} MLP fwd+bwd, median of {probe.REPS}"
 
 
 def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
-            log=print) -> pd.DataFrame:
+            log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.
 
     Each point builds a group with ``sim/executor/trainer.py``'s ``GroupTrainer`` (what
     ``tlora-sim execute`` trains), runs 2 warm-up steps (the first carries the build's one-off
     costs), then times steps until 3 of them and 1.5 s have passed (at most 8); ``measured_ms`` is
-    their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their spread. Points are
-    measured in order until ``budget_s`` seconds of wall time (base-model builds included) are
-    spent; the rest are left out (logged).
+    their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their spread. One
+    ``HostProbe`` (``probe.py``) on ``device`` is measured right before the timed steps and right
+    after them; the point's ``probe_ms`` is the mean of the two (the host speed the point ran at;
+    each probe costs ~10-15 ms on a GPU host, ~1.5 s of a 42-point calibration). Points are
+    measured in order until ``budget_s`` seconds of wall time (base-model builds and probes
+    included) are spent; the rest are left out (logged).
 
     Returns:
-        One row per measured point (``POINT_COLUMNS``).
+        (points, probes): one row per measured point (``POINT_COLUMNS``), and every probe
+        measurement of the kept points (``PROBE_COLUMNS``: ``t_s`` seconds since the calibration
+        started, ``probe_ms``, ``python_ms``, ``point`` the row of ``points`` it belongs to).
     """
-    from tlora_sim.sim.executor.trainer import DeviceTrainer  # torch
+    from tlora_sim.sim.executor.probe import HostProbe  # torch
+    from tlora_sim.sim.executor.trainer import DeviceTrainer
 
     t_start = time.perf_counter()
     trainer = DeviceTrainer(device, tiny=tiny)
-    rows, job = [], 0
+    host_probe = HostProbe(device)
+    host_probe.measure()  # discarded: the probe's first passes carry one-off costs (allocator, library init)
+    rows, probes, job = [], [], 0
+
+    def probe_now() -> dict:
+        m = host_probe.measure()
+        return {"t_s": time.perf_counter() - t_start, "probe_ms": float(m["probe_ms"]),
+                "python_ms": float(m["python_ms"]), "point": len(rows)}
+
     for k, p in enumerate(points):
         if time.perf_counter() - t_start > budget_s:
             log(f"calibrate: budget of {budget_s:.0f} s spent; {len(points) - k} of {len(points)} points left out")
@@ -38,14 +60,16 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
         trainer.base(p["model"])
         members = [(-1 - job - i, r, b, s) for i, (r, b, s) in enumerate(p["members"])]
         job += len(members)
-        times, g = [], None
+        times, g, around = [], None, []
         try:
             g = trainer.group(p["model"], p["plan"], members)
             for _ in range(2):
                 g.step(p["nano"])
+            around.append(probe_now())
             t0 = time.perf_counter()
             while len(times) < 8 and (len(times) < 3 or time.perf_counter() - t0 < 1.5):
                 times.append(g.step(p["nano"]))
+            around.append(probe_now())
         except RuntimeError as e:  # torch.OutOfMemoryError is one: the point is left out
             if "out of memory" not in str(e).lower():
                 raise
@@ -54,14 +78,16 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
         del g
         trainer.states.clear()
         trainer.release()
-        if not times:
+        if not times or len(around) < 2:
             continue
+        probes.extend(around)
         t = np.asarray(times)
         rows.append({"model": p["model"], "plan": p["plan"], "nano": int(p["nano"]),
                      "members": members_str(p["members"]), "adapters": len(p["members"]),
                      "tokens": int(sum(b * s for _, b, s in p["members"])), "role": p["role"], "reps": len(t),
                      "measured_ms": float(t.mean()), "p10_ms": float(np.quantile(t, 0.1)),
-                     "p90_ms": float(np.quantile(t, 0.9))})
+                     "p90_ms": float(np.quantile(t, 0.9)),
+                     "probe_ms": float(np.mean([a["probe_ms"] for a in around]))})
         log(f"  {p['model']:10s} {p['plan']:6s} nano {p['nano']} {rows[-1]['members']:40s} "
-            f"{rows[-1]['measured_ms']:9.2f} ms ({p['role']})")
-    return pd.DataFrame(rows, columns=POINT_COLUMNS)
+            f"{rows[-1]['measured_ms']:9.2f} ms, probe {rows[-1]['probe_ms']:.2f} ms ({p['role']})")
+    return pd.DataFrame(rows, columns=POINT_COLUMNS), pd.DataFrame(probes, columns=PROBE_COLUMNS)
