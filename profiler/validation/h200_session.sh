@@ -32,6 +32,7 @@ export TRITON_CACHE_DIR=$PWD/.triton_cache  # ignored: kept between calls on a w
 python3 -c "import pandas, simpy, tqdm, scipy" 2>/dev/null || pip install -q --no-index --no-deps \
   --find-links .device_carry/wheels --target /tmp/pydeps simpy >>"$WORK/pip.log" 2>&1
 CLI="python3 -m tlora_sim.sim.cli.main"
+DEV=(--device "${DEVICE:-cuda}"); [ -n "${TINY:-}" ] && DEV+=(--tiny)  # DEVICE=cpu TINY=1: a dry run of this script
 trace() { local f=../shared/traces/msr-itp-elasticflow/$1; [ -f "$f" ] || f=.device_carry/$1; echo "itp:$f"; }
 LOG=$OUT/session.log
 save() { tar czf "$OUT/session.tgz.tmp" -C "$WORK" --exclude='*.tmp' . && mv "$OUT/session.tgz.tmp" "$OUT/session.tgz"; }
@@ -49,7 +50,7 @@ for step in "$@"; do
   case $step in
     calibrate)
       cal=${CAL_NAME:-calibrated_h200}
-      run $CLI costmodel calibrate --gpu-name auto --out "$WORK/$cal.json" --force \
+      run $CLI costmodel calibrate --gpu-name "${GPU_NAME:-auto}" "${DEV[@]}" --out "$WORK/$cal.json" --force \
         --budget-s "${BUDGET_S:-150}" --points-out "$WORK/${cal}_points.csv" > "$WORK/$cal.log" 2>&1
       echo "calibrate rc=$? $(( $(date +%s) - t0 )) s" >> "$LOG"; tail -6 "$WORK/$cal.log" >> "$LOG" ;;
     A:*|B:*)
@@ -65,7 +66,7 @@ for step in "$@"; do
       fi
       for pol in ${pols//,/ }; do
         t1=$(date +%s)
-        run $CLI execute "${wopt[@]}" "${aopt[@]}" --policy "$pol" --gpus 1 --device cuda \
+        run $CLI execute "${wopt[@]}" "${aopt[@]}" --policy "$pol" --gpus 1 "${DEV[@]}" \
           --out "$WORK/$w/$pol" --force --no-progress --no-plots > "$WORK/$w-$pol.log" 2>&1
         echo "$w $pol rc=$? $(( $(date +%s) - t1 )) s" >> "$LOG"; tail -2 "$WORK/$w-$pol.log" >> "$LOG"
         save
