@@ -228,20 +228,3 @@ class HostSpeedCostModel:
         return {**self.base.describe(), "name": self.name, "host_factor_p10": p10, "host_factor_median": p50,
                 "host_factor_p90": p90}
 
-
-def first_step_excess_s(steps: pd.DataFrame, jobs: list, cm: HostSpeedCostModel, gpu: str) -> float:
-    """``steptable.first_step_excess_s`` with each build's first step compared with the model at the
-    host factor of its ``start_s`` (s, >= 0): the part of a rebuilt group's first step that a steady
-    step at that instant's host speed does not explain."""
-    from tlora_sim.sim.executor.steptable import predicted_s, step_rows
-
-    st = step_rows(steps)
-    first = st[st["first"]]
-    if first.empty:
-        return 0.0
-    f = np.array([cm.speed.at(t) for t in first.start_s.to_numpy(dtype=float)])
-    pred = np.empty(len(first))
-    for v in sorted(set(f)):
-        k = f == v
-        pred[k] = predicted_s(cm.model(float(v)), gpu, jobs, first[k])
-    return float(max(0.0, np.mean(first.ms.to_numpy() / 1e3 - pred)))

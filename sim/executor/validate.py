@@ -272,14 +272,17 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
 
 def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto",
              artifact: str | Path | None = None, host_speed: str = "auto",
-             probe_window_s: float | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+             probe_window_s: float | None = None, step_model=None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
     rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
     ``artifact``: the cost-model artifact file of the replay's planning and profiled step times
     (default: the shipped one of the run's GPU type). ``host_speed``: ``auto``, ``probes`` or
     ``off`` (``host_speed_mode`` of this run alone); with ``probes`` the engine's profiled step
     times follow the run's ``probes.csv`` (``sim/executor/host_speed.py``; ``probe_window_s``: the
-    median window's half-width, s, default ``host_speed.WINDOW_S``).
+    median window's half-width, s, default ``host_speed.WINDOW_S``). ``step_model``: a cost model
+    the engine's step times come from instead of ``step_times``' and ``host_speed``'s (a what-if;
+    the policy still plans with the planning model; the pauses are measured against
+    ``step_times``' model, as with ``host_speed``).
 
     Raises:
         InputError: not an executed run directory, an unknown ``step_times`` or ``host_speed``,
@@ -319,8 +322,13 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
         cm = planning
     else:  # a CPU run against a GPU profile: the profile at the CPU's pace
         cm = ScaledCostModel(planning, scale)
+    # the pauses are measured against these step times; a step model of its own or the host speed
+    # changes the engine's step times only
+    first_s = first_step_excess_s(steps, jobs, cm, gpu)
     speed = None
-    if host == "probes":  # the profiled model at the machine's host speed through the run
+    if step_model is not None:
+        cm, host = step_model, "off"
+    elif host == "probes":  # the profiled model at the machine's host speed through the run
         from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
         art = planning.artifact
@@ -332,9 +340,6 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
             return m if on_gpu else ScaledCostModel(m, scale)
 
         cm = hs.HostSpeedCostModel(build, speed, base=cm)
-        first_s = hs.first_step_excess_s(steps, jobs, cm, gpu)
-    else:
-        first_s = first_step_excess_s(steps, jobs, cm, gpu)
     pauses, starts = steps[steps.event == "regroup"].ms, steps[steps.event == "start"].ms
     pause_s = (float(pauses.mean() / 1e3) if len(pauses) else 0.0) + first_s
     start_s = (float(starts.mean() / 1e3) if len(starts) else 0.0) + first_s
