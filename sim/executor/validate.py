@@ -14,6 +14,23 @@ Step times (``--step-times``):
   model's error from the schedule's. On a CPU run it is the only meaningful comparison, and it
   validates the machinery (the executor, the engine and their agreement), nothing about GPUs.
 
+Host speed (``--host-speed``: ``auto``, ``probes``, ``off``; ``--probe-window``): with ``probes``
+the engine's profiled step times follow the machine's host speed through each run
+(``sim/executor/host_speed.py``): the artifact's host terms times probe(t) / ref, probe(t) the
+median of the run's ``probes.csv`` (written by ``execute``; ``t_s, probe_ms, python_ms``) within
+``--probe-window`` s (default 10) of each probe, ref the artifact's ``calibration.probe.ref_ms``
+(``costmodel calibrate``: the probe's median during calibration), quantised to 0.5% (so derived
+models repeat), piecewise constant from each probe's ``t_s``; the engine re-times every running
+group at each probe's instant (``Engine(retime_at=...)``). It reads the run's probes, not its
+steps. A validation with ``probes`` compares the run with the model at the host speed the machine
+had during the run; with ``off``, with the model at the host speed of a calibration taken minutes
+before (on the lent H200 hosts the executed host-bound steps ran 9-17% slower than the calibration's
+of the same shapes: ``profiler/data/validation/README.md``). ``auto`` is ``probes``
+when every run has a ``probes.csv`` with a row, the artifact in use has the reference and step
+times are profiled, else ``off``; explicit ``probes`` with an input missing is an InputError naming
+the file or field; measured step times ignore host speed. Only step times follow it: the policy
+plans with the planning model and the pauses below are measured against the artifact's speed.
+
 Whenever the engine's step times are not the planning model's, the policy still plans with the
 planning model (``sim/executor/planning.py``), as it did in the executed run, and the invariant
 checker's isolation floor is off (it compares JCTs with the planning model's isolated runtimes).
@@ -35,7 +52,9 @@ planning and profiled step times come from the shipped artifact of the run's GPU
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
 |sim - real| / real, ``avg_jct_error``, ``real_ratio``, ``sim_ratio``, ``ratio_error``,
-``ranking_kept`` (``add_ratios``), then context columns), ``validation_jobs.csv`` (per job) and
+``ranking_kept`` (``add_ratios``), then context columns, among them ``host_speed`` (``probes`` /
+``off``) and ``host_factor_p10``, ``host_factor_median``, ``host_factor_p90`` (of the run's probe
+factors; NaN when off)), ``validation_jobs.csv`` (per job) and
 ``validation.png``/``.pdf`` (``sim/executor/figure.py``), ``divergence.csv`` (per job: real against
 simulated placements, the first point where the schedules part; ``sim/executor/divergence.py``),
 and each simulated run's ``jobs.csv`` and ``groups.csv`` (membership changes) under ``sim/<policy>/``.
