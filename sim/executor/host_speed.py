@@ -190,8 +190,8 @@ class HostSpeedCostModel:
             (``lambda: engine.env.now``) once bound. Default: time 0.
 
     ``step_time_s`` is ``build(speed.at(clock()))``'s; everything else is ``base``'s. After a run
-    the engine's clock stays at its end, so reads then (the engine's reference steps, the replay's
-    ``jobs.csv`` ``isolated_runtime_s``) are at the last factor.
+    the engine's clock stays at its end, so reads then (the engine's reference steps: the replay's
+    ``jobs.csv`` ``run_slowdown``) are at the last factor.
     """
 
     name = "host-speed"
