@@ -468,11 +468,11 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
         from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
         load_artifact(artifact)
-    host = host_speed_mode(dirs, host_speed, step_times, artifact)
-    if host == "probes" and probe_window_s is not None:
+    if probe_window_s is not None:
         from tlora_sim.sim.executor.host_speed import check_window
 
         check_window(probe_window_s)  # refused before anything is written
+    host = host_speed_mode(dirs, host_speed, step_times, artifact)
     out = check_out_dir(out_dir, force=force, what="validation")
     with staged_dir(out) as stage:
         rows, per_job, divs = [], [], []

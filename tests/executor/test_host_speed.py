@@ -191,6 +191,25 @@ def test_a_factor_rising_mid_run_lengthens_only_the_jobs_running_after_it(tmp_pa
     assert late.sum() >= 2 and (b.jct_s_sim[late] > a.jct_s_sim[late] * 1.01).all()
 
 
+def test_a_cpu_run_with_profiled_steps_follows_the_factor_at_its_pace(tmp_path, art_file):
+    """A CPU run's profiled step times are the profile at the run's pace (``cpu_scale``); with host
+    speed, the profile at each factor at that pace. (The B run relabelled as a CPU run.)"""
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+    from tlora_sim.sim.executor.steptable import ScaledCostModel
+
+    d = _run_with_probes(tmp_path, "independent", 1.2)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["executor"]["device"] = "cpu"
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert host_speed_mode([d], "auto", artifact=art_file) == "off"  # auto: measured steps on a CPU run
+    row, both, _ = simulate(d, artifact=art_file, step_times="profiled", host_speed="probes")
+    assert row["host_speed"] == "probes" and row["cpu_scale"] != 1.0
+    fixed = ScaledCostModel(ProfiledCostModel(hs.speed_artifact(json.loads(art_file.read_text()), 1.2),
+                                              checkpointing=False), row["cpu_scale"])
+    _, both2, _ = simulate(d, artifact=art_file, step_times="profiled", host_speed="off", step_model=fixed)
+    assert both.jct_s_sim.tolist() == pytest.approx(both2.jct_s_sim.tolist(), rel=1e-9)
+
+
 # ---- when auto turns it on ------------------------------------------------------------------------
 def test_auto_is_off_without_a_reference_or_without_probes_and_probes_says_what_is_missing(tmp_path, art_file):
     with_probes = _run_with_probes(tmp_path, "independent", 1.2)
