@@ -91,6 +91,14 @@ def add_parsers(sub) -> None:
     v.add_argument("--artifact", type=Path, metavar="FILE",
                    help="cost-model artifact of the replays' planning and step times (e.g. from `tlora-sim costmodel "
                         "calibrate`); default: the shipped one of the runs' GPU type")
+    v.add_argument("--host-speed", choices=("auto", "probes", "off"), default="auto",
+                   help="profiled step times follow the machine's host speed through each run: the host terms x "
+                        "probe(t) / the artifact's calibration.probe.ref_ms, from the run's probes.csv (auto: probes "
+                        "when every run has probes.csv, the artifact has the reference and step times are "
+                        "profiled; measured step times ignore it)")
+    v.add_argument("--probe-window", type=float, default=10.0, metavar="S",
+                   help="the host factor at a probe is the median probe time within +-S seconds of it, over the "
+                        "reference, quantised to 0.5%%")
     v.add_argument("--reference", default=None, metavar="POLICY",
                    help="the policy whose avg JCT the others' are divided by (ratio columns; default: independent if "
                         "given, else the first run)")
@@ -104,10 +112,17 @@ def run(args) -> int:
         from tlora_sim.sim.executor.validate import validate_runs
 
         table = validate_runs(args.real_dirs, args.out, force=args.force, step_times=args.step_times,
-                              progress=not args.no_progress, artifact=args.artifact, reference=args.reference)
+                              progress=not args.no_progress, artifact=args.artifact, reference=args.reference,
+                              host_speed=args.host_speed, probe_window_s=args.probe_window)
         print(table[["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "avg_jct_error", "jct_abs_error_p50",
                      "jct_abs_error_p90", "real_ratio", "sim_ratio", "ratio_error", "step_times"]].to_string(
             index=False, float_format=lambda x: f"{x:.4g}"))
+        if (table.host_speed == "probes").all():
+            print(f"host speed: probes (window +-{args.probe_window:g} s); host factor p10 / median / p90 per run: "
+                  + "; ".join(f"{r.policy} {r.host_factor_p10:.3f} / {r.host_factor_median:.3f} / "
+                              f"{r.host_factor_p90:.3f}" for r in table.itertuples()))
+        else:
+            print("host speed: off (the artifact's host terms throughout)")
         print(f"ranking kept: {'yes' if bool(table.ranking_kept.iloc[0]) else 'no'} (real "
               f"{table.real_rank_order.iloc[0]}; simulated {table.sim_rank_order.iloc[0]})")
         print(f"wrote {args.out / 'validation.csv'}")

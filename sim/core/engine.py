@@ -129,13 +129,18 @@ class Engine:
             for benchmarks). The checker is a listener, called after ``listeners``.
         listeners: ``EngineListener`` objects told of every state change (``sim/core/listeners.py``),
             e.g. an ``EventCounter``.
+        retime_at: instants (s, finite, >= 0, ascending) at which every running group is settled and
+            re-timed from the cost model, as after a step-time change (``SetExecution``), without a
+            decision or a pause: for a cost model whose step times change with time
+            (``validate-run --host-speed``, ``sim/executor/host_speed.py``). Equal instants count once;
+            none after the last job finished. Default: none (a plain replay, unchanged).
 
     Attributes:
         member_flops: model FLOPs of one step of each job alone (``CostModel.step_flops``), by job index.
 
     Raises:
         ValueError: jobs out of index order, or a negative or non-finite ``regroup_pause_s`` or pause of
-            ``pauses``.
+            ``pauses``, or ``retime_at`` not finite, negative or out of order.
         InvariantError: a policy action the engine cannot apply (double-booked GPUs, mixed base
             models, a job not queued, a group not running), or jobs left unfinished when events
             run out; with ``check_invariants``, any violation of ``tlora_sim.sim.core.invariants``
@@ -145,7 +150,7 @@ class Engine:
     def __init__(self, jobs: Sequence[Job], cluster: ClusterSpec, cost_model: CostModel, policy,
                  *, regroup_pause_s: float = 30.0, progress: Callable[[float], None] | None = None,
                  check_invariants: bool = True, listeners: Sequence[EngineListener] = (),
-                 pauses: PauseOptions = PauseOptions()) -> None:
+                 pauses: PauseOptions = PauseOptions(), retime_at: Sequence[float] = ()) -> None:
         self.jobs = list(jobs)
         for i, j in enumerate(self.jobs):
             if j.index != i:
@@ -165,6 +170,11 @@ class Engine:
                 and all(0.0 <= v < float("inf") for v in self.pause_by_size.values())):
             raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
                              f"{pauses.start_pause_s!r}")
+        self.retime_at = tuple(sorted(set(map(float, retime_at))))
+        if any(not 0.0 <= t < float("inf") for t in self.retime_at) or list(map(float, retime_at)) != sorted(
+                map(float, retime_at)):
+            raise ValueError(f"retime_at must be finite, >= 0 and ascending, got {retime_at!r}")
+        self._next_retime = 0  # index of the next instant of retime_at
         self.progress = progress
         self.env = simpy.Environment()
         self.free = FreeGpus([cluster.gpus_per_node] * cluster.nodes, cluster.gpus_per_node, cluster.nodes_per_rack)
@@ -215,6 +225,8 @@ class Engine:
         """Simulate until every job finished; return the raw result."""
         t0 = time.perf_counter()
         self._start_arrivals()
+        if self.retime_at:
+            self._schedule(_Wake(self._on_retime), NORMAL, self.retime_at[0] - self.env.now)
         with frozen_before():  # the jobs and records outlive the run: no GC scans of them
             self.env.run()
         if self._obs is not None:  # every job finished once, GPUs released, work adds up
@@ -546,6 +558,25 @@ class Engine:
             self._obs.at(self.env.now, "resume", ev.gid)
         self._set_rates(g, active=True)
         self._record()
+
+    def _on_retime(self, _ev) -> None:
+        """An instant of ``retime_at``: settle and re-time every running group (group id order),
+        then wake at the next instant unless every job finished."""
+        now = self.env.now
+        if self._obs is not None:
+            self._obs.at(now, "retime")
+        for gid in sorted(self.groups):
+            g = self.groups[gid]
+            self._settle(g)
+            self._retime(g)
+        if self.groups:
+            self._record()
+        k, times = self._next_retime + 1, self.retime_at
+        while k < len(times) and times[k] <= now:
+            k += 1
+        self._next_retime = k
+        if k < len(times) and self._finished < len(self.jobs):
+            self._schedule(_Wake(self._on_retime), NORMAL, times[k] - now)
 
     def _on_timer(self, ev: _Wake) -> None:
         g = self.groups.get(ev.gid)

@@ -14,6 +14,23 @@ Step times (``--step-times``):
   model's error from the schedule's. On a CPU run it is the only meaningful comparison, and it
   validates the machinery (the executor, the engine and their agreement), nothing about GPUs.
 
+Host speed (``--host-speed``: ``auto``, ``probes``, ``off``; ``--probe-window``): with ``probes``
+the engine's profiled step times follow the machine's host speed through each run
+(``sim/executor/host_speed.py``): the artifact's host terms times probe(t) / ref, probe(t) the
+median of the run's ``probes.csv`` (written by ``execute``; ``t_s, probe_ms, python_ms``) within
+``--probe-window`` s (default 10) of each probe, ref the artifact's ``calibration.probe.ref_ms``
+(``costmodel calibrate``: the probe's median during calibration), quantised to 0.5% (so derived
+models repeat), piecewise constant from each probe's ``t_s``; the engine re-times every running
+group at each probe's instant (``Engine(retime_at=...)``). It reads the run's probes, not its
+steps. A validation with ``probes`` compares the run with the model at the host speed the machine
+had during the run; with ``off``, with the model at the host speed of a calibration taken minutes
+before (on the lent H200 hosts the executed host-bound steps ran 9-17% slower than the calibration's
+of the same shapes: ``profiler/data/validation/README.md``). ``auto`` is ``probes``
+when every run has a ``probes.csv`` with a row, the artifact in use has the reference and step
+times are profiled, else ``off``; explicit ``probes`` with an input missing is an InputError naming
+the file or field; measured step times ignore host speed. Only step times follow it: the policy
+plans with the planning model and the pauses below are measured against the artifact's speed.
+
 Whenever the engine's step times are not the planning model's, the policy still plans with the
 planning model (``sim/executor/planning.py``), as it did in the executed run, and the invariant
 checker's isolation floor is off (it compares JCTs with the planning model's isolated runtimes).
@@ -35,7 +52,9 @@ planning and profiled step times come from the shipped artifact of the run's GPU
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
 |sim - real| / real, ``avg_jct_error``, ``real_ratio``, ``sim_ratio``, ``ratio_error``,
-``ranking_kept`` (``add_ratios``), then context columns), ``validation_jobs.csv`` (per job) and
+``ranking_kept`` (``add_ratios``), then context columns, among them ``host_speed`` (``probes`` /
+``off``) and ``host_factor_p10``, ``host_factor_median``, ``host_factor_p90`` (of the run's probe
+factors; NaN when off)), ``validation_jobs.csv`` (per job) and
 ``validation.png``/``.pdf`` (``sim/executor/figure.py``), ``divergence.csv`` (per job: real against
 simulated placements, the first point where the schedules part; ``sim/executor/divergence.py``),
 and each simulated run's ``jobs.csv`` and ``groups.csv`` (membership changes) under ``sim/<policy>/``.
@@ -58,6 +77,9 @@ COLUMNS = ["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "real_makespan_s
            "jct_abs_error_p50", "jct_abs_error_p90", "avg_jct_error", "real_ratio", "sim_ratio", "ratio_error",
            "ranking_kept"]
 STEP_TIMES = ("auto", "profiled", "measured")
+HOST_SPEED = ("auto", "probes", "off")
+#: validation.csv's host-speed context columns (the factors NaN when ``host_speed`` is ``off``)
+HOST_COLUMNS = ["host_speed", "host_factor_p10", "host_factor_median", "host_factor_p90"]
 GROUPS = "groups.csv"  # sim/<policy>/: the replay's membership changes (time_s, group_id, jobs)
 DIVERGENCE = "divergence.csv"  # per job: real against simulated placements (sim/executor/divergence.py)
 
@@ -206,16 +228,85 @@ def recorded_policy_options(cfg: dict) -> dict:
     return opts
 
 
+def step_mode(cfg: dict, step_times: str) -> str:
+    """The engine's step times of a run (``config.json`` ``cfg``) under ``--step-times``:
+    ``profiled`` or ``measured`` (``auto``: profiled for a cuda run, measured for a cpu run).
+
+    Raises:
+        InputError: an unknown ``step_times``.
+    """
+    if step_times not in STEP_TIMES:
+        raise InputError(f"--step-times must be one of {', '.join(STEP_TIMES)}, got {step_times!r}",
+                         field="--step-times")
+    on_gpu = str(cfg["executor"].get("device", "cuda")).startswith("cuda")
+    return step_times if step_times != "auto" else ("profiled" if on_gpu else "measured")
+
+
+def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str = "auto",
+                    artifact: str | Path | None = None) -> str:
+    """What ``--host-speed`` means for one validation of the runs ``dirs``: ``probes`` or ``off``.
+
+    ``auto`` is ``probes`` when the step times are profiled, the artifact in use (``artifact``, or
+    the shipped one of the runs' GPU type) has ``calibration.probe.ref_ms``, and every run
+    directory has a ``probes.csv`` with at least one row; else ``off``. Measured step times are
+    the run's own steps: host speed is off for them whatever ``host_speed`` says.
+
+    Raises:
+        InputError: an unknown ``host_speed``; with ``probes``, an artifact without the reference
+            (naming the file and field ``calibration.probe.ref_ms``), a run directory without
+            ``probes.csv`` or with no row in it (naming the file); in either mode a ``probes.csv``
+            that cannot be read (``host_speed.read_probes``).
+    """
+    from tlora_sim.sim.core.cluster import parse_cluster
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+    from tlora_sim.sim.executor.host_speed import PROBES, REF_FIELD, read_probes, reference_ms
+
+    if host_speed not in HOST_SPEED:
+        raise InputError(f"--host-speed must be one of {', '.join(HOST_SPEED)}, got {host_speed!r}",
+                         field="--host-speed")
+    if host_speed == "off" or not dirs:
+        return "off"
+    cfgs = [load_run(Path(d))[0] for d in dirs]
+    if any(step_mode(c, step_times) != "profiled" for c in cfgs):
+        return "off"
+    art_file = Path(artifact) if artifact else artifact_path(parse_cluster(cfgs[0]["cluster"]).gpu.name)
+    if reference_ms(load_artifact(art_file)) is None:
+        if host_speed == "auto":
+            return "off"
+        raise InputError("the artifact has no host-speed reference (calibrate with a probe: tlora-sim costmodel "
+                         "calibrate), so --host-speed probes cannot be used", file=str(art_file), field=REF_FIELD)
+    for d in dirs:
+        p = Path(d) / PROBES
+        if not p.is_file():
+            if host_speed == "auto":
+                return "off"
+            raise InputError("no probes.csv in the run directory (a run of an execute that timed the host probe "
+                             "is needed for --host-speed probes)", file=str(p))
+        if read_probes(p).empty:
+            if host_speed == "auto":
+                return "off"
+            raise InputError("probes.csv has no probe row", file=str(p))
+    return "probes"
+
+
 def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto",
-             artifact: str | Path | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+             artifact: str | Path | None = None, host_speed: str = "auto",
+             probe_window_s: float | None = None, step_model=None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
     rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
     ``artifact``: the cost-model artifact file of the replay's planning and profiled step times
-    (default: the shipped one of the run's GPU type).
+    (default: the shipped one of the run's GPU type). ``host_speed``: ``auto``, ``probes`` or
+    ``off`` (``host_speed_mode`` of this run alone); with ``probes`` the engine's profiled step
+    times follow the run's ``probes.csv`` (``sim/executor/host_speed.py``; ``probe_window_s``: the
+    median window's half-width, s, default ``host_speed.WINDOW_S``). ``step_model``: a cost model
+    the engine's step times come from instead of ``step_times``' and ``host_speed``'s (a what-if;
+    the policy still plans with the planning model; the pauses are measured against
+    ``step_times``' model, as with ``host_speed``).
 
     Raises:
-        InputError: not an executed run directory, an unknown ``step_times``, or measured step
-            times from a run with no measured step.
+        InputError: not an executed run directory, an unknown ``step_times`` or ``host_speed``,
+            measured step times from a run with no measured step, or host-speed inputs missing
+            (``host_speed_mode``).
         InvariantError: the replay broke an invariant.
     """
     from tlora_sim.policies.registry import make_policy
@@ -229,17 +320,17 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
                                                   pace, pauses_by_size)
     from tlora_sim.sim.executor.workload import executor_cost_model
 
-    if step_times not in STEP_TIMES:
-        raise InputError(f"--step-times must be one of {', '.join(STEP_TIMES)}, got {step_times!r}",
-                         field="--step-times")
+    from tlora_sim.sim.executor import host_speed as hs
+
     real = Path(real)
     cfg, jobs, steps, real_jobs = load_run(real)
+    mode = step_mode(cfg, step_times)
+    host = host_speed_mode([real], host_speed, step_times, artifact)
     cluster = parse_cluster(cfg["cluster"])
     cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=float(cfg["gpu"]["memory_bytes"])))
     gpu = cluster.gpu.name
     planning = executor_cost_model(gpu, str(artifact) if artifact else None)
     on_gpu = str(cfg["executor"].get("device", "cuda")).startswith("cuda")
-    mode = step_times if step_times != "auto" else ("profiled" if on_gpu else "measured")
     scale = 1.0 if on_gpu else pace(steps, jobs, planning, gpu)
     if mode == "measured" and not (steps.event == "step").any():
         raise InputError("steps.csv has no measured step: a measured-steps validation has nothing to use",
@@ -250,7 +341,24 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
         cm = planning
     else:  # a CPU run against a GPU profile: the profile at the CPU's pace
         cm = ScaledCostModel(planning, scale)
+    # the pauses are measured against these step times; a step model of its own or the host speed
+    # changes the engine's step times only
     first_s = first_step_excess_s(steps, jobs, cm, gpu)
+    speed = None
+    if step_model is not None:
+        cm, host = step_model, "off"
+    elif host == "probes":  # the profiled model at the machine's host speed through the run
+        from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+        art = planning.artifact
+        speed = hs.factor_series(hs.read_probes(real / hs.PROBES), hs.reference_ms(art),
+                                 hs.WINDOW_S if probe_window_s is None else probe_window_s)
+
+        def build(f: float, art=art, on_gpu=on_gpu, scale=scale):
+            m = ProfiledCostModel(hs.speed_artifact(art, f), checkpointing=False)  # as executor_cost_model
+            return m if on_gpu else ScaledCostModel(m, scale)
+
+        cm = hs.HostSpeedCostModel(build, speed, base=cm)
     pauses, starts = steps[steps.event == "regroup"].ms, steps[steps.event == "start"].ms
     pause_s = (float(pauses.mean() / 1e3) if len(pauses) else 0.0) + first_s
     start_s = (float(starts.mean() / 1e3) if len(starts) else 0.0) + first_s
@@ -265,8 +373,11 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     by_size = pauses_by_size(steps, first_s)
     engine = Engine(jobs, cluster, cm, policy, regroup_pause_s=pause_s, check_invariants=False,
                     listeners=[checker, log], pauses=PauseOptions(start_pause_s=start_s, pause_on_finish=True,
-                                                                  serial_pauses=True, pause_by_size=by_size))
+                                                                  serial_pauses=True, pause_by_size=by_size),
+                    retime_at=speed.instants() if speed is not None else ())
     log.bind(engine)
+    if speed is not None:
+        cm.clock = lambda: engine.env.now
     res = engine.run()
     sim_jobs = metrics.jobs_table(res)
     div = divergence(cfg["policy"], real_jobs, real_changes(steps), sim_jobs, log.table())
@@ -294,6 +405,8 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
            "same_groups_share": float(div.same_groups.mean()),
            "cost_model": planning.artifact["id"], "cost_model_sha256": planning.artifact.get("_sha256"),
            "real_dir": str(real)}
+    q = speed.quantiles() if speed is not None else (float("nan"),) * 3
+    row.update(zip(HOST_COLUMNS, (host, *q)))
     return row, both, div
 
 
@@ -330,14 +443,18 @@ def add_ratios(table: pd.DataFrame, reference: str | None = None) -> pd.DataFram
 
 def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bool = False,
                   step_times: str = "auto", progress: bool = False, artifact: str | Path | None = None,
-                  reference: str | None = None) -> pd.DataFrame:
+                  reference: str | None = None, host_speed: str = "auto",
+                  probe_window_s: float | None = None) -> pd.DataFrame:
     """Validate every run in ``real_dirs``; write the validation directory (as a unit); return its
-    table (``add_ratios``' columns included). ``artifact``: see ``simulate``.
+    table (``add_ratios``' columns included). ``artifact``, ``probe_window_s``: see ``simulate``;
+    ``host_speed`` is decided once for all the runs (``host_speed_mode``: ``auto`` is ``probes``
+    only when every run has probes).
 
     Raises:
         InputError: a directory that is not an executed run, inputs of different workloads or a
-            policy given twice (``check_inputs``), an unknown ``reference``, or an ``out_dir``
-            that may not be written (nothing is written then).
+            policy given twice (``check_inputs``), an unknown ``reference``, host-speed inputs
+            missing (``host_speed_mode``), or an ``out_dir`` that may not be written (nothing is
+            written then).
     """
     from tlora_sim.sim.executor.figure import plot_validation
 
@@ -351,6 +468,11 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
         from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
         load_artifact(artifact)
+    if probe_window_s is not None:
+        from tlora_sim.sim.executor.host_speed import check_window
+
+        check_window(probe_window_s)  # refused before anything is written
+    host = host_speed_mode(dirs, host_speed, step_times, artifact)
     out = check_out_dir(out_dir, force=force, what="validation")
     with staged_dir(out) as stage:
         rows, per_job, divs = [], [], []
@@ -360,7 +482,7 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
 
             it = tqdm(dirs, desc="validate-run", unit="run")
         for d in it:
-            row, both, div = simulate(d, stage, step_times, artifact)
+            row, both, div = simulate(d, stage, step_times, artifact, host, probe_window_s)
             rows.append(row)
             per_job.append(both)
             divs.append(div)
