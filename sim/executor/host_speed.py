@@ -37,11 +37,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
 #: the file ``tlora-sim execute`` writes in a run directory, and the columns read from it
 #: (``sim/executor/probe.py``'s ``COLUMNS`` are ``t_s, probe_ms, python_ms``; ``python_ms`` is not used)
-PROBES = "probes.csv"
+PROBES = RunDir.PROBES
 NEED = ["t_s", "probe_ms"]
 #: the factor's quantum (0.5%)
 QUANTUM = 0.005
@@ -170,12 +171,14 @@ def factor_series(probes: pd.DataFrame, ref_ms: float, window_s: float = WINDOW_
 
 def speed_artifact(art: dict, factor: float) -> dict:
     """``art`` with every host term times ``factor`` (its loop and fused host scales; GPU terms,
-    memory and the rest unchanged). The one place that makes host-speed artifacts: today
-    ``profiler/calibrate.py``'s ``derive(art, {"host_loop": f, "host_fused": f})``, which is what
-    ``with_host_speed(art, f)`` does."""
-    from tlora_sim.profiler.calibrate import derive
+    memory and the rest unchanged): ``profiler/calibrate.py``'s ``with_host_speed``.
 
-    return derive(art, {"host_loop": float(factor), "host_fused": float(factor)})
+    Raises:
+        ValueError: ``factor`` not finite and > 0.
+    """
+    from tlora_sim.profiler.calibrate import with_host_speed
+
+    return with_host_speed(art, float(factor))
 
 
 class HostSpeedCostModel:
