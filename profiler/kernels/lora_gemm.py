@@ -1,4 +1,4 @@
-"""The frozen layer's two GEMMs with the LoRA term carried in their epilogue (``_gemm_triton``),
+"""The frozen layer's two GEMMs with the LoRA term carried in their epilogue (``lora_gemm_kernel``),
 and the choice, per GEMM shape and GPU, between them and cuBLAS.
 
 Forward ``Y = X W^T (+ bias) + s_i Psave_i B_i`` and backward ``dX = dY W + mask(Q_i A_i^T)/(1-p_i)``
@@ -23,10 +23,10 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_persist import gemm_persist_kernel
-from ._gemm_triton import gemm_lora_kernel
 from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
 from .fastlaunch import BoundLaunch
+from .lora_gemm_kernel import gemm_lora_kernel
+from .lora_gemm_persist import gemm_persist_kernel
 
 __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
            "gemm_lora_backward", "base_gemm", "bound_gemm", "tma_desc", "gfin_first",
@@ -151,7 +151,7 @@ def num_sms(device) -> int:
 
 def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=None,
                  ri=None, bias=None, seed=0, dropout: bool = False, uniform: bool = False) -> None:
-    """One launch of ``_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
+    """One launch of ``lora_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
     m0 = i * bm, the plain GEMM). Operands that do not allow TMA (``_tma_ok``) run the per-tile
     kernel instead. The output goes through a TMA store only when every row tile is full
     (``_all_full``)."""

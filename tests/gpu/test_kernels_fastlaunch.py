@@ -211,7 +211,7 @@ def test_a_module_and_its_cached_programs_are_freed_without_the_cyclic_collector
     x = torch.randn(8, 32, requires_grad=True)
     y = mod(x)
     torch.autograd.grad(y, [x, mod.lora_A, mod.lora_B], torch.randn_like(y))
-    plan = next(iter(mod._plans.values()))
+    plan = next(iter(mod.plans().values()))
     assert any(str(k[0]).endswith("prog") for k in plan.extra if isinstance(k, tuple))
     refs = [weakref.ref(mod.weight), weakref.ref(plan)]
     gc.disable()

@@ -207,7 +207,7 @@ PERSIST = [dict(split=2, lora_first=True), dict(split=4), dict(split=1, flatten=
 @pytest.mark.parametrize("mode", range(len(PERSIST)))
 @pytest.mark.parametrize("case", [0, 2])
 def test_persistent_gemm_matches_reference(mode, case):
-    """The persistent GEMM (``_gemm_persist``) in each loop mode, both passes, dropout on: the
+    """The persistent GEMM (``lora_gemm_persist``) in each loop mode, both passes, dropout on: the
     float64 reference; case 2's segments fill whole row tiles, so its output goes through the TMA
     store, case 0's tiles are clipped at segment ends (pointer stores)."""
     from tlora_sim.profiler.kernels import config as kconfig
