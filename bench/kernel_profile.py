@@ -260,6 +260,7 @@ def main(argv=None):
     import gc
 
     import torch
+    from tlora_sim.profiler.kernels import KernelConfig
     from tlora_sim.profiler.kernels.baselines import make_impl
     KB.DEV = "cuda"
     cfgs = json.loads(args.configs)
@@ -269,7 +270,7 @@ def main(argv=None):
         keys = []
         for case in args.cases.split(","):
             layer, mix = case.split(":")
-            K, N = KB._layer(layer)
+            K, N = KB.layer_shape(layer)
             ranks, segs = KB.MIXES[mix]
             keys += [(K, N, tuple(ranks), tuple(segs), args.dropout, json.dumps(c, sort_keys=True))
                      for c in cfgs]
@@ -286,7 +287,7 @@ def main(argv=None):
             todo += [("fused", c) for c in cfgs]
         base_ms = None
         for name, c in todo:
-            kw = {"kernel_config": KB._kcfg(c)} if c is not None else {}
+            kw = {"kernel_config": KernelConfig.from_dict(c)} if c is not None else {}
             label = name if c is None else f"fused{json.dumps(c, sort_keys=True)}"
             try:
                 impl = make_impl(name, W, A, B, segs, ranks, KB.scales_for(ranks), args.dropout,

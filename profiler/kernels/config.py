@@ -259,7 +259,10 @@ def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
     return stages
 
 
-_STAGES_SEEN: dict = {}  # (kernel name, constexpr args) -> stages that launched
+STAGES_SEEN: dict = {}
+"""What ``launch`` remembers: (kernel name, rank buckets, ``KernelConfig``, PREC) -> the pipeline
+stages that launched (after any shared-memory fallback). Its keys also say which kernels ran;
+clearing it makes the next launches start again from ``stages_for``."""
 
 
 def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
@@ -270,13 +273,13 @@ def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
     (down to 1) and remember what launched for this kernel and configuration. Returns what Triton's
     launch returns: the ``CompiledKernel`` that ran (None under the interpreter)."""
     key = (name, buckets, cfg, kwargs.get("PREC"))  # what decides the tiles' shared memory
-    stages = _STAGES_SEEN.get(key)
+    stages = STAGES_SEEN.get(key)
     if stages is None:
         stages = start_stages if start_stages is not None else stages_for(name, buckets, cfg)
     while True:
         try:
             compiled = kernel[grid](*args, num_stages=stages, **kwargs)
-            _STAGES_SEEN[key] = stages
+            STAGES_SEEN[key] = stages
             return compiled
         except Exception as e:  # noqa: BLE001 - only Triton's resource error is retried
             if type(e).__name__ != "OutOfResources" or stages <= 1:
