@@ -111,7 +111,7 @@ def _child(spec: dict) -> dict:
     from tlora_sim.policies.registry import make_policy
     from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
-    src = bench_replay._src_sha()
+    src = bench_replay.src_sha()
     cfg = ReplayConfig(trace=spec["trace"], policy=spec["policy"], cluster=spec["cluster"], seed=0)
     real = make_policy(cfg.policy, cfg.policy_options)
     if spec["mode"] == "record":

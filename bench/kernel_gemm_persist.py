@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The persistent TMA GEMM (``profiler/kernels/_gemm_persist.py``) against cuBLAS and the per-tile
-GEMM (``_gemm_triton``), alone (issue 19; profiler/KERNELS.md, session 16).
+"""The persistent TMA GEMM (``profiler/kernels/lora_gemm_persist.py``) against cuBLAS and the per-tile
+GEMM (``lora_gemm_kernel``), alone (issue 19; profiler/KERNELS.md, session 16).
 
 Two tables, GPU time of CUDA-graph replays (``triton.testing.do_bench_cudagraph``, median, us):
 

@@ -183,7 +183,7 @@ def launch_counts(mod) -> dict:
     direct path was refused, e.g. a changed alignment)."""
     from tlora_sim.profiler.kernels.fastlaunch import BoundLaunch
     out = {}
-    for plan in mod._plans.values():
+    for plan in mod.plans().values():
         for key, prog in plan.extra.items():
             if not isinstance(key, tuple) or not str(key[0]).endswith("prog"):
                 continue
@@ -256,7 +256,7 @@ def launch_micro(mod, x, n):
     import triton
     import triton.language as tl
 
-    from tlora_sim.profiler.kernels import _triton as K_
+    from tlora_sim.profiler.kernels import lora_kernels as K_
     from tlora_sim.profiler.kernels.config import launch, mix_seed, stages_for
     from tlora_sim.profiler.kernels.fastlaunch import BoundLaunch
 

@@ -102,7 +102,7 @@ SMEM_CONFIGS = {"shipped": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 1, 1, 1)),
                 "cm2": ((64, 64, 128, 64, 64), 128, 128, (1, 1, 2, 2, 2))}
 # lora_gemm tiles (bm, bn, bk, warps): base_gemm.json's backward and forward, and 128 x 128
 GEMM_TILES = ((128, 256, 64, 8), (256, 128, 64, 8), (128, 128, 64, 8), (128, 128, 64, 4))
-# the persistent GEMM (_gemm_persist, session 16): tiles; each at split 1/2/4, three loop modes
+# the persistent GEMM (lora_gemm_persist, session 16): tiles; each at split 1/2/4, three loop modes
 # (LoRA first, LoRA after the loop, flattened loop), stages 3-4, with and without a TMA store
 PGEMM_TILES = ((128, 256, 64, 8),)
 _PTR_F32 = {"Pacc", "meta_f", "G", "GB", "GA", "WSP"}
@@ -141,7 +141,7 @@ def _smem_one(job):
     pkg.__path__ = [kdir]
     sys.modules["_smem_pk"] = pkg
     mods = {}
-    for m in ("_triton", "_gemm_triton", "_gemm_persist"):
+    for m in ("lora_kernels", "lora_gemm_kernel", "lora_gemm_persist"):
         spec = importlib.util.spec_from_file_location(f"_smem_pk.{m}", os.path.join(kdir, m + ".py"))
         mods[m] = importlib.util.module_from_spec(spec)
         sys.modules[f"_smem_pk.{m}"] = mods[m]
@@ -149,8 +149,8 @@ def _smem_one(job):
     consts = dict(consts, BUCKETS=1 << bucket)
     warps = consts.pop("num_warps", 8)
     if kern in ("gemm", "gemmp"):
-        fn = (mods["_gemm_triton"].gemm_lora_kernel if kern == "gemm"
-              else mods["_gemm_persist"].gemm_persist_kernel)
+        fn = (mods["lora_gemm_kernel"].gemm_lora_kernel if kern == "gemm"
+              else mods["lora_gemm_persist"].gemm_persist_kernel)
         bm, bn, bk = consts["BM"], consts["BN"], consts["BK"]
         wblk = [bk, bn] if consts["BWD"] else [bn, bk]
         tys = {"XIN": f"tensordesc<bf16[{bm},{bk}]>", "W": f"tensordesc<bf16[{wblk[0]},{wblk[1]}]>",
@@ -158,7 +158,7 @@ def _smem_one(job):
         if kern == "gemmp":
             tys["ODESC"] = f"tensordesc<bf16[{bm},{bn // consts['SPLIT']}]>"
     else:
-        fn = getattr(mods["_triton"], f"{kern}_kernel")
+        fn = getattr(mods["lora_kernels"], f"{kern}_kernel")
         tys = {}
     names = list(fn.arg_names)
     sig = {n: ("constexpr" if n in consts else tys[n] if n in tys else "*fp32" if n in _PTR_F32
@@ -260,6 +260,7 @@ def main(argv=None):
     import gc
 
     import torch
+    from tlora_sim.profiler.kernels import KernelConfig
     from tlora_sim.profiler.kernels.baselines import make_impl
     KB.DEV = "cuda"
     cfgs = json.loads(args.configs)
@@ -269,7 +270,7 @@ def main(argv=None):
         keys = []
         for case in args.cases.split(","):
             layer, mix = case.split(":")
-            K, N = KB._layer(layer)
+            K, N = KB.layer_shape(layer)
             ranks, segs = KB.MIXES[mix]
             keys += [(K, N, tuple(ranks), tuple(segs), args.dropout, json.dumps(c, sort_keys=True))
                      for c in cfgs]
@@ -286,7 +287,7 @@ def main(argv=None):
             todo += [("fused", c) for c in cfgs]
         base_ms = None
         for name, c in todo:
-            kw = {"kernel_config": KB._kcfg(c)} if c is not None else {}
+            kw = {"kernel_config": KernelConfig.from_dict(c)} if c is not None else {}
             label = name if c is None else f"fused{json.dumps(c, sort_keys=True)}"
             try:
                 impl = make_impl(name, W, A, B, segs, ranks, KB.scales_for(ranks), args.dropout,

@@ -125,7 +125,8 @@ def parse_args(argv=None):
 DEV = "cuda"
 
 
-def _layer(name):
+def layer_shape(name):
+    """(K, N) of a layer: a name of ``LAYERS`` or ``KxN`` (e.g. ``4096x14336``, any case)."""
     if name in LAYERS:
         return LAYERS[name]
     k, n = name.lower().split("x")
@@ -293,7 +294,7 @@ def case_tensors(layer, mix, seed_key, n_sets):
     """The tensors of one (layer, mix) case, drawn from a generator seeded by ``seed_key``:
     (K, N, ranks, segs, W, A, B, [(x, dy)] * n_sets), x (M, K) and dy (M, N) in bf16."""
     import torch
-    K, N = _layer(layer)
+    K, N = layer_shape(layer)
     ranks, segs = MIXES[mix]
     gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(seed_key.encode()))
     W, A, B = make_weights(K, N, ranks, gen)
@@ -319,7 +320,7 @@ def check_correctness(layers):
     ranks = [1, 8, 16, 32, 64, 128, 256, 3]
     segs = [37, 0, 300, 129, 64, 255, 100, 1]
     for layer in layers:
-        K, N = _layer(layer)
+        K, N = layer_shape(layer)
         W, A, B = make_weights(K, N, ranks, gen)
         M = sum(segs)
         for p in (0.0, 0.1):
@@ -559,7 +560,7 @@ def main(argv=None):
         from tlora_sim.profiler.kernels.config import bucket_of as _bucket
         keys = {}
         for layer, mix in case_list:
-            K, N = _layer(layer)
+            K, N = layer_shape(layer)
             ranks, segs = MIXES[mix]
             bk = frozenset(_bucket(r) for r, L in zip(ranks, segs) if L)
             for c in cfg_list:

@@ -196,7 +196,9 @@ COLUMNS = ["case", "policy", "cost_model", "jobs", "wall_s", "engine_s", "cpu_s"
 
 
 # ---- child: one replay ---------------------------------------------------------------------------
-def _src_sha() -> str:
+def src_sha() -> str:
+    """The first 12 hex digits of the SHA-256 of the simulator's source (every ``.py`` under sim/,
+    policies/, traces/, by path then bytes): the ``src_sha`` of a result row."""
     h = hashlib.sha256()
     for d in ("sim", "policies", "traces"):
         for p in sorted((ROOT / d).rglob("*.py")):
@@ -283,7 +285,7 @@ def _child(spec: dict) -> dict:
     """Run one replay in this process; returns the measurements."""
     import resource
 
-    src = _src_sha()
+    src = src_sha()
     from tlora_sim.sim.experiments.replay import ReplayConfig, replay
 
     kw = {"cost_model": spec["cost_model"]} if spec.get("cost_model") else {}

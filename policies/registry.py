@@ -99,6 +99,16 @@ def _is_builtin(entry: Entry) -> bool:
     return entry.factory.__module__.startswith(BUILTIN_PACKAGE)
 
 
+def unregister(name: str) -> bool:
+    """Forget the policy registered as ``name`` (one a test or a session registered for a while);
+    returns whether it was registered. A module ``load_policy_module`` already loaded is not loaded
+    again by a later call. Raises ValueError for a built-in policy (its name stays reserved)."""
+    entry = _REGISTRY.get(name)
+    if entry is not None and _is_builtin(entry):
+        raise ValueError(f"policy {name!r} is a built-in and cannot be unregistered")
+    return _REGISTRY.pop(name, None) is not None
+
+
 def available() -> list[Entry]:
     """Registered policies in registration order."""
     _load_builtin()

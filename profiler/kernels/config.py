@@ -18,7 +18,7 @@ class GemmConfig:
     """Tiles of the base GEMM with the LoRA epilogue (``lora_gemm``): bm x bn output tiles, bk of
     the reduced dimension per step, ``group_m`` row tiles per L2 group (the grouped ordering of
     Triton's matmul tutorial), ``warps`` and ``stages`` (Triton launch options); ``persistent``
-    runs ``_gemm_persist``'s kernel (one program per SM over all tiles, its epilogue in ``split``
+    runs ``lora_gemm_persist``'s kernel (one program per SM over all tiles, its epilogue in ``split``
     column parts, 1, 2 or 4; ``flatten``: tile and reduction loops pipelined as one;
     ``lora_first``: the LoRA term before the main loop, as the per-tile kernel does, instead of
     after it) instead of one program per tile; ``tail_split``: the persistent kernel's last,
@@ -50,7 +50,7 @@ class GemmConfig:
         the sum of both, kept 128 x 256 x 64 from 4 stages). ``launch`` still falls back to
         fewer stages if a GPU reports more.
 
-        ``persistent`` (``_gemm_persist``, one program per SM; session 16): the stages plus the
+        ``persistent`` (``lora_gemm_persist``, one program per SM; session 16): the stages plus the
         larger of one rank chunk's low-rank operands ((bm + w) x 64 x 2 B, w = bn with
         ``lora_first``, else bn / split) and the store's staging tile (bm x bn / split x 2 B);
         with ``flatten`` (the next tile's stages live while the epilogue runs) their sum.
@@ -123,8 +123,8 @@ class KernelConfig:
     launch of its own, when it moves at most this many bytes per such program (0: never;
     ``lora_gemm._bound_persist``).
     tiny_tokens: at most this many tokens, the forward's ``_f1`` + ``_f2`` run as one launch
-    (``_tiny._tf_kernel``: the tile's K splits of P meet on a counter in device memory, one
-    program per SM), and so do the backward's ``_b1`` + ``_b2`` (``_tiny._tb_kernel``) where
+    (``tiny._tf_kernel``: the tile's K splits of P meet on a counter in device memory, one
+    program per SM), and so do the backward's ``_b1`` + ``_b2`` (``tiny._tb_kernel``) where
     ``_b1`` would leave Q unsplit over N (``plan.nsplit`` 1); only with cuBLAS for both base
     GEMMs and at most one row tile per SM. -1 (the default): 512 on CUDA devices where every
     adapter with tokens has rank <= 64 (the range measured), off elsewhere (the interpreter,
@@ -133,7 +133,7 @@ class KernelConfig:
     8192x8192 1.33 -> 1.25, 14336x4096 1.29 -> 1.27 (profiler/KERNELS.md, session 19).
     tiny_ctas: programs per SM of that path's backward launch (``_tb_kernel``): n >= 2, n per SM
     (registers capped by ``maxnreg`` at the SM's file / (n x threads)) where the compiled kernel
-    fits n without spilling (``_tiny.resident_ctas``: every program must be resident, as
+    fits n without spilling (``tiny.resident_ctas``: every program must be resident, as
     consumers spin; else fewer), run where ``plan.nsplit`` is 1 or every program takes at most
     one dX / dA block; 1: one per SM, only where ``plan.nsplit`` is 1 (session 19's rule); 0: the
     four-launch backward always. H100, small4, step / base, default against 1, same call:
@@ -259,7 +259,10 @@ def stages_for(kernel: str, buckets: int, cfg: "KernelConfig") -> int:
     return stages
 
 
-_STAGES_SEEN: dict = {}  # (kernel name, constexpr args) -> stages that launched
+STAGES_SEEN: dict = {}
+"""What ``launch`` remembers: (kernel name, rank buckets, ``KernelConfig``, PREC) -> the pipeline
+stages that launched (after any shared-memory fallback). Its keys also say which kernels ran;
+clearing it makes the next launches start again from ``stages_for``."""
 
 
 def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
@@ -270,13 +273,13 @@ def launch(kernel, grid, name: str, buckets: int, cfg: "KernelConfig", *args,
     (down to 1) and remember what launched for this kernel and configuration. Returns what Triton's
     launch returns: the ``CompiledKernel`` that ran (None under the interpreter)."""
     key = (name, buckets, cfg, kwargs.get("PREC"))  # what decides the tiles' shared memory
-    stages = _STAGES_SEEN.get(key)
+    stages = STAGES_SEEN.get(key)
     if stages is None:
         stages = start_stages if start_stages is not None else stages_for(name, buckets, cfg)
     while True:
         try:
             compiled = kernel[grid](*args, num_stages=stages, **kwargs)
-            _STAGES_SEEN[key] = stages
+            STAGES_SEEN[key] = stages
             return compiled
         except Exception as e:  # noqa: BLE001 - only Triton's resource error is retried
             if type(e).__name__ != "OutOfResources" or stages <= 1:

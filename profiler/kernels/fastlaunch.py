@@ -31,14 +31,16 @@ from .config import launch
 
 __all__ = ["BoundLaunch", "direct_launch_enabled"]
 
-_DISABLED = {"off": False}
+DIRECT_LAUNCH_REFUSED = {"off": False}
+"""``["off"]`` turns True when a launcher refused the direct call form: every later bound launch of
+this process then goes the normal way (``direct_launch_enabled``; a dict, so that tests can reset it)."""
 
 
 def direct_launch_enabled() -> bool:
     """Whether ``BoundLaunch`` may call compiled kernels directly: not under the Triton interpreter,
     not with ``TLORA_DIRECT_LAUNCH=0``, and not after the launcher refused the direct call form."""
     return (os.environ.get("TRITON_INTERPRET") != "1"
-            and os.environ.get("TLORA_DIRECT_LAUNCH", "1") != "0" and not _DISABLED["off"])
+            and os.environ.get("TLORA_DIRECT_LAUNCH", "1") != "0" and not DIRECT_LAUNCH_REFUSED["off"])
 
 
 def _spec(v, dns: bool):
@@ -62,17 +64,17 @@ except Exception:  # noqa: BLE001 - an older Triton: no hooks to honour here
     _RT = None
 
 
-def _hook_set(h) -> bool:
+def hook_set(h) -> bool:
     """Whether launch hook ``h`` would do anything: None or an empty HookChain does not."""
     return h is not None and bool(getattr(h, "calls", True))
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
     """Whether a launch enter/exit hook (e.g. the Proton profiler's) is installed: then every
     launch goes through Triton's normal path, which builds the hooks' launch metadata."""
     if _RT is None:
         return False
-    return _hook_set(_RT.launch_enter_hook) or _hook_set(_RT.launch_exit_hook)
+    return hook_set(_RT.launch_enter_hook) or hook_set(_RT.launch_exit_hook)
 
 
 def _stream_fn() -> Callable[[], int]:
@@ -83,7 +85,7 @@ def _stream_fn() -> Callable[[], int]:
     return lambda: get_raw(cur())
 
 
-def _raw_launcher(runner):
+def raw_launcher(runner):
     """(C launch function, cooperative flag, PDL flag) of Triton 3.6's CUDA launcher object
     (``CudaLauncher``), to skip its Python ``__call__``: for a kernel without global or profile
     scratch memory that only forwards to ``runner.launch(gx, gy, gz, stream, function,
@@ -147,7 +149,7 @@ class BoundLaunch:
         f = self._fast
         if f is not None:
             fn, mid, template, slots, specs, stream = f
-            ok = not _hooks_installed()
+            ok = not hooks_installed()
             if ok:
                 for i in self.checked:
                     if _spec(values[i], self._dns[i]) != specs[i]:
@@ -161,7 +163,7 @@ class BoundLaunch:
                 try:
                     fn(gx, gy, gz, stream(), *mid, *args)
                 except TypeError as e:  # a launcher with another call form: never again
-                    _DISABLED["off"] = True
+                    DIRECT_LAUNCH_REFUSED["off"] = True
                     self._fast = None
                     warnings.warn(f"direct Triton launch refused ({e}); using the normal launch")
                 else:
@@ -189,7 +191,7 @@ class BoundLaunch:
         argument list, dynamic slots, their specs, stream function) of ``compiled``, the kernel
         the normal launch just ran with ``kw``: Triton 3.6's call ``compiled.run(gx, gy, gz,
         stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``
-        with no launch metadata or hooks, or its C launcher directly (``_raw_launcher``)."""
+        with no launch metadata or hooks, or its C launcher directly (``raw_launcher``)."""
         sig = self.kernel.signature  # inspect.Signature of the kernel's Python function
         ba = sig.bind(**kw)
         ba.apply_defaults()
@@ -202,7 +204,7 @@ class BoundLaunch:
         run = compiled.run
         function = compiled.function
         meta = compiled.packed_metadata
-        raw = _raw_launcher(run)
+        raw = raw_launcher(run)
         if raw is not None:
             fn, coop, pdl = raw
             mid = (function, coop, pdl, None, None, meta, None, None, None)

@@ -6,7 +6,7 @@ kernel (profiler/KERNELS.md, "Host overhead").
 One pair of graphs per (token count, segment layout, dtype, whether x needs a gradient); the
 first call of a new key warms up and captures (a few eager steps), later calls replay. The
 dropout seed is a device counter that the captured forward advances by one (the kernels read it
-and hash it, ``_triton.seed_value``), so every replay draws a fresh mask; the mask of counter
+and hash it, ``lora_kernels.seed_value``), so every replay draws a fresh mask; the mask of counter
 value c equals ``reference.keep_mask(M, K, c, p)``. As with any graphed callable, x is copied
 into the graph's input buffer, and the returned tensor is the graph's output buffer: the next
 replay of the same key overwrites it.

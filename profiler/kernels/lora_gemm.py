@@ -1,4 +1,4 @@
-"""The frozen layer's two GEMMs with the LoRA term carried in their epilogue (``_gemm_triton``),
+"""The frozen layer's two GEMMs with the LoRA term carried in their epilogue (``lora_gemm_kernel``),
 and the choice, per GEMM shape and GPU, between them and cuBLAS.
 
 Forward ``Y = X W^T (+ bias) + s_i Psave_i B_i`` and backward ``dX = dY W + mask(Q_i A_i^T)/(1-p_i)``
@@ -23,10 +23,10 @@ from typing import Optional
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_persist import gemm_persist_kernel
-from ._gemm_triton import gemm_lora_kernel
 from .config import GemmConfig, KernelConfig, cdiv, launch, seed_args
 from .fastlaunch import BoundLaunch
+from .lora_gemm_kernel import gemm_lora_kernel
+from .lora_gemm_persist import gemm_persist_kernel
 
 __all__ = ["TABLE_PATH", "gemm_table", "choose_gemm", "row_tiles", "gemm_lora_forward",
            "gemm_lora_backward", "base_gemm", "bound_gemm", "tma_desc", "gfin_first",
@@ -151,10 +151,10 @@ def num_sms(device) -> int:
 
 def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=None, lo=None,
                  ri=None, bias=None, seed=0, dropout: bool = False, uniform: bool = False) -> None:
-    """One launch of ``_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
+    """One launch of ``lora_gemm_persist``'s kernel (``_run``'s arguments; ``uniform``: row tiles
     m0 = i * bm, the plain GEMM). Operands that do not allow TMA (``_tma_ok``) run the per-tile
     kernel instead. The output goes through a TMA store only when every row tile is full
-    (``_all_full``)."""
+    (``all_tiles_full``)."""
     if not (_tma_ok(a) and _tma_ok(w) and _tma_ok(out)):   # the per-tile kernel's pointer path
         _run(a, w, out, mtiles, dataclasses.replace(gc, persistent=False), bwd, prec, plan, lo,
              ri, bias, seed, dropout)
@@ -164,7 +164,7 @@ def _run_persist(a, w, out, mtiles, gc: GemmConfig, bwd: bool, prec: str, plan=N
     cfg = plan.cfg if plan is not None else KernelConfig()
     sarg, sptr = seed_args(seed)
     a_op = tma_desc(a, gc, bwd, True)
-    full = _all_full(plan, gc.bm, M, uniform) and nout % (gc.bn // gc.split) == 0
+    full = all_tiles_full(plan, gc.bm, M, uniform) and nout % (gc.bn // gc.split) == 0
     o_op = _out_desc(out, gc) if full else a_op
     buckets = plan.buckets if plan is not None else 0
     meta = (plan.meta_i, plan.meta_f) if plan is not None else (mtiles, mtiles)
@@ -271,7 +271,7 @@ def gfin_items(plan, device) -> "tuple[torch.Tensor, int]":
     return hit
 
 
-def _all_full(plan, bm: int, M: int, uniform: bool) -> bool:
+def all_tiles_full(plan, bm: int, M: int, uniform: bool) -> bool:
     """Whether every row tile has bm rows: M a multiple of bm (uniform tiles), else every
     segment of ``plan`` (``row_tiles`` clips tiles at segment ends; empty segments have none)."""
     if uniform or plan is None:
@@ -329,7 +329,7 @@ def _bound_persist(plan, gc: GemmConfig, bwd: bool, prec: str, a, w, ri, mtiles,
     that pass per such program)."""
     M, kred = a.shape
     nout = w.shape[1] if bwd else w.shape[0]
-    full = _all_full(plan, gc.bm, M, False) and nout % (gc.bn // gc.split) == 0
+    full = all_tiles_full(plan, gc.bm, M, False) and nout % (gc.bn // gc.split) == 0
     nsm = num_sms(a.device)
     n_mt = mtiles.shape[0]
     ws = tail_workspace(plan, gc, bwd, n_mt, nout, nsm, a.device)

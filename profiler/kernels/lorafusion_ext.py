@@ -103,8 +103,10 @@ def _stub_missing() -> None:
             sys.modules[name] = m
 
 
-def _load() -> dict:
-    """Import their kernel modules once (raises ImportError/OSError where absent)."""
+def load_lorafusion() -> dict:
+    """Import LoRAFusion's kernel modules once: {"config", "dropout", "blocked_dropout",
+    "fused_multi_lora_xw_sb", ...: module} (``lorafusion.ops.triton_ops.<name>``). Raises
+    ImportError/OSError where their source is absent (``source_dir``)."""
     if _MODS:
         return _MODS
     d = source_dir()
@@ -126,7 +128,7 @@ def _load() -> dict:
 def lorafusion_available() -> bool:
     """True if LoRAFusion's source is present and its kernel modules import here."""
     try:
-        _load()
+        load_lorafusion()
         return True
     except Exception:  # noqa: BLE001
         return False
@@ -175,7 +177,7 @@ class LoRAFusionPlan:
         self.scales = [float(s) for s in scales]
         self.dropout = [float(dropout)] * n if isinstance(dropout, (int, float)) else [float(p) for p in dropout]
         self.K, self.N, self.device, self.dtype = int(in_features), int(out_features), torch.device(device), dtype
-        m = _load()
+        m = load_lorafusion()
         cfgmod = m["config"]
         hw = cfgmod.H100_CONFIG
         if self.device.type == "cuda":

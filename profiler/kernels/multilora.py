@@ -1,6 +1,6 @@
 """Fused multi-LoRA linear layer: launch plan, autograd Function and ``MultiLoRALinear`` module.
 
-See ``_triton.py`` for the kernels and docs/kernel.md ("Fused multi-LoRA kernel") for the math.
+See ``lora_kernels.py`` for the kernels and docs/kernel.md ("Fused multi-LoRA kernel") for the math.
 Shapes and units used throughout:
 
 * ``x``: (M, K) tokens x in-features, bf16/fp16/fp32; adapter i owns rows
@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from typing import Optional, Sequence
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence
 
 import torch
 
-from . import _triton as K_
+from . import lora_kernels as K_
 from .config import MAX_RANK, KernelConfig, cdiv, keep_threshold, mix_seed
 from .plan import LoRAPlan, build_plan
 from .program import backward_program, forward_program, gbuf_numel, prec_of
@@ -230,6 +231,13 @@ class MultiLoRALinear(torch.nn.Module):
             out.append(o)
             o += r
         return out
+
+    def plans(self) -> Mapping[tuple, LoRAPlan]:
+        """The launch plans cached so far (``plan_for``), as a read-only live view: key
+        (segment lengths as a tuple of ints, ``str(device)``) -> its ``LoRAPlan``, in the order
+        they were built. For inspection (e.g. ``bench/kernel_host.py`` counts the launches of
+        their programs); ``plan_for`` is the way to get or build one."""
+        return MappingProxyType(self._plans)
 
     def plan_for(self, seg_lens: Sequence[int], device) -> LoRAPlan:
         """The cached launch plan of this segment layout on ``device`` (built on first use)."""

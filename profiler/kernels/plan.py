@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _triton as K_
+from . import lora_kernels as K_
 from .config import MAX_RANK, KernelConfig, bucket_of, cdiv, keep_threshold
 
 @dataclasses.dataclass

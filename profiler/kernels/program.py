@@ -15,14 +15,14 @@ run on one CUDA stream (or on the CPU), in order.
 
 Programs hold no reference to their plan (the plan holds them: a cycle would keep the weight
 tensors their bound launches reference alive until the cyclic garbage collector runs); ``run``
-takes the plan. Math and buffers: ``multilora`` (``_gbuf_numel``, the kernels' docstrings in ``_triton``).
+takes the plan. Math and buffers: ``multilora`` (``_gbuf_numel``, the kernels' docstrings in ``lora_kernels``).
 """
 from __future__ import annotations
 
 import torch
 
-from . import _triton as K_
-from ._tiny import bind_backward, bind_forward
+from . import lora_kernels as K_
+from .tiny import bind_backward, bind_forward
 from .config import cdiv
 from .fastlaunch import BoundLaunch
 from .lora_gemm import bound_gemm, choose_gemm, gemm_lora_backward, gemm_lora_forward, tma_desc
@@ -77,7 +77,7 @@ class ForwardProgram:
         self.gemm = self._wd = self._wt = self.tiny = None
         if self.empty:
             return
-        # few tokens: one launch for f1 + f2 (``_tiny``; it zeroes gbuf as f2 does)
+        # few tokens: one launch for f1 + f2 (``tiny``; it zeroes gbuf as f2 does)
         self.tiny = bind_forward(plan, x, lora_A, lora_B, self.has_bias, seed_is_tensor,
                                  dropout, prec, self.g_numel)
         if self.tiny is not None:
@@ -177,7 +177,7 @@ class BackwardProgram:
         self.p_numel = max(plan.p_size, 1)
         self.gemm = self._wd = self.tiny = None
         meta_f = plan.meta_f if dropout else plan.meta_f_nodrop
-        if not self.empty:   # few tokens: one launch for b1 + b2 (``_tiny``)
+        if not self.empty:   # few tokens: one launch for b1 + b2 (``tiny``)
             self.tiny = bind_backward(plan, x, dy, lora_A, lora_B, seed_is_tensor, dropout,
                                       self.write_dx, prec)
         if not self.empty and self.tiny is None:

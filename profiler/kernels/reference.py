@@ -19,7 +19,7 @@ def keep_mask(M: int, K: int, seed: int, p: float, device="cpu") -> torch.Tensor
 
     One 32-bit hash per pair of columns: h = lowbias32((m * ceil(K/2) + k // 2) xor
     mix_seed(seed)); element (m, k) is kept iff 16-bit half (k & 1) of h (low half for even k)
-    is >= round(p * 2**16), as in ``_triton.keep_tile``. P(kept) = 1 - p to within 2**-17."""
+    is >= round(p * 2**16), as in ``lora_kernels.keep_tile``. P(kept) = 1 - p to within 2**-17."""
     m32 = 0xFFFFFFFF
     kh = (K + 1) // 2
     k = torch.arange(K, dtype=torch.int64, device=device)

@@ -75,7 +75,7 @@ from tlora_sim.sim.experiments.sweep_file import Cell, FAILED_COLUMNS, INPUT_COL
 
 
 # ---- one cell --------------------------------------------------------------------------------------
-def _replay_config(cell: Cell):
+def replay_config(cell: Cell):
     """The experiment spec a cell runs (``spec.ExperimentSpec``): its paths resolved, its synthetic
     trace seeded (``seeds.seed_spec``) and its discipline's options merged under its own."""
     from tlora_sim.sim.experiments.replay import policy_options_with_discipline
@@ -93,7 +93,7 @@ def _replay_config(cell: Cell):
         artifact=cell.artifact_run or None)
 
 
-def _run_cell(cell: Cell, out_dir: str) -> dict:
+def run_cell(cell: Cell, out_dir: str) -> dict:
     """Replay ``cell`` into ``out_dir``; returns ``{"ok": bool, "error": type name, "message": str}``.
 
     Input and invariant errors (and any other exception) are returned, not raised, so one bad cell
@@ -105,7 +105,7 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
     try:
         for tmp in out.glob(".*.tmp") if out.is_dir() else ():  # leftovers of a SIGKILLed run
             tmp.unlink(missing_ok=True)
-        replay(_replay_config(cell), out, progress=False, plots=False, force=True)  # the sweep owns its cells
+        replay(replay_config(cell), out, progress=False, plots=False, force=True)  # the sweep owns its cells
         return {"ok": True, "error": "", "message": ""}
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the sweep goes on
         from tlora_sim.sim.core.invariants import InvariantError
@@ -124,7 +124,7 @@ def _run_cell(cell: Cell, out_dir: str) -> dict:
 def _run_cell_files(cell: Cell) -> dict:
     """Ray task body: replay ``cell`` into a temporary directory and return its files' bytes."""
     with tempfile.TemporaryDirectory(prefix="tlora-sweep-") as tmp:
-        res = _run_cell(cell, tmp)
+        res = run_cell(cell, tmp)
         files = {}
         for p in sorted(Path(tmp).rglob("*")):
             if p.is_file() and not p.name.startswith("."):
@@ -294,7 +294,7 @@ def _bar(total: int, initial: int, enabled: bool):
 def _run_local(todo: list[Cell], out: Path, finished: Callable[[Cell, dict], None], workers: int) -> None:
     from tlora_sim.sim.runtime.pool import run_tasks
 
-    run_tasks(_run_cell, [(c, str(cell_dir(out, c))) for c in todo], workers,
+    run_tasks(run_cell, [(c, str(cell_dir(out, c))) for c in todo], workers,
               lambda i, res: finished(todo[i], res), order=lambda i: todo[i].cell_id)
 
 

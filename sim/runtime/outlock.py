@@ -91,6 +91,12 @@ def holds_out_lock(out: str | Path) -> bool:
     return str(Path(out).resolve()) in _HELD
 
 
+def held_out_locks() -> tuple[str, ...]:
+    """The output directories (resolved paths, in the order taken) whose lock this process holds
+    now; empty once every run has swapped its directory in or failed (``release_all_out_locks``)."""
+    return tuple(_HELD)
+
+
 class SweepLock:
     """Context manager: the lock of a sweep's directory ``out`` for the duration of a sweep: the
     output-directory lock (:func:`acquire_out_lock`, so no ``replay --force`` swaps ``out`` while

@@ -10,7 +10,7 @@ import pytest
 from tlora_sim.sim.core.listeners import EngineListener, EventCounter
 
 from conftest import CM, cluster, make_job, policy, reindex, run_engine
-from tlora_sim.sim.core.engine import Engine, InvariantError, PauseOptions, _Wake
+from tlora_sim.sim.core.engine import Engine, InvariantError, PauseOptions
 from tlora_sim.sim.core.snapshot import AddMembers, RemoveMembers, StartGroup
 
 
@@ -130,16 +130,43 @@ def test_stale_timers_are_ignored_and_every_job_finishes_once(reliability):
     reliability("invariant_cases")
 
 
-def test_a_stale_timer_called_directly_changes_nothing():
-    a = make_job(0, steps=100)
-    eng = Engine([a], cluster("1x8xH100"), CM, policy("independent"))
-    eng._start_arrivals()
-    eng.env.run(until=1.0)
-    (g,) = eng.groups.values()
-    before = dict(g.remaining), g.version, eng._events
-    eng._on_timer(_Wake(None, g.gid, g.version - 1))  # an old version
-    eng._on_timer(_Wake(None, g.gid + 99, g.version))  # a group that does not exist
-    assert (dict(g.remaining), g.version, eng._events) == before
+def leave_and_restart_together(snap):
+    """Start the first job alone; when another arrives, take the first out of its group (which
+    closes it) and start both together in a new group."""
+    if snap.groups:
+        (g,) = snap.groups.values()
+        return [RemoveMembers(g.group_id, tuple(m.index for m in g.members))] if snap.queue else []
+    return [StartGroup(tuple(j.index for j in snap.queue), ((0, 1),), "fused")] if snap.queue else []
+
+
+@pytest.mark.parametrize("script", [join_on_arrival, leave_and_restart_together])
+def test_a_stale_timer_of_a_changed_or_closed_group_changes_nothing(script):
+    """a's first timer (due at 1000 x its alone step time) outlives its group's state: the group
+    changed (AddMembers: a newer version) or closed (RemoveMembers; a new group takes both jobs).
+    When it fires it is ignored: no timer event, no finish, and both jobs finish exactly when the
+    steps they trained say."""
+    a = make_job(0, steps=1000)
+    b = make_job(1, submit=50.0, steps=400)
+    timers, finishes = [], []
+
+    class Spy(EngineListener):
+        def at(self, now, kind, detail=""):
+            if kind == "timer":
+                timers.append(now)
+
+        def finish(self, gid, i, *, early=False):
+            finishes.append((eng.env.now, i))
+
+    eng = Engine([a, b], cluster("1x8xH100"), CM, Scripted(script), regroup_pause_s=0.0, listeners=[Spy()])
+    res = eng.run()
+    t1 = CM.step_time_s("llama3-8b", "H100", [a.member], 1, "fused")
+    t2 = CM.step_time_s("llama3-8b", "H100", [a.member, b.member], 1, "fused")
+    finish_b = 50.0 + 400 * t2
+    finish_a = finish_b + (1000 - 50.0 / t1 - 400) * t1
+    assert 1000 * t1 < finish_a  # the stale timer fired while the run went on
+    assert sorted(finishes) == [(approx(finish_b, rel=1e-11), 1), (approx(finish_a, rel=1e-11), 0)]
+    assert timers == [approx(finish_b, rel=1e-11), approx(finish_a, rel=1e-11)]
+    assert res.records[0].steps_trained == approx(1000, rel=1e-9) and res.records[1].steps_trained == approx(400)
 
 
 # ---- whole runs --------------------------------------------------------------------------------

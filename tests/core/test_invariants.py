@@ -239,7 +239,7 @@ def test_cli_reports_a_violation_with_exit_status_3(tmp_path, monkeypatch, capsy
         rc = main(["replay", "--trace", "synthetic:jobs=5", "--cluster", "1x8xH100", "--policy", "broken-test",
                    "--out", str(tmp_path / "run"), "--no-progress", "--no-plots"])
     finally:
-        registry._REGISTRY.pop("broken-test", None)
+        registry.unregister("broken-test")
     err = capsys.readouterr().err
     assert rc == 3
     assert err.startswith("tlora-sim: invariant violated: [action]") and "oldest first" in err

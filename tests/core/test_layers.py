@@ -6,8 +6,9 @@
   go to one of those. ``KNOWN_LAYER_VIOLATIONS`` lists the imports that break a row today, each
   with why it is left; the list may only shrink (a fixed entry must be removed from it).
 * No import cycle between modules, imports inside functions counted.
-* No private name (leading underscore) imported across modules, in any package (nor read as an
-  attribute of an imported module).
+* No private name (leading underscore) imported across modules, in any package nor in bench/ and
+  tests/ (nor read as an attribute of an imported module), and no private module imported from
+  outside its own package: tests go through the public API (or a name its module made public).
 * No re-export shim in any package: no name imported only for other modules to take (unused at
   the top level of a module, or on a ``noqa: F401`` line), and none imported through a module
   that does not define it; only a declared API (a package's ``__init__.py``, a module named
@@ -39,11 +40,30 @@ def _modules() -> dict[str, Path]:
 
 
 MODS = _modules()
+SCRIPT_DIRS = ("bench", "tests")
+
+
+def _script_modules() -> dict[str, Path]:
+    """The files of bench/ and tests/ under the names they are imported by: ``bench.kernels``
+    (bench/ is imported from the repository root), ``conftest`` (pytest puts tests/ on the path;
+    ``from conftest import ...``), the test files by their path (``tests.core.test_engine``)."""
+    out = {}
+    for d in SCRIPT_DIRS:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            rel = p.relative_to(ROOT).with_suffix("")
+            out["conftest" if rel == Path("tests/conftest") else ".".join(rel.parts)] = p
+    return out
+
+
+SCRIPTS = _script_modules()
+ALL = {**MODS, **SCRIPTS}
+# folders imported as namespace packages (no ``__init__.py``): ``from bench import kernels``
+NAMESPACES = {m.rsplit(".", k)[0] for m in SCRIPTS for k in range(1, m.count(".") + 1)} - set(ALL)
 
 
 def _resolve(name: str) -> str | None:
     """The project module ``name`` is, or is inside (``pkg.mod.attr`` -> ``pkg.mod``)."""
-    while name and name not in MODS:
+    while name and name not in ALL:
         name = name.rpartition(".")[0]
     return name or None
 
@@ -51,42 +71,72 @@ def _resolve(name: str) -> str | None:
 def _source(mod: str, node: ast.ImportFrom) -> str | None:
     """The project module a ``from ... import`` in ``mod`` reads (relative imports resolved)."""
     if not node.level:
-        return node.module if node.module and node.module.startswith("tlora_sim") else None
-    pkg = mod if MODS[mod].name == "__init__.py" else mod.rpartition(".")[0]
+        return node.module if node.module and (_resolve(node.module) or node.module in NAMESPACES) else None
+    pkg = mod if ALL[mod].name == "__init__.py" else mod.rpartition(".")[0]
     for _ in range(node.level - 1):
         pkg = pkg.rpartition(".")[0]
     return pkg + ("." + node.module if node.module else "")
 
 
+def _package(mod: str) -> str:
+    """The package ``mod`` is in (itself for a package's ``__init__.py``; ``bench`` for
+    ``bench.kernels``; ``""`` for ``conftest``)."""
+    return mod if ALL[mod].name == "__init__.py" else mod.rpartition(".")[0]
+
+
+def _private_module(target: str, mod: str) -> tuple[str, str] | None:
+    """(package, name) when ``target`` is a private module (``tlora_sim.profiler.kernels._old``, or
+    one inside a private package) that ``mod`` imports from outside the package holding it; a
+    private module is its package's own business."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            owner = ".".join(parts[:i])
+            if not _under(_package(mod), owner):
+                return owner, part
+            return None
+    return None
+
+
 def _scan(mod: str, text: str | None = None) -> tuple[set[str], list[tuple[str, str]]]:
     """(modules ``mod`` imports anywhere in its file, (module, name) of each private name it imports
-    or reads through an imported module, ``mod_alias._name``); relative imports (``from ._triton
-    import ...``) count as the absolute ones they are."""
-    tree = ast.parse(MODS[mod].read_text() if text is None else text)
+    or reads through an imported module, ``mod_alias._name``, and of each private module it imports
+    from outside that module's package); relative imports (``from ._old import ...``) count as the
+    absolute ones they are. ``mod`` is a package module or a file of bench/ or tests/ (``ALL``)."""
+    tree = ast.parse(ALL[mod].read_text() if text is None else text)
     deps, private = set(), []
-    modules = {}  # name bound to another project module -> that module (``from . import _triton as K_``)
+    modules = {}  # name bound to another project module -> that module (``from . import lora_kernels as K_``)
+
+    def private_module(name: str) -> None:  # ``name``: the module as the import names it
+        hit = _private_module(name, mod)
+        if hit and hit not in private:
+            private.append(hit)
+
     for node in ast.walk(tree):
         src = _source(mod, node) if isinstance(node, ast.ImportFrom) else None
         if src:
+            private_module(src)
             for a in node.names:
                 full = f"{src}.{a.name}"
-                target = full if full in MODS else _resolve(src)
+                target = full if full in ALL else _resolve(src)
                 if target and target != mod:
                     deps.add(target)
-                    if full in MODS:
+                    if full in ALL:
+                        private_module(full)
                         modules[a.asname or a.name] = full
                     elif _private(a.name):
                         private.append((src, a.name))
         elif isinstance(node, ast.Import):
             for a in node.names:
-                target = _resolve(a.name) if a.name.startswith("tlora_sim") else None
+                target = _resolve(a.name)
                 if target and target != mod:
                     deps.add(target)
-                    if a.asname and a.name in MODS:
+                    private_module(a.name)
+                    if a.asname and a.name in ALL:
                         modules[a.asname] = a.name
     for node in ast.walk(tree):  # ``K_._f1_kernel``: a private name of another module, read through it
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-                and _private(node.attr) and f"{modules[node.value.id]}.{node.attr}" not in MODS):
+                and _private(node.attr) and f"{modules[node.value.id]}.{node.attr}" not in ALL):
             private.append((modules[node.value.id], node.attr))
     return deps, private
 
@@ -95,7 +145,12 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+def _under(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
 SCAN = {m: _scan(m) for m in MODS}
+SCRIPT_SCAN = {m: _scan(m) for m in SCRIPTS}
 
 
 def _dotted(cell: str) -> str:
@@ -131,10 +186,6 @@ def _row_of(mod: str) -> str | None:
     return max(hits, key=len) if hits else None
 
 
-def _under(mod: str, prefix: str) -> bool:
-    return mod == prefix or mod.startswith(prefix + ".")
-
-
 # Imports that break a row of the table today, left for the rooms that own them (issue 42, items
 # 3 and 4). Remove an entry when its import goes; add none.
 KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = set()  # none left (issue 42)
@@ -144,7 +195,7 @@ def _layer_violations() -> set[tuple[str, str]]:
     bad = set()
     for m, (deps, _) in SCAN.items():
         row = _row_of(m)
-        for d in deps:
+        for d in deps & MODS.keys():  # the packages' rows: bench/ and tests/ have none
             if row is None:
                 bad.add((m, d))  # a module outside every row may import nothing of the project
                 continue
@@ -186,7 +237,7 @@ def test_the_row_check_finds_a_violation():
 
 
 def test_no_import_cycle_between_modules():
-    graph = {m: SCAN[m][0] for m in MODS}
+    graph = {m: SCAN[m][0] & MODS.keys() for m in MODS}
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 
@@ -206,18 +257,39 @@ def test_no_import_cycle_between_modules():
 
 
 def test_no_private_name_imported_across_modules():
-    found = sorted((m, src, name) for m, (_, priv) in SCAN.items() for src, name in priv)
+    """Package modules and the files of bench/ and tests/ alike: tests check the public API (or a
+    name its module made public), benchmarks time it."""
+    scans = {**SCAN, **SCRIPT_SCAN}
+    found = sorted((m, src, name) for m, (_, priv) in scans.items() for src, name in priv)
     assert not found, "private names imported across modules:\n" + "\n".join(f"{m}: {n} from {s}" for m, s, n in found)
 
 
-def test_the_private_check_finds_private_names():
-    """The check itself, on a made-up module: a private name imported (relative or absolute) or
-    read through an imported module is reported; a private module and public names are not."""
-    text = ("from . import _triton as K_\nfrom ._triton import _old, dot_prec\n"
-            "from tlora_sim.sim.report.rundata import _warn, load_run\nx = K_._f1_kernel, K_.f1_kernel\n")
-    _, found = _scan("tlora_sim.profiler.kernels.program", text)
-    k = "tlora_sim.profiler.kernels._triton"
-    assert sorted(found) == sorted([(k, "_old"), ("tlora_sim.sim.report.rundata", "_warn"), (k, "_f1_kernel")]), found
+def test_the_scan_covers_bench_and_tests():
+    assert {"bench.kernel_host", "bench.kernels", "conftest", "tests.core.test_layers"} <= set(SCRIPT_SCAN)
+    assert "tlora_sim.profiler.kernels.lora_kernels" in SCRIPT_SCAN["bench.kernel_host"][0]
+    assert "bench.kernels" in SCRIPT_SCAN["bench.kernel_host"][0]   # ``from bench.kernels import ...``
+    assert "conftest" in SCRIPT_SCAN["tests.core.test_engine"][0]   # ``from conftest import ...``
+
+
+def test_the_private_check_finds_private_names(monkeypatch):
+    """The check itself, on made-up modules: a private name imported (relative or absolute) or
+    read through an imported module is reported, in a package module or a bench/ or tests/ file;
+    a private module is reported where it is imported from outside its package, not inside it;
+    public names are not."""
+    k = "tlora_sim.profiler.kernels"
+    monkeypatch.setitem(ALL, f"{k}._old", ALL[f"{k}.lora_kernels"])   # a private module of the kernels
+    text = ("from . import _old as K_\nfrom ._old import _gone, dot_prec\nfrom . import lora_kernels as L_\n"
+            "from tlora_sim.sim.report.rundata import _warn, load_run\nx = K_._f1_kernel, K_.f1_kernel, L_._x\n")
+    _, found = _scan(f"{k}.program", text)
+    assert sorted(found) == sorted([(f"{k}._old", "_gone"), ("tlora_sim.sim.report.rundata", "_warn"),
+                                    (f"{k}._old", "_f1_kernel"), (f"{k}.lora_kernels", "_x")]), found
+    text = ("from tlora_sim.profiler.kernels import _old as K_\nimport tlora_sim.profiler.kernels._old\n"
+            "from tlora_sim.profiler.kernels._old import f1_kernel\nfrom tlora_sim.policies import registry\n"
+            "from conftest import _helper, make_job\nfrom bench.kernels import MIXES\nregistry._REGISTRY.pop('x')\n")
+    for script in ("bench.kernel_host", "tests.core.test_engine"):
+        _, found = _scan(script, text)
+        assert sorted(set(found)) == sorted([(k, "_old"), ("conftest", "_helper"),
+                                             ("tlora_sim.policies.registry", "_REGISTRY")]), (script, found)
 
 
 # ---- re-export shims -------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_the_lock_is_released_after_a_run_and_after_a_refusal(tmp_path, capsys):
     assert main(_replay(out)) == 2  # holds a run, no --force
     assert main(["compare", "--policies", "nosuch", *TINY, "--out", str(tmp_path / "cmp")]) == 2
     capsys.readouterr()
-    assert not outlock._HELD and _leftovers(tmp_path) == []
+    assert outlock.held_out_locks() == () and _leftovers(tmp_path) == []
 
 
 def test_force_leaves_nothing_of_the_replaced_run(tmp_path, comparisons):

@@ -155,8 +155,8 @@ def test_rows_resume_and_rerun_of_a_deleted_cell(tmp_path, monkeypatch):
 
     # Nothing left: a re-run runs no cell and writes the same bytes.
     calls = []
-    real = sw._run_cell
-    monkeypatch.setattr(sw, "_run_cell", lambda cell, d: calls.append(cell.cell_id) or real(cell, d))
+    real = sw.run_cell
+    monkeypatch.setattr(sw, "run_cell", lambda cell, d: calls.append(cell.cell_id) or real(cell, d))
     res = run(p, out)
     assert (res.skipped, res.ran, calls) == (8, 0, [])
     assert (out / "sweep.csv").read_bytes() == before
@@ -178,7 +178,7 @@ def test_rows_resume_and_rerun_of_a_deleted_cell(tmp_path, monkeypatch):
 
 def test_interrupted_sweep_keeps_finished_cells(tmp_path, monkeypatch):
     p, out = basic(tmp_path), tmp_path / "out"
-    real = sw._run_cell
+    real = sw.run_cell
     n = {"calls": 0}
 
     def dies_on_fourth(cell, d):
@@ -189,11 +189,11 @@ def test_interrupted_sweep_keeps_finished_cells(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(cell, d)
 
-    monkeypatch.setattr(sw, "_run_cell", dies_on_fourth)
+    monkeypatch.setattr(sw, "run_cell", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
         run(p, out)
     assert len(pd.read_csv(out / "sweep.csv")) == 3
-    monkeypatch.setattr(sw, "_run_cell", real)
+    monkeypatch.setattr(sw, "run_cell", real)
     res = run(p, out)
     assert (res.skipped, res.ran) == (3, 5)
     assert len(pd.read_csv(out / "sweep.csv")) == 8
@@ -201,7 +201,7 @@ def test_interrupted_sweep_keeps_finished_cells(tmp_path, monkeypatch):
 
 def test_failing_cell_is_recorded_and_others_finish(tmp_path, monkeypatch, capsys):
     p, out = basic(tmp_path), tmp_path / "out"
-    real = sw._run_cell
+    real = sw.run_cell
     bad = sorted(c.cell_id for c in sw.load_sweep(p).cells)[2]
 
     def flaky(cell, d):
@@ -214,7 +214,7 @@ def test_failing_cell_is_recorded_and_others_finish(tmp_path, monkeypatch, capsy
                 return {"ok": False, "error": type(e).__name__, "message": str(e)}
         return real(cell, d)
 
-    monkeypatch.setattr(sw, "_run_cell", flaky)
+    monkeypatch.setattr(sw, "run_cell", flaky)
     res = run(p, out)
     assert list(res.failed) == [bad] and res.ran == 8
     failed = pd.read_csv(out / "failed.csv", dtype={"cell_id": str})
@@ -223,7 +223,7 @@ def test_failing_cell_is_recorded_and_others_finish(tmp_path, monkeypatch, capsy
     assert "overfills" in failed["message"].iat[0]
     assert bad not in pd.read_csv(out / "sweep.csv", dtype={"cell_id": str})["cell_id"].tolist()
     # the next invocation retries it; success clears failed.csv
-    monkeypatch.setattr(sw, "_run_cell", real)
+    monkeypatch.setattr(sw, "run_cell", real)
     res = run(p, out)
     assert (res.ran, res.failed) == (1, {}) and not (out / "failed.csv").exists()
 

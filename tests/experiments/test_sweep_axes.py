@@ -31,7 +31,7 @@ def test_policy_option_lists_and_disciplines_are_axes(tmp_path):
     assert len(s.cells) == (1 + 2 + 1) * 2 and {c.discipline for c in s.cells} == {"default", "shared"}
     assert len({c.cell_id for c in s.cells}) == len(s.cells)
     assert s.lists["reference"] == "independent-backfill"
-    cfg = sw._replay_config(next(c for c in s.cells if c.policy == "tlora" and c.discipline == "shared"))
+    cfg = sw.replay_config(next(c for c in s.cells if c.policy == "tlora" and c.discipline == "shared"))
     assert cfg.discipline == "shared" and cfg.reference == "independent-backfill"
     assert cfg.policy_options["ordering"] in ("urgency", "backfill")
 
@@ -65,7 +65,7 @@ def test_trace_cuts_are_axes_and_reach_the_replay(tmp_path):
     s = _sweep(tmp_path, 'traces = ["synthetic:jobs=40,seed=1"]\npolicies = ["independent-backfill"]\n'
                          'clusters = ["1x8xH100"]\nfirst_jobs = [10, 20]\narrival_scales = [1.0, 2.0]\n')
     assert len(s.cells) == 4 and len({c.cell_id for c in s.cells}) == 4
-    cfg = sw._replay_config(next(c for c in s.cells if c.first_jobs == 20 and c.arrival_scale == 2.0))
+    cfg = sw.replay_config(next(c for c in s.cells if c.first_jobs == 20 and c.arrival_scale == 2.0))
     assert cfg.first_jobs == 20 and cfg.arrival_scale == 2.0
     uncut = _sweep(tmp_path, 'traces = ["synthetic:jobs=40,seed=1"]\npolicies = ["independent-backfill"]\n'
                              'clusters = ["1x8xH100"]\n')

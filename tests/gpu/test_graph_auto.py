@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tlora_sim.profiler.kernels.graphed import (AUTO_AFTER, AUTO_MAX_FLOPS, AUTO_MAX_GRAPHS, _Pending,
-                                                graph_for, use_graphs)
+from tlora_sim.profiler.kernels.graphed import AUTO_AFTER, AUTO_MAX_FLOPS, AUTO_MAX_GRAPHS, graph_for, use_graphs
 from tlora_sim.profiler.kernels.multilora import MultiLoRALinear
 
 
@@ -101,7 +100,10 @@ def test_a_key_with_a_pending_backward_takes_the_plain_path_until_it_runs():
 
 
 def test_pending_clears_when_the_output_is_freed_but_not_by_an_older_output():
-    pend = _Pending()
+    p = _parent(True)
+    assert graph_for(p, ("k",), 1e9, _Capture()) == "graph1"
+    pend = p.graph_pending[("k",)]   # the captured key's pending state, as graphed_forward watches it
+    assert not pend.on
     w = torch.randn(3, requires_grad=True)
     y1 = w * 2
     pend.watch(y1)

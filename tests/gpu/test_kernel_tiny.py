@@ -1,4 +1,4 @@
-"""The two-launch LoRA path at few tokens (``profiler/kernels/_tiny.py``; profiler/KERNELS.md,
+"""The two-launch LoRA path at few tokens (``profiler/kernels/tiny.py``; profiler/KERNELS.md,
 session 19): its rule (``KernelConfig.tiny_tokens``, ``tiny_plan``) and whole training steps
 (y, dX, dA, dB) against the float64 reference and against the four-launch path, over several
 steps of one plan (the counters only grow and the fp32 sums alternate between two halves).
@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 from tlora_sim.profiler.kernels import (KernelConfig, build_plan, multi_lora_linear,  # noqa: E402
                                         reference_forward_backward)
-from tlora_sim.profiler.kernels._tiny import (TINY_MAX_RANK, TINY_TOKENS_CUDA,  # noqa: E402
+from tlora_sim.profiler.kernels.tiny import (TINY_MAX_RANK, TINY_TOKENS_CUDA,  # noqa: E402
                                               tiny_plan)
 from tlora_sim.profiler.kernels.program import ForwardProgram  # noqa: E402
 

@@ -284,7 +284,7 @@ def test_k_split_workspace_is_left_zeroed_across_steps():
 def test_grad_blocks_single_and_multi_chunk_across_steps(dtype):
     """dA/dB go straight into the gradients: adapters with one token chunk store their blocks,
     adapters with several add into a workspace that ``_gfin`` converts and zeroes again
-    (``_triton._grad_out``). Three steps (new seeds) each match the float64 reference,
+    (``lora_kernels._grad_out``). Three steps (new seeds) each match the float64 reference,
     the empty adapter's gradients are exactly zero, and workspace and counters are zero after
     each step."""
     segs, ranks, K, N = [300, 0, 41, 129], [5, 64, 130, 17], 96, 72

@@ -59,9 +59,9 @@ class _Kernel:
 def _direct_on(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("TLORA_DIRECT_LAUNCH", raising=False)
-    monkeypatch.setitem(fastlaunch._DISABLED, "off", False)
+    monkeypatch.setitem(fastlaunch.DIRECT_LAUNCH_REFUSED, "off", False)
     monkeypatch.setattr(fastlaunch, "STREAM", [lambda: (lambda: 1234)])
-    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: False)
+    monkeypatch.setattr(fastlaunch, "hooks_installed", lambda: False)
 
 
 def _bl(k, checked=None):
@@ -119,10 +119,10 @@ def test_hooks_and_the_interpreter_use_the_normal_launch(monkeypatch):
     bl = _bl(k)
     x = torch.zeros(8)
     bl(x, x, 1)
-    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: True)
+    monkeypatch.setattr(fastlaunch, "hooks_installed", lambda: True)
     bl(x, x, 1)
     assert bl.n_direct == 0 and bl.n_normal == 2
-    monkeypatch.setattr(fastlaunch, "_hooks_installed", lambda: False)
+    monkeypatch.setattr(fastlaunch, "hooks_installed", lambda: False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not fastlaunch.direct_launch_enabled()
     bl2 = _bl(k)
@@ -154,10 +154,10 @@ def test_hook_detection_reads_triton_hook_chains():
     class Chain:
         def __init__(self, calls):
             self.calls = calls
-    assert not fastlaunch._hook_set(None)
-    assert not fastlaunch._hook_set(Chain([]))
-    assert fastlaunch._hook_set(Chain([print]))
-    assert fastlaunch._hook_set(print)  # a plain callable (older Triton)
+    assert not fastlaunch.hook_set(None)
+    assert not fastlaunch.hook_set(Chain([]))
+    assert fastlaunch.hook_set(Chain([print]))
+    assert fastlaunch.hook_set(print)  # a plain callable (older Triton)
 
 
 def test_triton_36_launcher_is_called_without_its_python_wrapper(monkeypatch):
@@ -191,9 +191,9 @@ def test_triton_36_launcher_is_called_without_its_python_wrapper(monkeypatch):
     k2 = _Kernel()
     k2.compiled.run = Runner()
     k2.compiled.run.global_scratch_size = 128   # scratch to allocate: Triton's own __call__
-    assert fastlaunch._raw_launcher(k2.compiled.run) is None
+    assert fastlaunch.raw_launcher(k2.compiled.run) is None
     monkeypatch.setattr(triton, "__version__", "3.7.0")
-    assert fastlaunch._raw_launcher(Runner()) is None
+    assert fastlaunch.raw_launcher(Runner()) is None
 
 
 def test_a_module_and_its_cached_programs_are_freed_without_the_cyclic_collector():
@@ -211,7 +211,7 @@ def test_a_module_and_its_cached_programs_are_freed_without_the_cyclic_collector
     x = torch.randn(8, 32, requires_grad=True)
     y = mod(x)
     torch.autograd.grad(y, [x, mod.lora_A, mod.lora_B], torch.randn_like(y))
-    plan = next(iter(mod._plans.values()))
+    plan = next(iter(mod.plans().values()))
     assert any(str(k[0]).endswith("prog") for k in plan.extra if isinstance(k, tuple))
     refs = [weakref.ref(mod.weight), weakref.ref(plan)]
     gc.disable()

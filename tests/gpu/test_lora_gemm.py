@@ -207,7 +207,7 @@ PERSIST = [dict(split=2, lora_first=True), dict(split=4), dict(split=1, flatten=
 @pytest.mark.parametrize("mode", range(len(PERSIST)))
 @pytest.mark.parametrize("case", [0, 2])
 def test_persistent_gemm_matches_reference(mode, case):
-    """The persistent GEMM (``_gemm_persist``) in each loop mode, both passes, dropout on: the
+    """The persistent GEMM (``lora_gemm_persist``) in each loop mode, both passes, dropout on: the
     float64 reference; case 2's segments fill whole row tiles, so its output goes through the TMA
     store, case 0's tiles are clipped at segment ends (pointer stores)."""
     from tlora_sim.profiler.kernels import config as kconfig
@@ -215,9 +215,9 @@ def test_persistent_gemm_matches_reference(mode, case):
     t = _case(300 + case, segs, ranks, K, N)
     gc = GemmConfig(bm=32, bn=64, bk=32, group_m=2, persistent=True, **PERSIST[mode])
     cfg = KernelConfig(base_gemm="triton", gemm_fwd=gc, gemm_bwd=gc)
-    kconfig._STAGES_SEEN.clear()
+    kconfig.STAGES_SEEN.clear()
     plan, (y, dx, dA, dB) = _run(t, segs, ranks, K, N, cfg, 0.25, seed=17)
-    ran = {k[0][:9] for k in kconfig._STAGES_SEEN}
+    ran = {k[0][:9] for k in kconfig.STAGES_SEEN}
     assert {"gemmp_fwd", "gemmp_bwd"} <= ran, ran        # the persistent kernel ran both passes
     ref = reference_forward_backward(t["x"], t["W"], t["A"], t["B"], segs, ranks, t["scales"],
                                      t["dy"], dropout=0.25, seed=17, bias=t["bias"])
@@ -253,12 +253,12 @@ def test_persistent_smem_model_bounds_its_modes():
 def test_tma_store_only_when_every_row_tile_is_full():
     """A TMA block of a tile clipped at its segment's end would overwrite the next segment's
     rows: the persistent GEMM stores through TMA only when every segment is whole tiles."""
-    from tlora_sim.profiler.kernels.lora_gemm import _all_full
+    from tlora_sim.profiler.kernels.lora_gemm import all_tiles_full
     whole = build_plan([64, 0, 32], [4, 8, 16], [1.0] * 3, 0.0, 32, 32, "cpu")
     clipped = build_plan([64, 33], [4, 8], [1.0] * 2, 0.0, 32, 32, "cpu")
-    assert _all_full(whole, 32, 96, False) and not _all_full(whole, 64, 96, False)
-    assert not _all_full(clipped, 32, 97, False)
-    assert _all_full(None, 32, 96, True) and not _all_full(None, 32, 97, True)
+    assert all_tiles_full(whole, 32, 96, False) and not all_tiles_full(whole, 64, 96, False)
+    assert not all_tiles_full(clipped, 32, 97, False)
+    assert all_tiles_full(None, 32, 96, True) and not all_tiles_full(None, 32, 97, True)
 
 
 def test_tail_split_rule():

@@ -117,7 +117,7 @@ def test_unrunnable_mixes_raise_not_implemented():
 
 @needs_src
 def test_stage_count_fits_shared_memory():
-    hw = lf._load()["config"].H100_CONFIG.fused_multi_lora_xw_sb
+    hw = lf.load_lorafusion()["config"].H100_CONFIG.fused_multi_lora_xw_sb
     got = {r: lf.stage_count(hw, r) for r in (16, 32, 64, 128)}
     assert got == {16: 4, 32: 4, 64: 3, 128: 2}
     assert all(lf.smem_estimate(hw, r, s) <= lf.SMEM_BYTES for r, s in got.items())

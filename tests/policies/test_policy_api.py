@@ -13,7 +13,7 @@ import pytest
 
 from tlora_sim.policies import api
 from tlora_sim.policies.contract import check_policy, standard_snapshots
-from tlora_sim.policies.registry import _REGISTRY, available, load_policy_module, make_policy
+from tlora_sim.policies.registry import available, load_policy_module, make_policy, unregister
 from tlora_sim.sim.core.snapshot import AddMembers, StartGroup
 from tlora_sim.traces.errors import InputError
 
@@ -120,6 +120,21 @@ def test_a_name_cannot_be_taken_twice():
             pass
 
 
+def test_unregister_forgets_a_registered_policy_but_no_builtin():
+    @api.register("unregister-test", type("Cfg", (), {"__dataclass_fields__": {}}), "test only")
+    class Throwaway:
+        pass
+
+    assert "unregister-test" in [e.name for e in available()]
+    assert unregister("unregister-test") and not unregister("unregister-test")
+    assert "unregister-test" not in [e.name for e in available()]
+    with pytest.raises(InputError, match="unknown policy"):
+        make_policy("unregister-test")
+    with pytest.raises(ValueError, match="built-in"):
+        unregister("tlora")
+    assert "tlora" in [e.name for e in available()]
+
+
 def test_non_finite_option_rejected():
     with pytest.raises(InputError, match="finite"):
         make_policy("tlora", {"tick_s": "nan"})
@@ -141,7 +156,7 @@ def test_entry_points_are_loaded(monkeypatch, tmp_path):
     try:
         assert "equal-rank-ep" in [e.name for e in available()]
     finally:
-        _REGISTRY.pop("equal-rank-ep", None)
+        unregister("equal-rank-ep")
 
 
 def test_replay_with_policy_module_from_outside_the_repo(tmp_path):

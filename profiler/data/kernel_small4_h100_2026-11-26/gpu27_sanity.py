@@ -2,7 +2,7 @@
 the four-launch path and the float64 reference, before any timing (a hang shows here)."""
 import torch
 from tlora_sim.profiler.kernels import KernelConfig, build_plan, multi_lora_linear, reference_forward_backward
-from tlora_sim.profiler.kernels._tiny import tiny_plan
+from tlora_sim.profiler.kernels.tiny import tiny_plan
 segs, ranks, K, N = [128] * 4, [2, 4, 8, 16], 4096, 4096
 g = torch.Generator().manual_seed(0)
 M, R = sum(segs), sum(ranks)

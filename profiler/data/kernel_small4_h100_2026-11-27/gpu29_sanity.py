@@ -5,7 +5,7 @@ any timing (a hang shows here); prints each bound tiny launch's grid, options an
 kernel's registers / shared memory / resident CTAs per SM."""
 import torch
 from tlora_sim.profiler.kernels import KernelConfig, build_plan, multi_lora_linear, reference_forward_backward
-from tlora_sim.profiler.kernels._tiny import resident_ctas, tiny_plan
+from tlora_sim.profiler.kernels.tiny import resident_ctas, tiny_plan
 from tlora_sim.profiler.kernels.program import ForwardProgram
 
 

@@ -11,7 +11,7 @@ its segment's end), so the epilogue adds one adapter's low-rank product, with ti
 adapter's rank bucket R (16..256) taken in chunks of at most 64 ranks (the chunk bounds the
 epilogue's shared memory; chunks past the adapter's rank are skipped at run time). Rows past a
 tile's end are computed from the next segment's rows and never stored. Psave (P_i, already
-divided by 1 - p_i) and Q_i are the compact per-adapter buffers of ``_triton`` (row-major
+divided by 1 - p_i) and Q_i are the compact per-adapter buffers of ``lora_kernels`` (row-major
 (len_i, R_i) at offset poff_i, rows padded to the bucket with zeros); B_i and A_i^T are rows
 roff_i .. roff_i + r_i of lora_B / lora_A.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton import dot_prec, keep_tile, pq_offset, seed_value
+from .lora_kernels import dot_prec, keep_tile, pq_offset, seed_value
 
 
 @triton.jit
@@ -98,7 +98,7 @@ def adapter_term(acc, LO, RI, meta_i, meta_f, ad, sri, rows, rmask, cols, cmask,
     """``acc`` plus adapter ``ad``'s LoRA term on the (BM, BN) tile of ``rows`` x columns c0 ..
     c0 + BN (``cols``): forward ``s P B`` (s from ``meta_f``), backward ``Q A^T`` with, under
     DROPOUT, the mask of ``keep_tile`` applied to the sum and kept values scaled by 1 / (1 - p).
-    The adapter's fields come from ``meta_i`` / ``meta_f`` (``_triton``'s META_I / META_F
+    The adapter's fields come from ``meta_i`` / ``meta_f`` (``lora_kernels``'s META_I / META_F
     columns). Callers add the row-mask select that keeps their main loop's wgmma asynchronous."""
     start = tl.load(meta_i + ad * 8)
     rank = tl.load(meta_i + ad * 8 + 2)

@@ -129,7 +129,7 @@ def p_part(X, A, sxm, sam, K, m0, m1, rank, roff, kb0, kb1, seed, thresh,
             PREC: tl.constexpr):
     """fp32 (BM, R): X A^T over rows m0..m1-1 (BM) and K blocks kb0..kb1-1 (BK columns), X's
     elements dropped as the dropout mask says (unscaled: 1 / keep is applied where P is stored).
-    Shared by ``_f1_body`` and ``_tiny._tf_body``, as ``q_part`` is for Q."""
+    Shared by ``_f1_body`` and ``tiny._tf_body``, as ``q_part`` is for Q."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)
@@ -313,7 +313,7 @@ def q_part(DY, B, sdm, sbm, N, m0, m1, start, rank, roff, poff, nb0, nb1, scale,
             R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     """(acc, offs, rmask): acc = s dY B^T over rows m0..m1-1 (BM, fp32 (BM, R)) and N blocks
     nb0..nb1-1 (BN columns), offs its elements in the compact, R-padded Q (as P's), rmask the
-    rows < m1. Shared by ``_b1q_body`` and ``_tiny._tbq_body``."""
+    rows < m1. Shared by ``_b1q_body`` and ``tiny._tbq_body``."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < m1
     rr = tl.arange(0, R)

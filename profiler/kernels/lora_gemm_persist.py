@@ -1,4 +1,4 @@
-"""Persistent TMA variant of the frozen layer's GEMM with the LoRA term (``_gemm_triton``'s
+"""Persistent TMA variant of the frozen layer's GEMM with the LoRA term (``lora_gemm_kernel``'s
 math, same operands and row tiles; profiler/KERNELS.md, session 16).
 
 One program per SM walks the output tiles ``start_pid, start_pid + NUM_SMS, ...`` (the grouped
@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._gemm_triton import adapter_term, tma_mainloop
+from .lora_gemm_kernel import adapter_term, tma_mainloop
 
 
 @triton.jit
@@ -158,7 +158,7 @@ def _tail_half(XIN, W, OUT, LO, RI, BIAS, mtiles, meta_i, meta_f, WSP, TCNT, NOU
 @triton.jit
 def _gfin_idle(G, chunks, DA, DB, gf_items, gf_first, pid, NUM_SMS: tl.constexpr,
                GF_BLOCK: tl.constexpr):
-    """``_triton.gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
+    """``lora_kernels.gfin_kernel``'s work done by the programs ``gf_first .. NUM_SMS - 1``, which
     have no tile in the last round (GFIN): work item i of ``chunks`` (g_off, d_off, n, is_b: n <=
     GF_BLOCK elements of G from g_off, contiguous in DA or, with is_b, DB from d_off) is
     converted to the gradient's dtype and zeroed in G, two items per iteration (more bytes in

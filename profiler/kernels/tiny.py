@@ -41,7 +41,7 @@ Under the Triton interpreter (CPU: programs run one after another, so a spin wou
 kernel is launched twice, PHASE 1 (the producers' work) then PHASE 2 (the consumers'), which
 finds every counter complete; on the GPU once with PHASE 3.
 
-Math and rounding as the four-launch path (``_triton``'s docstring): P = mask(X) A^T / (1-p) as
+Math and rounding as the four-launch path (``lora_kernels``'s docstring): P = mask(X) A^T / (1-p) as
 fp32 sums of K-split partials, stored once in bf16 (psave, for the backward); Y's LoRA term from
 that bf16 P times the scale, rounded to Y's dtype, times B; Q = the fp32 sum of s dY B^T N-split
 partials, rounded to X's dtype where it is used; dB and dA/dX's LoRA term by the same bodies as
@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import b1b_body, b2_body, dot_prec, p_part, pq_offset, q_part, seed_value
+from .lora_kernels import b1b_body, b2_body, dot_prec, p_part, pq_offset, q_part, seed_value
 from .config import cdiv
 
 __all__ = ["TinyPlan", "tiny_plan", "bind_forward", "bind_backward", "TINY_TOKENS_CUDA",
