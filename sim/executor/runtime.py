@@ -162,6 +162,7 @@ class RealTimeExecutor(PoolLoop):
         self.timeline: list[tuple] = []
         self._next = self._next_gid = self._finished = self._decisions = self._groups_started = 0
         self._decision_time = self._gpu_seconds = 0.0
+        self._admitted_at_s: float | None = None  # submit instant of the jobs admitted for the next decision
         self._need = self._shrunk = False
         self._next_timer: float | None = None
         self._dirty: set[int] = set()
@@ -235,6 +236,7 @@ class RealTimeExecutor(PoolLoop):
                 self._next += 1
             self.checker.arrive(self.now(), range(first, self._next))
             self._need = True
+            self._admitted_at_s = instant
         return self._next < len(jobs) and jobs[self._next].submit_time_s <= t
 
     def _stalled(self) -> None:
@@ -281,15 +283,20 @@ class RealTimeExecutor(PoolLoop):
 
     def _decide(self) -> None:
         self._need = False
+        admitted_at, self._admitted_at_s = self._admitted_at_s, None
         if not self.queue and not (self.policy.timer_s and self.groups) and not self._shrunk:
             self._record()
             return
         self._shrunk = False
         t = self.now()
+        # The policy's clock for a decision on arrivals is their submit instant (the engine decides
+        # there): the wall clock is a few ms later, and an order by waited time (tLoRA's urgency,
+        # waited / runtime) ties at zero wait and resolves those ties otherwise a millisecond later.
+        t_policy = t if admitted_at is None else admitted_at
         kinds: dict = {}
         for g in self.groups.values():
             kinds.setdefault((g.model, g.n_gpus), {})[g.gid] = None
-        snap = Snapshot(t, tuple(self.queue.values()), {gid: self._view(g) for gid, g in self.groups.items()},
+        snap = Snapshot(t_policy, tuple(self.queue.values()), {gid: self._view(g) for gid, g in self.groups.items()},
                         self.free.copy(), self.cluster, self.cost_model, kinds, frozenset(self._dirty))
         self._dirty.clear()
         w0 = time.perf_counter()

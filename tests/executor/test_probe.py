@@ -3,7 +3,9 @@
 The executor is checked with a fake probe and a fake trainer on the wall clock (no torch): probes
 come every ``probe_every_s`` between steps, never inside one, and through idle waits. Then small
 CPU executions (tiny shape): ``probes.csv`` with the probe's columns, ``perf.json``'s figures,
-``--probe-every 0`` and the virtual clock without probes, a negative value refused."""
+``--probe-every 0`` and the virtual clock without probes, a negative value refused. Last, what a
+wall-clock wake-up (after an idle wait or a probe) must not change: a decision on arrivals sees
+their submit instant, as the engine's does."""
 
 from __future__ import annotations
 
@@ -172,3 +174,46 @@ def test_a_bad_probe_interval_is_refused(tmp_path, capsys, value):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--probe-every" in err[0]
     assert not (tmp_path / "b").exists()
+
+
+class _Recording:
+    """A policy that records (now_s, queued job indices) of every decision it is asked."""
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, []
+        self.name, self.timer_s = inner.name, getattr(inner, "timer_s", None)
+
+    def decide(self, snap):
+        actions = self.inner.decide(snap)
+        self.seen.append((snap.now_s, tuple(j.index for j in snap.queue), repr(actions)))
+        return actions
+
+
+def test_a_decision_on_arrivals_sees_their_instant_and_orders_them_as_the_engine_does():
+    """Three jobs arrive at one instant after an idle start; the wall clock wakes a little after it. The
+    policy's clock for that decision is the instant (the engine decides there), so tLoRA's urgency
+    (waited / runtime: all zero) orders them as the engine's replay does, not by runtime a
+    millisecond later (H200 workload B, 2026-12-02: the executor started job 2 first, the replay job 1)."""
+    from dataclasses import replace
+
+    from tlora_sim.policies.registry import make_policy
+    from tlora_sim.sim.core.engine import Engine
+    from tlora_sim.sim.executor.runtime import RealTimeExecutor
+
+    jobs, cluster, cm, _, _ = _workload(3000.0)
+    t1 = 0.2
+    # job 0: longest and most tolerant (first by max_slowdown at zero wait), job 2 shortest (first by runtime)
+    jobs = [replace(jobs[1], submit_time_s=t1, total_steps=5, max_slowdown=2.0),
+            replace(jobs[2], submit_time_s=t1, total_steps=4, max_slowdown=1.25),
+            replace(jobs[3], submit_time_s=t1, total_steps=2, max_slowdown=1.25)]
+    jobs = [replace(j, index=i, model=jobs[0].model) for i, j in enumerate(jobs)]
+    assert len({j.isolated_runtime_s for j in jobs}) == 3
+    policy = _Recording(make_policy("tlora", {}))
+    RealTimeExecutor(jobs, cluster, cm, policy, _SleepTrainer()).run()
+    at_arrival = [d for d in policy.seen if set(d[1]) >= {0, 1, 2}]
+    assert at_arrival and at_arrival[0][0] == t1  # the instant itself, not the wall clock after it
+
+    sim = _Recording(make_policy("tlora", {}))
+    Engine(jobs, cluster, cm, sim).run()
+    first_sim = [d for d in sim.seen if set(d[1]) >= {0, 1, 2}][0]
+    assert at_arrival[0][1:] == first_sim[1:]  # the same queue and the same actions (which job starts)
