@@ -16,7 +16,10 @@ window +-10 s, over the artifact's ``calibration.probe.ref_ms``):
    ``probe_ms``, its factor over the calibration's median ``python_ms``;
 3. per run: the median r, the median factor (at each step's midpoint), and the share of the run's
    median |log r| that dividing by the factor removes: ``1 - median|log(r / f)| / median|log r|``
-   (1 = the factor explains r entirely, 0 = not at all, < 0 = it makes it worse).
+   (1 = the factor explains r entirely, 0 = not at all, < 0 = it makes it worse). Beside it the
+   same share for what ``validate-run --host-speed probes`` does, which scales only the host terms
+   (``host_speed.speed_artifact``): ``r_model = measured / predicted at factor f``
+   (``*_model`` columns; for a GPU-bound step f moves the prediction less than f).
 
 ``--calibrations CAL.json ...`` adds one row per calibration: its host-bound points (``tokens <=
 2048``) with ``measured_ms / calibrated_no_probe_ms`` set against the point's ``probe_factor`` and
@@ -45,7 +48,7 @@ import pandas as pd
 from scipy import stats
 
 from tlora_sim.sim.executor.host_speed import WINDOW_S as PROBE_WINDOW_S
-from tlora_sim.sim.executor.host_speed import HostSpeed, factor_series, read_probes, reference_ms
+from tlora_sim.sim.executor.host_speed import HostSpeed, factor_series, read_probes, reference_ms, speed_artifact
 from tlora_sim.sim.executor.steptable import predicted_s, step_rows
 from tlora_sim.sim.executor.validate import load_run
 from tlora_sim.sim.executor.workload import executor_cost_model
@@ -75,9 +78,12 @@ def references(art: dict, path: Path) -> tuple[float, float]:
     return ref, float(np.median(py))
 
 
-def steady_steps(run_dir: Path, artifact: Path) -> pd.DataFrame:
+def steady_steps(run_dir: Path, artifact: Path, factor_of=None) -> pd.DataFrame:
     """The steady steps of ``run_dir``: ``start_s, end_s, t_s`` (midpoint), ``measured_s``,
     ``predicted_s`` (s; ``artifact`` at host factor 1) and ``r`` (their ratio), in time order.
+    With ``factor_of`` (a dict signal -> callable t_s -> host factor) also, per signal,
+    ``<signal>_factor`` (at the step's midpoint) and ``<signal>_r_model`` (measured over the
+    prediction of ``artifact`` with its host terms times that factor).
 
     Raises:
         InputError: a file of the run directory is missing or malformed (``validate.load_run``), or
@@ -91,8 +97,26 @@ def steady_steps(run_dir: Path, artifact: Path) -> pd.DataFrame:
     st["measured_s"] = st.end_s - st.start_s
     st["t_s"] = (st.start_s + st.end_s) / 2
     st["r"] = st.measured_s / st.predicted_s
-    return st.sort_values("t_s", kind="stable")[["start_s", "end_s", "t_s", "measured_s", "predicted_s",
-                                                 "r"]].reset_index(drop=True)
+    cols = ["start_s", "end_s", "t_s", "measured_s", "predicted_s", "r"]
+    if factor_of:
+        from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
+        from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+        art = load_artifact(artifact)
+        models: dict[float, object] = {}
+        for s, at in factor_of.items():
+            f = np.array([at(t) for t in st.t_s])
+            st[f"{s}_factor"] = f
+            pred = np.empty(len(st))
+            for v in np.unique(f):
+                m = models.get(float(v))
+                if m is None:
+                    m = models[float(v)] = ProfiledCostModel(speed_artifact(art, float(v)), checkpointing=False)
+                sel = f == v
+                pred[sel] = predicted_s(m, gpu, jobs, st[sel])
+            st[f"{s}_r_model"] = st.measured_s / pred
+            cols += [f"{s}_factor", f"{s}_r_model"]
+    return st.sort_values("t_s", kind="stable")[cols].reset_index(drop=True)
 
 
 def speeds(run_dir: Path, ref_ms: float, ref_python_ms: float) -> dict[str, HostSpeed]:
@@ -131,7 +155,8 @@ def windows(steps: pd.DataFrame, sp: dict[str, HostSpeed], width: float = WINDOW
 
 def association(factor: np.ndarray, r: np.ndarray) -> dict:
     """Pearson and Spearman correlation of ``r`` with ``factor`` and the least-squares slope of
-    log r on log factor (NaN where fewer than 3 values or either is constant)."""
+    log r on log factor (NaN where fewer than 3 values or either is constant). Spearman ranks values
+    rounded to 12 significant digits, so floating-point noise does not break ties."""
     f, r = np.asarray(factor, float), np.asarray(r, float)
     ok = np.isfinite(f) & np.isfinite(r) & (f > 0) & (r > 0)
     f, r = f[ok], r[ok]
@@ -139,7 +164,7 @@ def association(factor: np.ndarray, r: np.ndarray) -> dict:
     if len(f) < 3 or np.ptp(f) == 0 or np.ptp(r) == 0:
         return nan
     return {"n": int(len(f)), "pearson": float(stats.pearsonr(f, r)[0]),
-            "spearman": float(stats.spearmanr(f, r)[0]),
+            "spearman": float(stats.spearmanr(*(np.array([float(f"{v:.12g}") for v in x]) for x in (f, r)))[0]),
             "slope_log": float(np.polyfit(np.log(f), np.log(r), 1)[0])}
 
 
@@ -166,17 +191,14 @@ def track(run_dir: Path, artifact: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd
     """
     art = json.loads(Path(artifact).read_text())
     ref, ref_py = references(art, Path(artifact))
-    st = steady_steps(run_dir, artifact)
+    sp = speeds(run_dir, ref, ref_py)
+    st = steady_steps(run_dir, artifact, {s: sp[s].at for s in SIGNALS})
     if st.empty:
         raise InputError("no steady step", file=str(run_dir / "steps.csv"))
-    sp = speeds(run_dir, ref, ref_py)
     win = windows(st, sp)
     rows = []
     for s in SIGNALS:
-        f = np.array([sp[s].at(t) for t in st.t_s])
-        st[f"{s}_factor"] = f
-        per_step = {"steps": len(st), "median_r": float(st.r.median()), "median_factor": float(np.median(f)),
-                    **removal(f, st.r.to_numpy())}
+        per_step = per_step_stats(st, s)
         for at in ("start", "mid"):
             a = association(win[f"{s}_{at}"].to_numpy(), win.r_median.to_numpy())
             rows.append({"run": label(run_dir), "signal": s, "at": at, "windows": a.pop("n"), **a, **per_step})
@@ -185,13 +207,23 @@ def track(run_dir: Path, artifact: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd
     return pd.DataFrame(rows), win, st
 
 
+def per_step_stats(st: pd.DataFrame, s: str) -> dict:
+    """The per-step statistics of signal ``s`` over the ``steady_steps`` rows ``st``: ``steps``,
+    ``median_r``, ``median_factor``, ``removal`` of the factor, and ``median_abs_log_r_model`` /
+    ``removed_share_model`` (the same with the host-terms-only prediction)."""
+    f = st[f"{s}_factor"].to_numpy()
+    rm = removal(f, st.r.to_numpy())
+    b = float(np.median(np.abs(np.log(st[f"{s}_r_model"].to_numpy()))))
+    a = rm["median_abs_log_r"]
+    return {"steps": len(st), "median_r": float(st.r.median()), "median_factor": float(np.median(f)), **rm,
+            "median_abs_log_r_model": b, "removed_share_model": (1 - b / a) if a > 0 else np.nan}
+
+
 def pooled(win: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
     """The ``track`` rows of all runs together (``run = "all"``): windows and steps pooled."""
     rows = []
     for s in SIGNALS:
-        per_step = {"steps": len(st), "median_r": float(st.r.median()),
-                    "median_factor": float(st[f"{s}_factor"].median()),
-                    **removal(st[f"{s}_factor"].to_numpy(), st.r.to_numpy())}
+        per_step = per_step_stats(st, s)
         for at in ("start", "mid"):
             a = association(win[f"{s}_{at}"].to_numpy(), win.r_median.to_numpy())
             rows.append({"run": "all", "signal": s, "at": at, "windows": a.pop("n"), **a, **per_step})
@@ -251,14 +283,14 @@ def figure(win: pd.DataFrame, path: Path) -> None:
         ax.plot(mid, w.python_mid, ":", color="C2", lw=1.2, label="python_ms factor")
         ax.plot(mid, w.r_median, "o", color="C3", ms=3.5, label="median r (10 s)")
         a = association(w.probe_mid.to_numpy(), w.r_median.to_numpy())
-        ax.set_title(f"{run}  (r={a['pearson']:.2f})", fontsize=9)
+        ax.set_title(f"{run}  (Pearson {a['pearson']:.2f})", fontsize=9)
         ax.set_xlabel("time (s)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(runs):]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("measured / predicted", fontsize=8)
+        ax.set_ylabel("r = measured / predicted;\nhost factor", fontsize=8)
     axes.flat[0].legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=150)
