@@ -58,6 +58,8 @@ from tlora_sim.traces.errors import InputError
 WINDOW_S = 10.0
 #: the calibration points counted as host-bound (tokens per step; README: GPU-bound from 4,096 up)
 HOST_BOUND_TOKENS = 2048
+#: the host-factor step of ``host_elasticity`` (10%)
+ELASTICITY_STEP = 0.1
 #: the two host signals: the probe (what ``validate-run --host-speed probes`` follows) and the loop
 SIGNALS = ("probe", "python")
 
@@ -83,7 +85,9 @@ def steady_steps(run_dir: Path, artifact: Path, factor_of=None) -> pd.DataFrame:
     ``predicted_s`` (s; ``artifact`` at host factor 1) and ``r`` (their ratio), in time order.
     With ``factor_of`` (a dict signal -> callable t_s -> host factor) also, per signal,
     ``<signal>_factor`` (at the step's midpoint) and ``<signal>_r_model`` (measured over the
-    prediction of ``artifact`` with its host terms times that factor).
+    prediction of ``artifact`` with its host terms times that factor), and ``host_elasticity``:
+    d log predicted / d log host factor at 1 (by a ``ELASTICITY_STEP`` difference; the slope of log
+    r on log factor the model expects if the host followed the probe: ~1 host-bound, ~0 GPU-bound).
 
     Raises:
         InputError: a file of the run directory is missing or malformed (``validate.load_run``), or
@@ -116,6 +120,9 @@ def steady_steps(run_dir: Path, artifact: Path, factor_of=None) -> pd.DataFrame:
                 pred[sel] = predicted_s(m, gpu, jobs, st[sel])
             st[f"{s}_r_model"] = st.measured_s / pred
             cols += [f"{s}_factor", f"{s}_r_model"]
+        m = ProfiledCostModel(speed_artifact(art, 1 + ELASTICITY_STEP), checkpointing=False)
+        st["host_elasticity"] = (predicted_s(m, gpu, jobs, st) / st.predicted_s - 1) / ELASTICITY_STEP
+        cols.append("host_elasticity")
     return st.sort_values("t_s", kind="stable")[cols].reset_index(drop=True)
 
 
@@ -210,13 +217,15 @@ def track(run_dir: Path, artifact: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd
 def per_step_stats(st: pd.DataFrame, s: str) -> dict:
     """The per-step statistics of signal ``s`` over the ``steady_steps`` rows ``st``: ``steps``,
     ``median_r``, ``median_factor``, ``removal`` of the factor, and ``median_abs_log_r_model`` /
-    ``removed_share_model`` (the same with the host-terms-only prediction)."""
+    ``removed_share_model`` (the same with the host-terms-only prediction), and the steps'
+    ``median_host_elasticity``."""
     f = st[f"{s}_factor"].to_numpy()
     rm = removal(f, st.r.to_numpy())
     b = float(np.median(np.abs(np.log(st[f"{s}_r_model"].to_numpy()))))
     a = rm["median_abs_log_r"]
     return {"steps": len(st), "median_r": float(st.r.median()), "median_factor": float(np.median(f)), **rm,
-            "median_abs_log_r_model": b, "removed_share_model": (1 - b / a) if a > 0 else np.nan}
+            "median_abs_log_r_model": b, "removed_share_model": (1 - b / a) if a > 0 else np.nan,
+            "median_host_elasticity": float(st.host_elasticity.median())}
 
 
 def pooled(win: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
