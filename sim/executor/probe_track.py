@@ -196,8 +196,9 @@ def track(run_dir: Path, artifact: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd
     Raises:
         InputError: see ``steady_steps``, ``speeds``, ``references``.
     """
-    art = json.loads(Path(artifact).read_text())
-    ref, ref_py = references(art, Path(artifact))
+    from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
+
+    ref, ref_py = references(load_artifact(artifact), Path(artifact))
     sp = speeds(run_dir, ref, ref_py)
     st = steady_steps(run_dir, artifact, {s: sp[s].at for s in SIGNALS})
     if st.empty:
