@@ -62,7 +62,8 @@ class ExecuteConfig:
         lora_dist: LoRA distribution name or JSON path.
         gpu_type: GPU type of the cost model (None: the CUDA device's, H100 on the CPU).
         policy_options: policy config overrides.
-        warmup: run the policy's plan once over the workload's ranks before the clock starts.
+        warmup: before the clock starts, one step of the policy's plan per distinct job shape and one over
+            the workload's ranks (``trainer.warm_up``).
         memory_fraction: share of the GPU's datasheet memory the policies may plan with (the CUDA
             context, the allocator's fragmentation and the kernels' workspaces take the rest: at
             0.95+ an H100 ran out of memory under ``mlora``); recorded in ``config.json``'s
@@ -131,13 +132,11 @@ def _device_info(device: str, name: str | None = None) -> tuple[str, dict]:
     return "H100", info
 
 
-def _warmup(trainer, jobs: list, plan: str) -> None:
-    """One step of the policy's plan over the workload's ranks per model (the kernels' JIT
-    compilation and autotuning happen before the clock starts)."""
-    for model in sorted({j.model for j in jobs}):
-        ranks = sorted({j.rank for j in jobs if j.model == model})
-        trainer.group(model, plan, [(-1 - k, r, 1, 64) for k, r in enumerate(ranks)]).step()
-    trainer.states.clear()
+def warm_shapes(jobs: list, model: str) -> tuple[list, list]:
+    """What ``trainer.warm_up`` steps for ``model``: (its jobs' distinct (rank, sequences, seq_len),
+    sorted; their distinct ranks, sorted)."""
+    mine = [j for j in jobs if j.model == model]
+    return sorted({(j.rank, j.batch_size, j.seq_len) for j in mine}), sorted({j.rank for j in mine})
 
 
 def check_kernels(cfg: ExecuteConfig) -> None:
@@ -248,7 +247,7 @@ def execute(cfg: ExecuteConfig, out_dir: str | Path, *, force: bool = False, pro
 def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, progress: bool, pool=None) -> dict:
     from tlora_sim.policies.registry import config_of, make_policy
     from tlora_sim.sim.executor.runtime import STEP_COLUMNS, RealTimeExecutor
-    from tlora_sim.sim.executor.trainer import TINY_SEQ_DIV, DeviceTrainer
+    from tlora_sim.sim.executor.trainer import TINY_SEQ_DIV, DeviceTrainer, warm_up
     from tlora_sim.sim.executor.workers import NO_MULTICAST
 
     policy = make_policy(cfg.policy, cfg.policy_options)
@@ -256,9 +255,10 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
     for model in sorted({j.model for j in jobs}):
         trainer.base(model)
         if cfg.warmup and pool is not None:
-            pool.warmup(model, policy.plan, sorted({j.rank for j in jobs if j.model == model}))
+            pool.warmup(model, policy.plan, *warm_shapes(jobs, model))
     if cfg.warmup and pool is None:
-        _warmup(trainer, jobs, policy.plan)
+        for model in sorted({j.model for j in jobs}):
+            warm_up(trainer, model, policy.plan, *warm_shapes(jobs, model))
     clock = "wall" if cluster.total_gpus == 1 or pool is not None else "virtual"
     probe = None
     if probes_on(cfg, clock):

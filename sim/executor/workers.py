@@ -115,7 +115,7 @@ def _worker(rank: int, world: int, device: str, tiny: bool, port: int, threads: 
         import torch.distributed as dist
 
         from tlora_sim.profiler.layer import sync
-        from tlora_sim.sim.executor.trainer import DeviceTrainer
+        from tlora_sim.sim.executor.trainer import DeviceTrainer, warm_up
 
         torch.set_num_threads(max(1, threads))
         cuda = device == "cuda"
@@ -145,9 +145,8 @@ def _worker(rank: int, world: int, device: str, tiny: bool, port: int, threads: 
             if op == "base":
                 trainer.base(cmd[2])
             elif op == "warmup":
-                _, _, model, plan, ranks = cmd
-                trainer.group(model, plan, [(-1 - k, r, 1, 64) for k, r in enumerate(ranks)]).step()
-                trainer.states.clear()
+                _, _, model, plan, shapes, ranks = cmd
+                warm_up(trainer, model, plan, shapes, ranks)
             elif op == "build":
                 _, _, gid, ids, model, plan, members, states = cmd
                 trainer.states.clear()
@@ -297,10 +296,11 @@ class WorkerPool:
         """Build ``model``'s base weights on every device."""
         self.call_all("base", model)
 
-    def warmup(self, model: str, plan: str, ranks: list[int]) -> None:
-        """One single-device step of ``plan`` over ``ranks`` on every device (JIT and autotuning
-        before the clock starts)."""
-        self.call_all("warmup", model, plan, list(ranks))
+    def warmup(self, model: str, plan: str, shapes: list, ranks: list[int]) -> None:
+        """``trainer.warm_up`` on every device: single-device steps of ``plan`` per job shape in
+        ``shapes`` ((rank, sequences, seq_len)) and over ``ranks`` (JIT and autotuning before the
+        clock starts)."""
+        self.call_all("warmup", model, plan, [tuple(x) for x in shapes], list(ranks))
 
     def release(self) -> None:
         """Nothing to do here: each worker empties its own allocator cache after a save."""
