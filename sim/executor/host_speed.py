@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from tlora_sim.sim.report.runcsv import check_finite, read_run_csv
 from tlora_sim.sim.report.rundir_layout import RunDir
 from tlora_sim.traces.errors import InputError
 
@@ -73,24 +74,10 @@ def read_probes(path: str | Path) -> pd.DataFrame:
             (``probe_ms`` also > 0), naming the file, row and field.
     """
     path = Path(path)
-    try:
-        df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise InputError("probes.csv is empty (not even a header)", file=str(path)) from None
-    except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise InputError(f"cannot read probes.csv ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
-                         file=str(path)) from None
-    missing = [c for c in NEED if c not in df.columns]
-    if missing:
-        raise InputError(f"probes.csv lacks column(s) {missing}", file=str(path))
+    df = read_run_csv(path, "probes.csv", NEED)
+    check_finite(df, NEED, path, positive=("probe_ms",))
     for c in NEED:
-        v = pd.to_numeric(df[c], errors="coerce")
-        bad = v.isna() | ~np.isfinite(v.fillna(0)) | ((v <= 0) if c == "probe_ms" else False)
-        if bad.any():
-            k = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(f"not a finite{' positive' if c == 'probe_ms' else ''} number: {df[c].iloc[k]!r}",
-                             file=str(path), row=k + 2, field=c)
-        df[c] = v.astype(float)
+        df[c] = pd.to_numeric(df[c]).astype(float)
     return df[NEED].sort_values("t_s", kind="stable").reset_index(drop=True)
 
 

@@ -71,6 +71,7 @@ import pandas as pd
 
 from tlora_sim.sim.report.rundir import check_out_dir, staged_dir, write_csv
 from tlora_sim.sim.report.rundir_layout import RunDir
+from tlora_sim.sim.report.runcsv import check_finite, read_run_csv
 from tlora_sim.traces.errors import InputError
 
 COLUMNS = ["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "real_makespan_s", "sim_makespan_s",
@@ -87,35 +88,6 @@ DIVERGENCE = "divergence.csv"  # per job: real against simulated placements (sim
 #: the workload.csv columns that make two runs' workloads the same (steps and isolated times
 #: depend on the cost model the run planned with; these do not)
 SAME_WORKLOAD = ["job_id", "submit_time_s", "num_gpus", "model", "rank", "batch_size", "seq_len"]
-
-
-def _read_csv(path: Path, what: str, need: list[str]) -> pd.DataFrame:
-    """A CSV of a run directory with at least the columns ``need``.
-
-    Raises:
-        InputError: unreadable, not CSV, or a missing column (naming the file).
-    """
-    try:
-        df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{what} is empty", file=str(path)) from None
-    except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise InputError(f"cannot read {what} ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
-                         file=str(path)) from None
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise InputError(f"{what} lacks column(s) {missing}", file=str(path))
-    return df
-
-
-def _numeric(df: pd.DataFrame, cols: list[str], path: Path) -> None:
-    """Raise InputError naming the first row and field of ``cols`` that is not a finite number."""
-    for c in cols:
-        v = pd.to_numeric(df[c], errors="coerce")
-        bad = v.isna() | ~np.isfinite(v.fillna(0))
-        if bad.any():
-            k = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(f"not a finite number: {df[c].iloc[k]!r}", file=str(path), row=k + 2, field=c)
 
 
 def load_run(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
@@ -149,22 +121,22 @@ def load_run(real: Path) -> tuple[dict, list, pd.DataFrame, pd.DataFrame]:
             raise InputError("missing in config.json", file=str(files.config), field=key)
     if not isinstance(cfg["gpu"], dict) or "memory_bytes" not in cfg["gpu"]:
         raise InputError("missing in config.json", file=str(files.config), field="gpu.memory_bytes")
-    wl = _read_csv(files.workload, "workload.csv", WORKLOAD_COLUMNS)
+    wl = read_run_csv(files.workload, "workload.csv", WORKLOAD_COLUMNS)
     if wl.empty:
         raise InputError("workload.csv has no jobs", file=str(files.workload))
-    _numeric(wl, ["index", "submit_time_s", "num_gpus", "rank", "batch_size", "seq_len", "total_steps",
+    check_finite(wl, ["index", "submit_time_s", "num_gpus", "rank", "batch_size", "seq_len", "total_steps",
                   "trace_duration_s", "isolated_step_time_s", "max_slowdown"], files.workload)
     jobs = read_workload(files.workload)
-    real_jobs = _read_csv(files.jobs, "jobs.csv", ["job_id", "jct_s", "submit_time_s", "finish_time_s"])
+    real_jobs = read_run_csv(files.jobs, "jobs.csv", ["job_id", "jct_s", "submit_time_s", "finish_time_s"])
     if real_jobs.empty:
         raise InputError("jobs.csv has no jobs", file=str(files.jobs))
     if sorted(map(str, real_jobs.job_id)) != sorted(str(j.job_id) for j in jobs):
         raise InputError("jobs.csv does not hold the jobs of workload.csv (another run's file?)", file=str(files.jobs))
     if real_jobs.finish_time_s.isna().any():
         raise InputError("jobs.csv has unfinished jobs: the run did not complete", file=str(files.jobs))
-    _numeric(real_jobs, ["jct_s", "submit_time_s", "finish_time_s"], files.jobs)
-    steps = _read_csv(files.steps, "steps.csv", [c for c in STEP_COLUMNS if c not in ("micro_batches", "n_gpus")])
-    _numeric(steps, ["start_s", "end_s", "ms", "nano_batches"], files.steps)
+    check_finite(real_jobs, ["jct_s", "submit_time_s", "finish_time_s"], files.jobs)
+    steps = read_run_csv(files.steps, "steps.csv", [c for c in STEP_COLUMNS if c not in ("micro_batches", "n_gpus")])
+    check_finite(steps, ["start_s", "end_s", "ms", "nano_batches"], files.steps)
     bad = ~steps.jobs.astype(str).str.fullmatch(r"\d+(;\d+)*")
     if bad.any() or (len(steps) and steps.jobs.astype(str).str.split(";").explode().astype(int).max() >= len(jobs)):
         k = int(np.flatnonzero(bad.to_numpy())[0]) if bad.any() else 0
