@@ -13,13 +13,6 @@ import pandas as pd
 from tlora_sim.profiler.calibrate import POINT_COLUMNS, PROBE_COLUMNS, members_str
 
 
-def probe_what() -> str:
-    """What the probe times, for the artifact's ``calibration.probe.what`` (``probe.py``'s constants)."""
-    from tlora_sim.sim.executor import probe  # torch
-
-    return f"sim/executor/probe.py: {probe.LAYERS}x{probe.WIDTH} MLP fwd+bwd, median of {probe.REPS}"
-
-
 def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
             log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.

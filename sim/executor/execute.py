@@ -266,9 +266,7 @@ def _execute_into(cfg, out: Path, jobs, cluster, cm, dist, skipped, dev_info, pr
 
         probe = probe_mod.HostProbe(cfg.device)
         probe.measure()  # its first, untimed pass and a measurement before the clock starts (steady costs in the run)
-        probe_info = {"every_s": cfg.probe_every_s, "device": cfg.device, "layers": probe_mod.LAYERS,
-                      "width": probe_mod.WIDTH, "batch": probe_mod.BATCH, "reps": probe_mod.REPS,
-                      "py_iters": probe_mod.PY_ITERS}
+        probe_info = {"every_s": cfg.probe_every_s, "device": cfg.device, **probe_mod.PARAMS}
     else:
         probe_info = None
     workers = {"processes": pool.n, "backend": pool.backend, "device_names": pool.device_names,

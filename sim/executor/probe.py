@@ -32,6 +32,13 @@ REPS = 3
 PY_ITERS = 50_000
 #: the columns of ``probes.csv`` (``execute``) and of a calibration's probe record
 COLUMNS = ["t_s", "probe_ms", "python_ms"]
+#: the probe's definition, as a run's ``config.json`` records it (``executor.probe``)
+PARAMS = {"layers": LAYERS, "width": WIDTH, "batch": BATCH, "reps": REPS, "py_iters": PY_ITERS}
+
+
+def what() -> str:
+    """One line saying what the probe times (a calibrated artifact's ``calibration.probe.what``)."""
+    return f"sim/executor/probe.py: {LAYERS}x{WIDTH} MLP fwd+bwd, median of {REPS}"
 
 
 def _sync(device: torch.device) -> None:
