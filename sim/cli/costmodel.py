@@ -284,16 +284,11 @@ def _calibrate(args) -> int:
         pts = pts.reindex(columns=cb.POINT_COLUMNS)
         side = _probes_path(args.points)
         if side.exists():
-            try:
-                probes = pd.read_csv(side)
-            except (OSError, ValueError) as e:
-                raise InputError(f"cannot read probe measurements ({e})", file=str(side)) from None
-            lacking = [c for c in cb.PROBE_COLUMNS if c not in probes.columns]
-            if lacking:
-                raise InputError(f"lacks column(s) {lacking}", file=str(side))
-            probes = probes[cb.PROBE_COLUMNS]
+            from tlora_sim.sim.report.runcsv import read_run_csv
+
+            probes = read_run_csv(side, side.name, cb.PROBE_COLUMNS)[cb.PROBE_COLUMNS]
             try:  # the probe of this tree (the one --points-out's measurement ran)
-                from tlora_sim.sim.executor.calibration import probe_what
+                from tlora_sim.sim.executor.probe import what as probe_what
 
                 what = probe_what()
             except ImportError:  # no torch here
@@ -302,7 +297,8 @@ def _calibrate(args) -> int:
         machine = {"points": str(args.points), "machine": args.machine_note or "not recorded"}
     else:
         t0 = time.perf_counter()
-        from tlora_sim.sim.executor.calibration import measure, probe_what
+        from tlora_sim.sim.executor.calibration import measure
+        from tlora_sim.sim.executor.probe import what as probe_what
 
         pts, probes = measure(cb.design(models), args.device, args.tiny, args.budget_s)
         measured_s = time.perf_counter() - t0
