@@ -249,8 +249,7 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
         raise InputError("no calibration points to fit (budget too small?)", field="--budget-s")
     meas = fp.measured_ms.to_numpy(dtype=float)
     _, factors = probe_factors(pts)
-    factors = factors[(pts.role == "fit").to_numpy()]
-    probed = bool((factors != 1.0).any())
+    factors = factors[(pts.role == "fit").to_numpy()]  # all 1 without probes: predict_ms of the artifact itself
     free = []
     for m in sorted(set(fp.model)):
         d = fp[fp.model == m]
@@ -267,8 +266,7 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
         return params
 
     def resid(x):
-        cal = derive(art, unpack(x))
-        return np.log((predict_at_speed(cal, fp, factors) if probed else predict_ms(cal, fp)) / meas)
+        return np.log(predict_at_speed(derive(art, unpack(x)), fp, factors) / meas)
 
     lo = [math.log(BOUNDS[p.split(":")[0]][0]) if p != "step_ms" else BOUNDS[p][0] for p in free]
     hi = [math.log(BOUNDS[p.split(":")[0]][1]) if p != "step_ms" else BOUNDS[p][1] for p in free]
