@@ -170,10 +170,10 @@ class Engine:
                 and all(0.0 <= v < float("inf") for v in self.pause_by_size.values())):
             raise ValueError(f"regroup_pause_s and start_pause_s must be finite and >= 0, got {regroup_pause_s!r}, "
                              f"{pauses.start_pause_s!r}")
-        self.retime_at = tuple(sorted(set(map(float, retime_at))))
-        if any(not 0.0 <= t < float("inf") for t in self.retime_at) or list(map(float, retime_at)) != sorted(
-                map(float, retime_at)):
+        given = [float(t) for t in retime_at]
+        if any(not 0.0 <= t < float("inf") for t in given) or given != sorted(given):
             raise ValueError(f"retime_at must be finite, >= 0 and ascending, got {retime_at!r}")
+        self.retime_at = tuple(sorted(set(given)))
         self._next_retime = 0  # index of the next instant of retime_at
         self.progress = progress
         self.env = simpy.Environment()
