@@ -49,9 +49,8 @@ from scipy import stats
 
 from tlora_sim.sim.executor.host_speed import WINDOW_S as PROBE_WINDOW_S
 from tlora_sim.sim.executor.host_speed import HostSpeed, factor_series, read_probes, reference_ms, speed_artifact
-from tlora_sim.sim.executor.steptable import predicted_s, step_rows
-from tlora_sim.sim.executor.validate import load_run
-from tlora_sim.sim.executor.workload import executor_cost_model
+from tlora_sim.sim.executor.step_ratio import predicted_steps
+from tlora_sim.sim.executor.steptable import predicted_s
 from tlora_sim.traces.errors import InputError
 
 #: width of the windows whose median r is set against the factor (s; the drift study's 10-s medians)
@@ -93,14 +92,11 @@ def steady_steps(run_dir: Path, artifact: Path, factor_of=None) -> pd.DataFrame:
         InputError: a file of the run directory is missing or malformed (``validate.load_run``), or
             the artifact is unreadable or of another GPU type.
     """
-    cfg, jobs, steps, _ = load_run(run_dir)
-    gpu = cfg["gpu"]["name"] if isinstance(cfg.get("gpu"), dict) and "name" in cfg["gpu"] else "H100"
-    st = step_rows(steps)
+    st, jobs, gpu = predicted_steps(run_dir, artifact)
     st = st[~st["first"]].copy()
-    st["predicted_s"] = predicted_s(executor_cost_model(gpu, str(artifact)), gpu, jobs, st)
-    st["measured_s"] = st.end_s - st.start_s
+    st["measured_s"] = st.span_s
     st["t_s"] = (st.start_s + st.end_s) / 2
-    st["r"] = st.measured_s / st.predicted_s
+    st["r"] = st.ratio
     cols = ["start_s", "end_s", "t_s", "measured_s", "predicted_s", "r"]
     if factor_of:
         from tlora_sim.sim.costmodel.profiled.artifact import load_artifact

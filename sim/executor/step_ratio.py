@@ -23,10 +23,10 @@ from tlora_sim.sim.executor.validate import load_run
 from tlora_sim.sim.executor.workload import executor_cost_model
 
 
-def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
-    """One row per steady step of the executed run ``run_dir``: run, plan, nano_batches, members,
-    measured_s and predicted_s (s; the prediction from ``artifact``, default the shipped one for the
-    run's GPU) and their ratio.
+def predicted_steps(run_dir: Path, artifact: Path | None = None) -> tuple[pd.DataFrame, list, str]:
+    """(``steptable.step_rows`` of the executed run ``run_dir`` with ``predicted_s`` (s; from
+    ``artifact``, default the shipped one for the run's GPU) and ``ratio`` (``span_s``, the measured
+    step, over it), the run's jobs, its GPU type).
 
     Raises:
         InputError: a file of the run directory is missing or malformed (``validate.load_run``).
@@ -34,11 +34,21 @@ def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
     cfg, jobs, steps, _ = load_run(run_dir)
     gpu = cfg["gpu"]["name"] if isinstance(cfg.get("gpu"), dict) and "name" in cfg["gpu"] else "H100"
     st = step_rows(steps)
-    st = st[st.event == "step"].copy()
     st["predicted_s"] = predicted_s(executor_cost_model(gpu, str(artifact) if artifact else None), gpu, jobs, st)
-    st["measured_s"] = st.end_s - st.start_s
+    st["ratio"] = st.span_s / st.predicted_s
+    return st, jobs, gpu
+
+
+def ratios(run_dir: Path, artifact: Path | None = None) -> pd.DataFrame:
+    """One row per measured step of the executed run ``run_dir``: run, plan, nano_batches, members,
+    measured_s and predicted_s (s; ``predicted_steps``) and their ratio.
+
+    Raises:
+        InputError: a file of the run directory is missing or malformed (``validate.load_run``).
+    """
+    st, _, _ = predicted_steps(run_dir, artifact)
+    st["measured_s"] = st.span_s
     st["members"] = st.jobs.astype(str).str.count(";") + 1
-    st["ratio"] = st.measured_s / st.predicted_s
     st.insert(0, "run", run_dir.name)
     return st[["run", "plan", "nano_batches", "members", "measured_s", "predicted_s", "ratio"]]
 
