@@ -8,7 +8,7 @@ Step times (``--step-times``):
 * ``profiled`` (default for a CUDA run): the profiled model of the run's GPU type, the model the
   policy planned with; this is the validation of the simulator.
 * ``measured`` (default for a CPU run, which has no profiled model of its device): a table-driven
-  model of this run's own measured steps (``sim/executor/steptable.py``: median steady step time
+  model of this run's own measured steps (``sim/executor/steptable.py``: mean steady step time
   per group composition; compositions the run never trained fall back to the profiled model times
   the run's measured / predicted ratio, ``cpu_scale``). On a GPU run it separates the step
   model's error from the schedule's. On a CPU run it is the only meaningful comparison, and it
