@@ -70,6 +70,9 @@ def add_parsers(sub) -> None:
     pr.add_argument("--nano-batches", type=int, default=1, metavar="N")
     pr.add_argument("--micro-batches", type=int, default=1, metavar="B")
     pr.add_argument("--cost-model", default="auto", help="auto, profiled or roofline (default: %(default)s)")
+    pr.add_argument("--artifact", type=Path, metavar="FILE",
+                    help="a profiled artifact instead of the shipped one, e.g. one written by `costmodel calibrate` "
+                         "(its GPU type must be --gpu's; not with --cost-model roofline)")
     fm = cs.add_parser("fit-multigpu", help="fit the multi-GPU terms to a two-GPU profile",
                        description="Fit host_scale, per_tensor_ms and sync_ms and take the collective curves from "
                                    "the CSV(s) of `python -m tlora_sim.profiler.multigpu`; write "

@@ -54,7 +54,7 @@ def predict_command(args) -> int:
     if args.gpus < 1 or args.nano_batches < 1 or args.micro_batches < 1:
         raise InputError("--gpus, --nano-batches and --micro-batches must be >= 1")
     plan = check_plan(args.plan or ("alone" if len(members) == 1 else "fused"))
-    cm = make_cost_model(args.cost_model, gpu)
+    cm = make_cost_model(args.cost_model, gpu, getattr(args, "artifact", None))
     print(f"cost model: {cm.describe().get('artifact', cm.name)}; {args.model} on {args.gpus}x{gpu}, plan {plan}, "
           f"{len(members)} adapter(s): " + ", ".join(f"r{m.rank} {m.batch_size}x{m.seq_len}" for m in members))
     if hasattr(cm, "predict"):

@@ -170,6 +170,31 @@ def test_costmodel_predict_ends_with_one_parsable_line():
     assert r.returncode == 2 and "--members" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_costmodel_predict_artifact_predicts_with_that_file(tmp_path):
+    """``--artifact FILE`` (a calibrated artifact) is the model asked: a derived artifact whose
+    fused host terms are doubled predicts a slower host-bound fused step than the shipped one, and
+    exactly what ``ProfiledCostModel`` of that file predicts; one of another GPU type is refused."""
+    from tlora_sim.profiler.calibrate import derive, write_artifact
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+    art = derive(load_artifact(artifact_path("H200")), {"host_fused": 2.0})
+    art["id"] = "h200-test-slow-host"
+    path = tmp_path / "slow_host.json"
+    write_artifact(art, path)
+    args = ("--gpu", "H200", "--model", "llama3-8b", "--members", "16:1:512,8:1:512", "--plan", "fused")
+    shipped, slow = _predict(*args), _predict(*args, "--artifact", str(path))
+    assert shipped.returncode == 0 and slow.returncode == 0, slow.stderr
+    step = {k: float(r.stdout.strip().splitlines()[-1].split()[0].split("=")[1]) for k, r in
+            (("shipped", shipped), ("slow", slow))}
+    assert "h200-test-slow-host" in slow.stdout
+    want = ProfiledCostModel(load_artifact(path)).step_time_s("llama3-8b", "H200", (Member(16, 1, 512), Member(8, 1, 512)),
+                                                              1, "fused")
+    assert step["slow"] == pytest.approx(want, rel=1e-5) and step["slow"] > 1.3 * step["shipped"]
+    other = _predict("--gpu", "H100", "--model", "llama3-8b", "--members", "16:1:512", "--artifact", str(path))
+    assert other.returncode == 2 and "H200" in other.stderr and "Traceback" not in other.stderr
+
+
 @pytest.mark.slow
 def test_the_shipped_fit_reproduces_from_its_rows():
     from tlora_sim.profiler.fit_multigpu import validate
