@@ -99,6 +99,10 @@ def add_parsers(sub) -> None:
     v.add_argument("--probe-window", type=float, default=10.0, metavar="S",
                    help="the host factor at a probe is the median probe time within +-S seconds of it, over the "
                         "reference, quantised to 0.5%%")
+    v.add_argument("--ignore-probe-cost", action="store_true",
+                   help="do not add back what the run's own host-speed probes paused its steps (by default the "
+                        "engine's step times are stretched by that share, ~1%% of a busy run probed every 2 s; "
+                        "validation.csv's probe_stretch)")
     v.add_argument("--reference", default=None, metavar="POLICY",
                    help="the policy whose avg JCT the others' are divided by (ratio columns; default: independent if "
                         "given, else the first run)")
@@ -113,7 +117,8 @@ def run(args) -> int:
 
         table = validate_runs(args.real_dirs, args.out, force=args.force, step_times=args.step_times,
                               progress=not args.no_progress, artifact=args.artifact, reference=args.reference,
-                              host_speed=args.host_speed, probe_window_s=args.probe_window)
+                              host_speed=args.host_speed, probe_window_s=args.probe_window,
+                              probe_cost=not args.ignore_probe_cost)
         print(table[["policy", "jobs", "real_avg_jct_s", "sim_avg_jct_s", "avg_jct_error", "jct_abs_error_p50",
                      "jct_abs_error_p90", "real_ratio", "sim_ratio", "ratio_error", "step_times"]].to_string(
             index=False, float_format=lambda x: f"{x:.4g}"))
@@ -123,6 +128,9 @@ def run(args) -> int:
                               f"{r.host_factor_p90:.3f}" for r in table.itertuples()))
         else:
             print("host speed: off (the artifact's host terms throughout)")
+        if (table.probe_stretch != 1.0).any():
+            print("probe cost: step times x " + ", ".join(f"{r.policy} {r.probe_stretch:.4f} ({r.busy_probes} probes)"
+                                                          for r in table.itertuples()))
         print(f"ranking kept: {'yes' if bool(table.ranking_kept.iloc[0]) else 'no'} (real "
               f"{table.real_rank_order.iloc[0]}; simulated {table.sim_rank_order.iloc[0]})")
         print(f"wrote {args.out / 'validation.csv'}")

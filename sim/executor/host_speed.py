@@ -24,6 +24,11 @@ never its steps: the steps are what the validation predicts.
   per factor, built lazily. The engine re-times every running group at each probe's instant
   (``Engine(retime_at=HostSpeed.instants())``), so a group's step follows the factor.
 
+* :func:`probe_pause`: what the probes themselves cost the run's steps. ``execute`` measures a
+  probe between steps, so a probe taken while a group runs delays that group's next step by the
+  probe's duration (about 20 ms on an H200 host, ~1% of a busy run); one taken while the devices
+  idle delays nothing. ``validate-run`` stretches the engine's step times by the busy share.
+
 The window (10 s) and the quantum are fixed choices (the drift study's 10-s medians; not tuned on
 validation results).
 """
@@ -220,3 +225,42 @@ class HostSpeedCostModel:
         return {**self.base.describe(), "name": self.name, "host_factor_p10": p10, "host_factor_median": p50,
                 "host_factor_p90": p90}
 
+
+
+def probe_pause(steps: pd.DataFrame, probe_t_s, probe_s_each: float) -> tuple[float, int]:
+    """The stretch of step times that a run's probes caused, and how many probes caused it.
+
+    A group is busy from its ``start`` event's ``start_s`` to its last event's ``end_s``
+    (``steps.csv``, s on the run's clock); the run is busy where any group is. A probe whose
+    ``t_s`` falls in a busy stretch paused the running groups for ``probe_s_each`` (the run's
+    ``perf.json``: ``probe_s / probes``, s); one in an idle stretch paused nothing. The stretch
+    is busy / (busy - paused), so that step time x stretch adds the pauses back to the steps
+    (``validate-run``). It assumes every busy probe paused a step (probes come between steps).
+
+    Args:
+        steps: ``steps.csv`` rows (``group_id``, ``start_s``, ``end_s``).
+        probe_t_s: the probes' ``t_s`` (s).
+        probe_s_each: seconds one probe took (>= 0).
+
+    Returns:
+        (stretch >= 1, busy probes); (1.0, 0) without steps or probes.
+    """
+    t = np.sort(np.asarray(probe_t_s, dtype=float))
+    if steps.empty or not len(t) or not probe_s_each > 0:
+        return 1.0, 0
+    span = steps.groupby("group_id").agg(a=("start_s", "min"), b=("end_s", "max")).sort_values("a")
+    merged: list[list[float]] = []
+    for a, b in zip(span.a.to_numpy(dtype=float), span.b.to_numpy(dtype=float)):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    busy_s = sum(b - a for a, b in merged)
+    starts = np.array([a for a, _ in merged])
+    ends = np.array([b for _, b in merged])
+    k = np.searchsorted(starts, t, side="right") - 1
+    n = int(((k >= 0) & (t <= ends[np.maximum(k, 0)])).sum())
+    paused = n * float(probe_s_each)
+    if busy_s <= paused:
+        return 1.0, n
+    return busy_s / (busy_s - paused), n

@@ -42,7 +42,11 @@ and a pause whenever a member finishes and the others go on (the executor rebuil
 super-model then; ``PauseOptions(pause_on_finish=True)``). Pauses are charged as the executor pays
 them (``PauseOptions(serial_pauses=True, pause_by_size=...)``): a change during a rebuild from an
 earlier instant pays its own pause after it (the executor decides between steps), and a change's
-pause is the run's mean rebuild for the group's new size (``steptable.pauses_by_size``).
+pause is the run's mean rebuild for the group's new size (``steptable.pauses_by_size``). The
+run's own host-speed probes (``execute --probe-every``) pause the running groups too: the engine's
+step times are stretched by the busy probes' share (``host_speed.probe_pause``; ~1% on an H200
+run probed every 2 s; ``validation.csv``'s ``probe_stretch`` and ``busy_probes``;
+``--ignore-probe-cost`` leaves it out).
 
 Inputs are checked first (``load_run``, ``check_inputs``): execute run directories whose files
 are whole and agree, of one workload, one cluster and device kind, no policy twice. The replay's
@@ -263,7 +267,8 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
 
 def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto",
              artifact: str | Path | None = None, host_speed: str = "auto",
-             probe_window_s: float | None = None, step_model=None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+             probe_window_s: float | None = None, step_model=None,
+             probe_cost: bool = True) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
     rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
     ``artifact``: the cost-model artifact file of the replay's planning and profiled step times
@@ -273,7 +278,11 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     median window's half-width, s, default ``host_speed.WINDOW_S``). ``step_model``: a cost model
     the engine's step times come from instead of ``step_times``' and ``host_speed``'s (a what-if;
     the policy still plans with the planning model; the pauses are measured against
-    ``step_times``' model, as with ``host_speed``).
+    ``step_times``' model, as with ``host_speed``). ``probe_cost``: the engine's step times (any
+    of the above) are stretched by what the run's own probes paused its steps
+    (``host_speed.probe_pause``: ``perf.json``'s seconds per probe, the probes of ``probes.csv``
+    that fell while a group ran; ~1% on an H200 run probed every 2 s; 1 without probes);
+    ``False``: not (``validate-run --ignore-probe-cost``).
 
     Raises:
         InputError: not an executed run directory, an unknown ``step_times`` or ``host_speed``,
@@ -331,11 +340,15 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
             return m if on_gpu else ScaledCostModel(m, scale)
 
         cm = hs.HostSpeedCostModel(build, speed, base=cm)
+    follow = cm  # the model whose clock is bound to the engine's (host speed) and whose table hits count
+    stretch, busy_probes = probe_stretch(real, steps) if probe_cost else (1.0, 0)
+    if stretch != 1.0:
+        cm = ScaledCostModel(cm, stretch)
     pauses, starts = steps[steps.event == "regroup"].ms, steps[steps.event == "start"].ms
     pause_s = (float(pauses.mean() / 1e3) if len(pauses) else 0.0) + first_s
     start_s = (float(starts.mean() / 1e3) if len(starts) else 0.0) + first_s
-    if hasattr(cm, "hits"):
-        cm.hits = cm.misses = 0  # count the replay's lookups only
+    if hasattr(follow, "hits"):
+        follow.hits = follow.misses = 0  # count the replay's lookups only
     policy = make_policy(cfg["policy"], recorded_policy_options(cfg))
     checker = InvariantChecker(jobs, cluster, cm)
     if cm is not planning:
@@ -349,7 +362,7 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
                     retime_at=speed.instants() if speed is not None else ())
     log.bind(engine)
     if speed is not None:
-        cm.clock = lambda: engine.env.now
+        follow.clock = lambda: engine.env.now
     res = engine.run()
     sim_jobs = metrics.jobs_table(res)
     div = divergence(cfg["policy"], real_jobs, real_changes(steps), sim_jobs, log.table())
@@ -370,7 +383,8 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
            "avg_jct_error": float(both.jct_s_sim.mean() / both.jct_s_real.mean() - 1),
            "device": cfg["executor"].get("device_name"), "gpu_type": gpu, "devices": cluster.total_gpus,
            "clock": cfg["executor"].get("clock", "wall"), "step_times": mode, "cpu_scale": scale,
-           "table_hit_share": cm.hit_share() if hasattr(cm, "hit_share") else float("nan"),
+           "table_hit_share": follow.hit_share() if hasattr(follow, "hit_share") else float("nan"),
+           "probe_stretch": stretch, "busy_probes": busy_probes,
            "regroup_pause_s": pause_s, "start_pause_s": start_s, "first_step_excess_s": first_s,
            "regroup_pause_by_size_s": ";".join(f"{k}:{v:.3f}" for k, v in sorted(by_size.items())),
            "serial_pauses": engine.serial_pause_count, "first_divergence_s": float(div.diverged_at_s.min()),
@@ -380,6 +394,36 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     q = speed.quantiles() if speed is not None else (float("nan"),) * 3
     row.update(zip(HOST_COLUMNS, (host, *q)))
     return row, both, div
+
+
+def probe_stretch(real: Path, steps: pd.DataFrame) -> tuple[float, int]:
+    """``host_speed.probe_pause`` of the executed run ``real``: (stretch, busy probes) from its
+    ``steps`` (``load_run``'s ``steps.csv``), ``probes.csv`` and ``perf.json`` (``probe_s / probes`` s per probe); (1.0, 0)
+    where the run has no probes (no ``probes.csv`` row, or ``perf.json`` without them).
+
+    Raises:
+        InputError: ``probes.csv`` or ``perf.json`` present but unreadable or malformed.
+    """
+    from tlora_sim.sim.executor import host_speed as hs
+
+    files = RunDir(real)
+    probes_csv = real / hs.PROBES
+    if not probes_csv.is_file() or not files.perf.is_file():
+        return 1.0, 0
+    probes = hs.read_probes(probes_csv)
+    try:
+        perf = json.loads(files.perf.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read perf.json ({e})", file=str(files.perf)) from None
+    perf = perf if isinstance(perf, dict) else {}
+    n, total = perf.get("probes", 0), perf.get("probe_s", 0.0)
+    try:
+        n, total = int(n), float(total)
+    except (TypeError, ValueError):
+        raise InputError("probes / probe_s are not numbers", file=str(files.perf), field="probe_s") from None
+    if n <= 0 or probes.empty or not (total >= 0 and total == total):
+        return 1.0, 0
+    return hs.probe_pause(steps, probes.t_s.to_numpy(), total / n)
 
 
 def add_ratios(table: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
@@ -416,9 +460,10 @@ def add_ratios(table: pd.DataFrame, reference: str | None = None) -> pd.DataFram
 def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bool = False,
                   step_times: str = "auto", progress: bool = False, artifact: str | Path | None = None,
                   reference: str | None = None, host_speed: str = "auto",
-                  probe_window_s: float | None = None) -> pd.DataFrame:
+                  probe_window_s: float | None = None, probe_cost: bool = True) -> pd.DataFrame:
     """Validate every run in ``real_dirs``; write the validation directory (as a unit); return its
-    table (``add_ratios``' columns included). ``artifact``, ``probe_window_s``: see ``simulate``;
+    table (``add_ratios``' columns included). ``artifact``, ``probe_window_s``, ``probe_cost``: see
+    ``simulate``;
     ``host_speed`` is decided once for all the runs (``host_speed_mode``: ``auto`` is ``probes``
     only when every run has probes).
 
@@ -454,7 +499,7 @@ def validate_runs(real_dirs: list[str | Path], out_dir: str | Path, *, force: bo
 
             it = tqdm(dirs, desc="validate-run", unit="run")
         for d in it:
-            row, both, div = simulate(d, stage, step_times, artifact, host, probe_window_s)
+            row, both, div = simulate(d, stage, step_times, artifact, host, probe_window_s, probe_cost=probe_cost)
             rows.append(row)
             per_job.append(both)
             divs.append(div)

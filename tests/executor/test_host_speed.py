@@ -265,3 +265,33 @@ def test_probe_columns_are_the_probes():
     from tlora_sim.sim.executor.probe import COLUMNS
 
     assert set(hs.NEED) <= set(COLUMNS)
+
+
+# ---- what the probes cost the run's steps ----------------------------------------------------------
+def test_probe_pause_counts_only_the_probes_taken_while_a_group_ran():
+    # two groups busy over [0, 10] and [8, 12] (one busy stretch of 12 s), one over [20, 30]
+    steps = pd.DataFrame({"group_id": [0, 0, 1, 1, 2], "start_s": [0.0, 5.0, 8.0, 9.0, 20.0],
+                          "end_s": [5.0, 10.0, 9.0, 12.0, 30.0]})
+    stretch, n = hs.probe_pause(steps, [1.0, 11.0, 15.0, 25.0, 40.0], 0.1)  # 15 and 40: devices idle
+    assert n == 3 and stretch == pytest.approx(22.0 / (22.0 - 0.3), rel=1e-12)
+    assert hs.probe_pause(steps, [], 0.1) == (1.0, 0) and hs.probe_pause(steps, [1.0], 0.0) == (1.0, 0)
+    assert hs.probe_pause(steps.iloc[:0], [1.0], 0.1) == (1.0, 0)
+
+
+def test_validate_run_adds_back_what_the_runs_probes_paused(tmp_path, art_file):
+    """A run whose perf.json says each probe took 50 ms: the replay's step times are stretched by
+    the busy probes' share (every job later than with ``probe_cost=False``, by at most the
+    stretch); a run without probes in perf.json is not stretched."""
+    d = _run_with_probes(tmp_path, "independent", 1.0)
+    n = len(pd.read_csv(d / hs.PROBES))
+    perf = json.loads((d / "perf.json").read_text())
+    (d / "perf.json").write_text(json.dumps({**perf, "probes": n, "probe_s": 0.05 * n}))
+    row, both, _ = simulate(d, artifact=art_file, host_speed="off")
+    row0, both0, _ = simulate(d, artifact=art_file, host_speed="off", probe_cost=False)
+    assert row["busy_probes"] > 0 and row["probe_stretch"] > 1.001
+    assert row0["probe_stretch"] == 1.0 and row0["busy_probes"] == 0
+    assert (both.jct_s_sim > both0.jct_s_sim).all()
+    assert (both.jct_s_sim <= both0.jct_s_sim * row["probe_stretch"] * (1 + 1e-9)).all()
+    (d / "perf.json").write_text(json.dumps({**perf, "probes": 0, "probe_s": 0.0}))
+    row1, both1, _ = simulate(d, artifact=art_file, host_speed="off")
+    assert row1["probe_stretch"] == 1.0 and both1.jct_s_sim.tolist() == both0.jct_s_sim.tolist()
