@@ -10,10 +10,11 @@
 #                            (default calibrated_h200; CAL_NAME=calibrated_h200_end for a second one later)
 #       A:POLICY[,POLICY]    workload A: ITP cluster02, the first 24 one-GPU jobs,
 #                            profiler/validation/lora_validation.json, --time-scale 300, 5-50 steps
-#       validate:W           validate-run W's runs with the shipped artifact, the calibrated one with the
-#                            host speed of the runs' probes (validation_calibrated) and without
-#                            (validation_calibrated_no_probe), and with their measured steps (CPU only:
-#                            run it here or on any machine)
+#       validate:W           validate-run W's runs with the shipped artifact, the calibrated one (CAL_NAME)
+#                            with the host speed of the runs' probes (validation_calibrated), without
+#                            (validation_calibrated_no_probe) and without charging the probes' own time
+#                            (validation_calibrated_probe_cost_ignored), and with their measured steps
+#                            (CPU only: run it here or on any machine, WORK=the unpacked session)
 #       B:POLICY[,POLICY]    workload B: ITP cluster03 (B_TRACE), the first B_JOBS (12) one-GPU jobs,
 #                            --lora-dist tlora (llama3-8b and qwen3-8b, ranks 2-16, 1-8 sequences of
 #                            512-2048 tokens), --time-scale B_SCALE (300), 5-B_MAX (30) steps
@@ -76,11 +77,14 @@ for step in "$@"; do
     validate:*)  # on any machine: validate-run with the shipped and the calibrated artifact, and measured steps
       w=${step#*:}; dirs=$(for pol in independent mlora tlora; do [ -f "$WORK/$w/$pol/summary.json" ] && echo "$WORK/$w/$pol"; done)
       run $CLI validate-run $dirs --out "$WORK/$w/validation_shipped" --force --no-progress > "$WORK/$w-validation.log" 2>&1
-      if [ -f "$WORK/calibrated_h200.json" ]; then  # host speed from the runs' probes, and without them
+      cal=$WORK/${CAL_NAME:-calibrated_h200}.json
+      if [ -f "$cal" ]; then  # host speed from the runs' probes, and without them; the probes' own cost left out
         run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated" --host-speed probes \
-          --artifact "$WORK/calibrated_h200.json" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
+          --artifact "$cal" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
         run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated_no_probe" --host-speed off \
-          --artifact "$WORK/calibrated_h200.json" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
+          --artifact "$cal" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
+        run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated_probe_cost_ignored" --host-speed probes \
+          --artifact "$cal" --ignore-probe-cost --force --no-progress >> "$WORK/$w-validation.log" 2>&1
       fi
       run $CLI validate-run $dirs --out "$WORK/$w/validation_measured" --step-times measured --force --no-progress \
         >> "$WORK/$w-validation.log" 2>&1
