@@ -8,7 +8,10 @@ Two clocks, one interface (``start()``, ``now()`` in seconds since ``start``):
   take; idle gaps are slept through.
 * :class:`VirtualClock` (``--device cpu --gpus N``, N > 1: N devices simulated on one CPU): the
   groups' steps run for real one after another, interleaved step by step in the order the devices
-  would reach them, and each measured duration is charged to the group's own devices. ``now`` is
+  would reach them, and each step's, save's and build's duration *as the trainer reports it* is
+  charged to the group's own devices (``DeviceTrainer``: the wall time of the step, save or build
+  itself, timed inside it; a modelled trainer: its model's value, e.g. 0), never the host's time
+  around the call (``sim/executor/runtime.py``). ``now`` is
   the time of the event being processed (the earliest step end, arrival or policy timer); it
   jumps over idle gaps. So N groups that each take 1 s per step advance as if on N devices, at
   1 s per step each, although the CPU ran them one after another. A policy decision takes no

@@ -16,14 +16,18 @@ the members' adapter and AdamW state to the host and rebuilds the super-model fr
 states; the group makes no progress meanwhile, so that pause is whatever it costs. Decisions are
 taken between steps (a step in flight completes first).
 
-Clocks (``sim/executor/clock.py``): one device (a GPU, or the CPU) runs on the wall clock; N
-devices simulated on the CPU run on a virtual clock, each group's measured step and rebuild times
-charged to its own devices, the groups interleaved step by step in the order their devices come
-free. A group on several simulated devices trains one data-parallel replica's share of every
-member's sequences (``ceil(batch / n_gpus)``) and charges it to all of them (no gradient
-all-reduce on the CPU). With a ``WorkerPool`` as the trainer (one worker process per real device:
-``--device cuda --gpus N``, ``--device cpu --gpus N --processes``) N devices run on the wall clock,
-groups side by side, a group on k devices data-parallel over k workers (``poolloop.py``).
+Clocks (``sim/executor/clock.py``): one device (a GPU, or the CPU) runs on the wall clock, where
+steps, saves and rebuilds cost the wall time they take; N devices simulated on the CPU run on a
+virtual clock, each group's step, save and build costing what the trainer reports (a step's returned
+ms, ``save()``'s returned ms, the built group's ``build_ms``: a ``DeviceTrainer`` times them itself,
+a modelled trainer returns its model's values) charged to its own devices, never the host's time
+around them (a loaded host's pauses do not land in the run), the groups interleaved step by step in
+the order their devices come free. A group on several simulated devices trains one data-parallel
+replica's share of every member's sequences (``ceil(batch / n_gpus)``) and charges it to all of them
+(no gradient all-reduce on the CPU). With a ``WorkerPool`` as the trainer (one worker process per
+real device: ``--device cuda --gpus N``, ``--device cpu --gpus N --processes``) N devices run on the
+wall clock, groups side by side, a group on k devices data-parallel over k workers
+(``poolloop.py``).
 
 Policies see the cost model's step times (``GroupView.step_time_s``, ``Snapshot.cost_model``),
 exactly as in a replay, and the real remaining steps. The result is a ``SimResult`` (times in
@@ -63,7 +67,26 @@ STEP_COLUMNS = ["group_id", "event", "jobs", "plan", "nano_batches", "micro_batc
 build; ``regroup``: save, rebuild and restore after a membership change; ``close``: the last save
 of a group whose members all left). ``jobs``: the members' job indices, ``;``-separated, in
 segment order; ``devices``: the device ids held, ``;``-separated; ``start_s``/``end_s``: clock
-seconds since the run started; ``ms``: the measured duration (a step's is device-synchronised)."""
+seconds since the run started; ``ms``: the duration charged: on the wall clock the measured one (a
+step's is device-synchronised), on the virtual clock the trainer's (a step's return; a rebuild's
+save plus ``build_ms``)."""
+
+
+def _reported_s(ms, what: str, gid: int) -> float:
+    """Seconds of a cost a trainer reports in ms (a group's ``build_ms``, ``save()``'s return).
+
+    Raises:
+        ValueError: not a finite number >= 0 (a trainer on the virtual clock must say what its
+            rebuilds cost).
+    """
+    try:
+        v = float(ms)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not 0.0 <= v < math.inf:
+        raise ValueError(f"group {gid}: the trainer reported {what} = {ms!r}; on the virtual clock a trainer's "
+                         "group reports build_ms and save() returns ms (finite, >= 0)")
+    return v / 1e3
 
 
 @dataclass
@@ -101,8 +124,10 @@ class RealTimeExecutor(PoolLoop):
         cost_model: what the policy asks (``Snapshot.cost_model``) and ``GroupView.step_time_s``.
         policy: the policy object (``decide(Snapshot) -> list[Action]``, ``timer_s``).
         trainer: a ``sim.executor.trainer.DeviceTrainer`` (anything with its ``group`` and
-            ``release`` methods), or a ``sim.executor.workers.WorkerPool`` of one worker process
-            per device (``parallel``: the wall clock, groups side by side, ``poolloop.py``).
+            ``release`` methods; ``group`` returns an object with ``step(nano, micro) -> ms``,
+            ``save() -> ms`` and ``build_ms``, the costs the virtual clock charges), or a
+            ``sim.executor.workers.WorkerPool`` of one worker process per device (``parallel``:
+            the wall clock, groups side by side, ``poolloop.py``).
         progress: optional callback ``progress(finished_jobs)``.
         clock: a ``WallClock`` or ``VirtualClock`` (default: wall for one device or a worker
             pool, virtual for several simulated devices).
@@ -116,8 +141,9 @@ class RealTimeExecutor(PoolLoop):
 
     Raises:
         ValueError: jobs out of index order, several devices on the wall clock without a worker
-            pool, a pool on another number of devices or on the virtual clock, or a probe on the
-            virtual clock, with a pool, or with ``probe_every_s <= 0``.
+            pool, a pool on another number of devices or on the virtual clock, a probe on the
+            virtual clock, with a pool, or with ``probe_every_s <= 0``, or (on the virtual clock,
+            during ``run``) a trainer's ``build_ms`` or ``save()`` that is not a finite ms >= 0.
         InvariantError: a policy action the executor cannot apply (the engine's rules), a
             violated invariant, or jobs the policy leaves queued with nothing left to happen.
     """
@@ -483,13 +509,17 @@ class RealTimeExecutor(PoolLoop):
             return ()
         saved = g.trainer_jobs if any(j in g.remaining or j in self.remaining_queued for j in g.trainer_jobs) else ()
         w0 = time.perf_counter()
-        if saved:
-            g.trainer.save()
+        cost_ms = g.trainer.save() if saved else 0.0
         g.trainer, g.trainer_jobs = None, ()
         self.trainer.release()
-        dt = time.perf_counter() - w0
-        t0 = max(self.now(), g.free_s) if self.clock.virtual else self.now() - dt
-        g.free_s = t0 + dt if self.clock.virtual else self.now()
+        if self.clock.virtual:  # what the trainer says the save cost, not the host's time
+            dt = _reported_s(cost_ms, "save()", g.gid)
+            t0 = max(self.now(), g.free_s)
+            g.free_s = t0 + dt
+        else:
+            dt = time.perf_counter() - w0
+            t0 = self.now() - dt
+            g.free_s = self.now()
         for j in saved:
             self.state_ready[j] = g.free_s
         g.save_span = (t0, dt)
@@ -512,12 +542,13 @@ class RealTimeExecutor(PoolLoop):
             g.trainer = self.trainer.group(g.model, g.plan,
                                            [(j.index, j.rank, -(-j.batch_size // share), j.seq_len) for j in js])
             g.trainer_jobs = tuple(g.members)
-            dt = time.perf_counter() - w0
-            if self.clock.virtual:
+            if self.clock.virtual:  # what the trainer says the build cost, not the host's time
+                dt = _reported_s(g.trainer.build_ms, "build_ms", g.gid)
                 t1 = max([self.now(), g.free_s, self.slots.ready_s(g.devices)]
                          + [self.state_ready.get(i, 0.0) for i in g.members])
                 end = t1 + dt
             else:
+                dt = time.perf_counter() - w0
                 t1, end = self.now() - dt, self.now()
             saved_t0, saved_dt = g.save_span if g.save_span is not None else (t1, 0.0)
             g.free_s = g.paused_until_s = end

@@ -10,6 +10,9 @@ adapters, random tokens of each member's sequences, and fp32 cross-entropy.
 Every job's adapter weights and AdamW moments live on the host between groups (``AdapterState``:
 per layer and projection, ``A`` (r, d_in) and ``B`` (r, d_out)); building a group copies its
 members' states in, ``save`` copies them out: the checkpoint/restore of a regroup, done for real.
+Each times itself (``GroupTrainer.build_ms``; ``save`` returns its ms): on the virtual clock
+(``sim/executor/clock.py``) those are what the executor charges a rebuild, as a step's own
+returned time is what it charges the step.
 ``step(nano, micro)`` runs one optimizer step (``nano`` x ``micro`` > 1: tLoRA's nano-batches or
 LoRAFusion's micro-batches, the sequences cut into that many whole-sequence parts run one after
 another, gradients accumulated) and returns its wall time (ms, synchronised).
@@ -90,7 +93,12 @@ class DeviceTrainer:
 class GroupTrainer:
     """One running super-model on the device (see the module docstring)."""
 
+    #: wall ms this group's construction took (members' states restored, optimizer and tokens
+    #: made; host time, not device-synchronised): what a rebuild costs on the virtual clock
+    build_ms = 0.0
+
     def __init__(self, trainer: DeviceTrainer, model: str, plan: str, members: list[tuple[int, int, int, int]]):
+        w0 = time.perf_counter()
         self.trainer, self.plan, self.impl = trainer, plan, IMPL[plan]
         self.jobs = [m[0] for m in members]
         # tiny: 1/64 of each sequence (at least 4 tokens), so the Triton interpreter runs in seconds
@@ -113,6 +121,7 @@ class GroupTrainer:
         vocab = self.emb.shape[0]
         self.idx = torch.randint(0, vocab, (T,), device=dev, generator=g)
         self.lab = torch.randint(0, vocab, (T,), device=dev, generator=g)
+        self.build_ms = (time.perf_counter() - w0) * 1e3
 
     # -- adapter state in and out
     def _pieces(self, lo: LoRASet, name: str, k: int):
@@ -165,10 +174,13 @@ class GroupTrainer:
                             self.opt.state[p] = {"step": torch.tensor(float(steps), device=dev if dev.type == "cuda"
                                                                       else "cpu"), "exp_avg": m, "exp_avg_sq": v}
 
-    def save(self) -> None:
-        """Copy every member's adapter and AdamW moments to the host."""
+    def save(self) -> float:
+        """Copy every member's adapter and AdamW moments to the host; the wall ms it took (host
+        time: the copies to the host are synchronous), what a save costs on the virtual clock."""
+        w0 = time.perf_counter()
         for k, j in enumerate(self.jobs):
             self.trainer.states[j] = self._state_of(k, self.trainer.states.get(j))
+        return (time.perf_counter() - w0) * 1e3
 
     def _state_of(self, k: int, prev: AdapterState | None) -> AdapterState:
         s = AdapterState(steps=(prev.steps if prev else 0) + self._steps)

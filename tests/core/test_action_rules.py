@@ -54,11 +54,13 @@ class _Steps:
         mem = tuple(self.jobs[m[0]].member for m in members)
 
         class G:
+            build_ms = 0.0  # what a build costs on the virtual clock
+
             def step(self, nano=1, micro=1):
                 return CM.step_time_s(model, "H100", mem, 1, plan, nano, micro) * 1e3
 
             def save(self):
-                pass
+                return 0.0
 
         return G()
 
