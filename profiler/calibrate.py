@@ -168,8 +168,9 @@ WARMUP_STEPS, MIN_REPS, MAX_REPS, TIMED_S = 2, 3, 16, 1.5
 #: host-speed probe readings of a point: one before its timed steps, one after them, and one after
 #: every second timed step that is not the last once PROBE_EVERY_S seconds of timed steps have
 #: passed since the previous reading (after the second always; ``probe_due``): 3-5 readings per
-#: point on one H200 (3-6 wherever steps take < 1.5 s / 16), against 2 (before and after) until
-#: the second design; the host's speed drifts within seconds (steps of one job varied 85-157 ms)
+#: point at any steady step time (4-5 for steps of 74-373 ms, the host-bound ones; 3 for slower
+#: steps and for steps under 36 ms), against 2 (before and after) until the second design; the
+#: host's speed drifts within seconds (steps of one job varied 85-157 ms)
 PROBE_EVERY_S = 0.45
 #: the wall cost of a point (s; ``point_wall_s``), least squares over the probe timestamps of the
 #: two H200 calibrations of 2026-12-02 (``profiler/data/validation/h200_2026-12-02/

@@ -24,18 +24,18 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
     Each point builds a group with ``sim/executor/trainer.py``'s ``GroupTrainer`` (what
     ``tlora-sim execute`` trains), runs ``WARMUP_STEPS`` (2) warm-up steps (the first carries the
     build's one-off costs), then times steps while ``more_reps``: until 3 of them and 1.5 s of them
-    have passed, at most ``max_reps`` (default ``MAX_REPS``, 16: the host-bound points of
-    100-190 ms get their 1.5 s too); ``measured_ms`` is their mean (what a run's clock adds up),
-    ``p10_ms``/``p90_ms`` their spread. One ``HostProbe`` (``probe.py``) on ``device`` is read
-    right before the timed steps, after every second timed step when ``probe_due`` (the second,
-    then once 0.45 s of steps have passed since the last reading) and right after the last one:
-    3-5 readings per point on one H200, at least 3 anywhere (at least 3 timed steps); the point's
-    ``probe_ms`` is their mean (the host speed it ran at; each reading costs ~25 ms on an H200
-    host, ~3 s of a calibration, and is not counted in the 1.5 s). Points are measured in order
-    until ``budget_s`` seconds of wall time (base-model builds and probes included) are spent; the
-    rest are left out (logged). ``profiler/calibrate.py``'s ``point_wall_s`` estimates a point's
-    wall time (the design: ~124 s of points on one H200, ~149 s with the start and a cold kernel
-    cache).
+    have passed, at most ``max_reps`` (default ``MAX_REPS``, 16: steps from 94 ms up get their
+    1.5 s); ``measured_ms`` is their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their
+    spread. One ``HostProbe`` (``probe.py``) on ``device`` is read right before the timed steps,
+    after a timed step when ``probe_due`` (the second, then every second once 0.45 s of steps have
+    passed since the last reading) and right after the last one: 3-5 readings per point (4-5 for
+    the host-bound points of 74-373 ms; at least 3 anywhere, since at least 3 steps are timed); the
+    point's ``probe_ms`` is their mean (the host speed it ran at). A reading costs ~25 ms on an
+    H200 host (~165 readings, ~4 s of a calibration) and is not counted in the 1.5 s. Points are
+    measured in order until ``budget_s`` seconds of wall time (base-model builds and probes
+    included) are spent; the rest are left out (logged). ``profiler/calibrate.py``'s
+    ``point_wall_s`` estimates a point's wall time (the design: ~124 s of points on one H200, ~149 s
+    of ``measure`` with its start and a cold kernel cache).
 
     Returns:
         (points, probes): one row per measured point (``POINT_COLUMNS``), and every probe
