@@ -99,10 +99,12 @@ PROBE_COLUMNS = ["t_s", "probe_ms", "python_ms", "point"]
 # first one's 42 points had 9 alone per model, mostly GPU-bound (they agreed across calibrations
 # to 2-3%), one host-bound loop point and one host-bound fused point; the host scales moved
 # between two calibrations 15 minutes apart (loop 1.44 -> 1.19, fused 1.00 -> 0.65). This one
-# moves four alone points to host-bound loop and fused mixes of the shapes the validation
-# workloads run (``profiler/data/validation/README.md``: mLoRA's 1- and 2-member loops of
-# 512-2,048-token jobs, tLoRA's fused groups of 1-4 such jobs), keeping a GPU-bound point of every
-# family (alone 4,096 and 8,192, loop 6,144, fused 5,632 and 8,192, nano-batched 8,192).
+# drops seven configurations (alone 1,024 / 2,048 / 4,096 / 8,192 tokens, a 2-member 6,144-token
+# loop, 3- and 6-member 8,192-token fused mixes) for eight host-bound ones of the shapes the
+# validation workloads run (``profiler/data/validation/h200_2026-12-02/{A,B}/*/steps.csv``:
+# mLoRA's 1- and 2-member loops of 512-2,048-token jobs, tLoRA's fused groups of 1-4 such jobs),
+# keeping a GPU-bound point of every family (alone 4,096 and 8,192, loop 6,144, fused 5,632 and
+# 8,192, nano-batched 8,192).
 _DESIGN = (
     # alone: the host-bound floor (512-2,048 tokens) and the GPU-bound curve to 8,192
     ("alone", 1, ((8, 1, 512),)), ("alone", 1, ((4, 4, 2048),)), ("alone", 1, ((16, 1, 1024),)),
