@@ -18,10 +18,25 @@ and fitted shape of the shipped artifact and fits four numbers on this machine:
 
 They are fitted by least squares on log(predicted / measured) over the *fit* points of a designed
 set of full-model training steps (``design``), measured (``sim/executor/calibration.py``'s
-``measure``) through the same ``GroupTrainer.step`` that ``tlora-sim execute`` runs: per base model, jobs ``alone`` from 512 to 16,384 tokens (the
-host-bound floor and the GPU-bound curve), ``loop`` mixes, ``fused`` mixes of 1-6 adapters and
-fused mixes in 2-4 nano-batches. Every third point of each plan is held out (``role`` =
-``heldout``): its error under the shipped and under the calibrated artifact is printed and stored.
+``measure``) through the same ``GroupTrainer.step`` that ``tlora-sim execute`` runs: per base
+model (22 configurations, 44 points; ``_DESIGN``), 5 jobs ``alone`` of 512 to 8,192 tokens (the
+host-bound floor and the GPU-bound curve), 6 ``loop`` mixes (1-, 2- and 4-member loops of
+512-2,048-token jobs, host-bound, and a GPU-bound 6,144-token loop), 8 ``fused`` mixes (1-4 small
+members of 512-3,072 tokens in all, host-bound to the crossover, and 5,632-8,192-token mixes) and
+3 fused mixes in 2 and 4 nano-batches. Every third point of each plan group is held out (``role``
+= ``heldout``; 12 points, 1,024 to 6,144 tokens): its error under the shipped and under the
+calibrated artifact is printed and stored. Each point: 2 warm-up steps, 3-16 timed steps (1.5 s
+of them), 3-5 probe readings (``WARMUP_STEPS`` ... ``PROBE_EVERY_S``).
+
+Wall time (``point_wall_s``: the protocol, with per-point costs fitted to the probe timestamps of
+the first design's two H200 calibrations of 2026-12-02, which it reproduces: every ``reps``, and
+123.1 s against 141.1 - 17.3 s of compilation = 123.8 s, and 119.1 s against 117.8 s): at the
+step times the first of them predicts (``calibrated_h200.json``), this design's points take
+124.1 s against 125.7 s for the first design's 42 (119.9 s against 119.7 s at the second's); with
+the 7.0 s before the first point and 17.3 s of kernel compilation of a cold cache that the first
+measured, about 149 s of ``measure`` (it took 149.1 s; 159 s the whole command), within the
+default ``--budget-s`` of 150.
+
 The derived artifact (``derive``) is the shipped one with those numbers applied to its fields (so
 every code path of the cost model, scalar, vectorised and multi-GPU, reads them), a new ``id``
 and a ``calibration`` section: the base artifact's id and sha256, the parameters, the machine
@@ -34,8 +49,9 @@ one nano-batch (``formula.layer_ms``). Times are milliseconds unless a name ends
 ``_s``. Nothing here needs torch or a GPU.
 
 The host-speed probe (``sim/executor/probe.py``; ``profiler/data/validation/README.md``: the lent
-H200 hosts' single-thread speed drifts 14% between 10-s windows). Every point is measured between
-two probes; its ``probe_ms`` is their mean. When every point has one, the fit reads each point's
+H200 hosts' single-thread speed drifts 14% between 10-s windows). Every point's timed steps are
+bracketed by probe readings and interleaved with more (``probe_due``: 3-5 per point); its
+``probe_ms`` is their mean. When every point has one, the fit reads each point's
 host terms at its own speed: ``ref_ms`` = the median of the points' ``probe_ms``, and point
 *i*'s prediction is that of ``with_host_speed(derive(art, params), probe_ms_i / ref_ms)``, so the
 fitted host scales are those of a host running the probe in ``ref_ms``. A run that records its
@@ -78,20 +94,38 @@ PROBE_COLUMNS = ["t_s", "probe_ms", "python_ms", "point"]
 
 # The designed set, per model: (plan, nano, members as (rank, sequences, seq_len)), 512 to 8,192
 # tokens per step (the executor keeps every layer's activations: on one H200 with both 8B bases
-# resident, a 12,288-token step ran out of memory). Held out: every third point of each plan (in
-# this order), so each plan has fit and held-out points from small (host-bound) to large
-# (GPU-bound) steps.
+# resident, a 12,288-token step ran out of memory). Held out: every third point of each plan group
+# (in this order), so each group has fit and held-out points. Second design (2026-12-02): the
+# first one's 42 points had 9 alone per model, mostly GPU-bound (they agreed across calibrations
+# to 2-3%), one host-bound loop point and one host-bound fused point; the host scales moved
+# between two calibrations 15 minutes apart (loop 1.44 -> 1.19, fused 1.00 -> 0.65). This one
+# drops seven configurations (alone 1,024 / 2,048 / 4,096 / 8,192 tokens, a 2-member 6,144-token
+# loop, 3- and 6-member 8,192-token fused mixes) for eight host-bound ones of the shapes the
+# validation workloads run (``profiler/data/validation/h200_2026-12-02/{A,B}/*/steps.csv``:
+# mLoRA's 1- and 2-member loops of 512-2,048-token jobs, tLoRA's fused groups of 1-4 such jobs),
+# keeping a GPU-bound point of every family (alone 4,096 and 8,192, loop 6,144, fused 5,632 and
+# 8,192, nano-batched 8,192).
 _DESIGN = (
-    ("alone", 1, ((8, 1, 512),)), ("alone", 1, ((4, 2, 512),)), ("alone", 1, ((16, 1, 1024),)),
-    ("alone", 1, ((2, 1, 2048),)), ("alone", 1, ((8, 2, 1024),)), ("alone", 1, ((16, 2, 2048),)),
-    ("alone", 1, ((4, 4, 2048),)), ("alone", 1, ((2, 4, 1024),)), ("alone", 1, ((8, 8, 1024),)),
-    ("loop", 1, ((8, 1, 512), (16, 1, 1024))), ("loop", 1, ((4, 2, 1024), (8, 1, 2048), (16, 4, 512))),
-    ("loop", 1, ((2, 2, 2048), (16, 1, 2048))),
+    # alone: the host-bound floor (512-2,048 tokens) and the GPU-bound curve to 8,192
+    ("alone", 1, ((8, 1, 512),)), ("alone", 1, ((4, 4, 2048),)), ("alone", 1, ((16, 1, 1024),)),
+    ("alone", 1, ((8, 2, 1024),)), ("alone", 1, ((2, 4, 1024),)),
+    # loop: 2-member loops of 512-2,048-token jobs, a 1-member loop, a small 4-member loop (all
+    # host-bound or at the crossover), one GPU-bound 6,144-token loop
+    ("loop", 1, ((8, 1, 512), (16, 1, 1024))), ("loop", 1, ((16, 1, 512),)),
+    ("loop", 1, ((16, 1, 1024), (4, 2, 1024))),
+    ("loop", 1, ((2, 1, 512), (4, 1, 512), (8, 2, 512), (16, 1, 1024))),
+    ("loop", 1, ((4, 2, 1024), (8, 1, 2048), (16, 4, 512))),
+    ("loop", 1, ((16, 2, 512), (4, 2, 512))),
+    # fused: 1-4 small members of 512-2,048 tokens (host-bound to the crossover near 2,048-3,072
+    # tokens), GPU-bound 5,632 and 8,192
     ("fused", 1, ((16, 1, 512),)), ("fused", 1, ((4, 1, 512), (8, 2, 1024))),
     ("fused", 1, ((2, 1, 512), (4, 2, 1024), (8, 1, 2048), (16, 2, 512))),
     ("fused", 1, ((8, 2, 2048), (16, 4, 1024))),
-    ("fused", 1, ((2, 2, 512), (4, 1, 1024), (8, 2, 1024), (16, 1, 2048), (8, 2, 512), (4, 2, 512))),
-    ("fused", 1, ((4, 2, 2048), (8, 1, 2048), (16, 1, 2048))),
+    ("fused", 1, ((2, 1, 512), (4, 1, 512), (8, 1, 512), (16, 1, 512))),
+    ("fused", 1, ((16, 1, 512), (4, 1, 512))),
+    ("fused", 1, ((16, 1, 1024), (4, 2, 512), (8, 1, 1024))),
+    ("fused", 1, ((4, 2, 1024),)),
+    # fused in 2 and 4 nano-batches
     ("fused", 2, ((4, 2, 1024), (8, 2, 512), (16, 1, 2048))),
     ("fused", 2, ((8, 2, 2048), (2, 4, 1024))),
     ("fused", 4, ((2, 4, 512), (4, 2, 1024), (16, 1, 2048))),
@@ -124,6 +158,64 @@ def members_str(members) -> str:
 def parse_members(text: str) -> tuple:
     """Inverse of ``members_str``."""
     return tuple(tuple(int(x) for x in part.split(":")) for part in str(text).split(","))
+
+
+# ----------------------------------------------------------------------------------- measuring protocol
+#: every point's protocol (``sim/executor/calibration.py``'s ``measure`` runs it, ``point_wall_s``
+#: costs it): WARMUP_STEPS untimed steps (the first carries the group's one-off costs), then timed
+#: steps while ``more_reps``: until MIN_REPS of them and TIMED_S seconds of them, at most MAX_REPS
+#: (16 since the second design: 1.5 s of steps down to 94-ms steps; it was 8, which gave the
+#: host-bound points of 110-190 ms 0.9-1.5 s)
+WARMUP_STEPS, MIN_REPS, MAX_REPS, TIMED_S = 2, 3, 16, 1.5
+#: host-speed probe readings of a point: one before its timed steps, one after them, and one after
+#: every second timed step that is not the last once PROBE_EVERY_S seconds of timed steps have
+#: passed since the previous reading (after the second always; ``probe_due``): 3-5 readings per
+#: point at any steady step time (4-5 for steps of 74-373 ms, the host-bound ones; 3 for slower
+#: steps and for steps under 36 ms), against 2 (before and after) until the second design; the
+#: host's speed drifts within seconds (steps of one job varied 85-157 ms)
+PROBE_EVERY_S = 0.45
+#: the wall cost of a point (s; ``point_wall_s``), least squares over the probe timestamps of the
+#: two H200 calibrations of 2026-12-02 (``profiler/data/validation/h200_2026-12-02/
+#: calibrated_h200{,_end}_points_probes.csv``, 42 points each): from one point's last reading to
+#: the next one's first (release, group build, the warm-up steps, a reading) BUILD_S + WARMUP_X x
+#: the step (0.27 s + 2.21 x and 0.22 s + 2.17 x, residual SD 0.10 / 0.11 s, without the first
+#: calibration's three cold-kernel-cache compilations, 17.3 s together); a timed step STEP_GAP_S
+#: beyond the ms it reports; a probe reading PROBE_S (0.028 / 0.023 s)
+BUILD_S, WARMUP_X, STEP_GAP_S, PROBE_S = 0.245, 2.19, 0.0016, 0.026
+
+
+def more_reps(reps: int, timed_s: float, max_reps: int = MAX_REPS) -> bool:
+    """Whether a point times another step after ``reps`` timed steps that took ``timed_s`` seconds
+    (probe readings not counted): fewer than ``MIN_REPS``, or fewer than ``TIMED_S`` seconds, and
+    fewer than ``max_reps``."""
+    return reps < max_reps and (reps < MIN_REPS or timed_s < TIMED_S)
+
+
+def probe_due(k: int, since_s: float) -> bool:
+    """Whether a probe reading follows the ``k``-th timed step (1-based; not the point's last)
+    that ends ``since_s`` seconds of timed steps after the previous reading: ``k`` even and
+    ``k == 2`` or ``since_s >= PROBE_EVERY_S``."""
+    return k % 2 == 0 and (k == 2 or since_s >= PROBE_EVERY_S)
+
+
+def point_wall_s(step_ms: float, max_reps: int = MAX_REPS, mid_readings: bool = True) -> dict:
+    """The wall time one point of steady steps of ``step_ms`` ms costs ``measure`` on a warm kernel
+    cache, by the protocol (``more_reps``, ``probe_due``) and the costs ``BUILD_S``, ``WARMUP_X``,
+    ``STEP_GAP_S``, ``PROBE_S``: ``{"wall_s", "reps", "readings"}``. ``max_reps=8,
+    mid_readings=False`` is the first design's protocol (it reproduces every ``reps`` of its two
+    calibrations). Not counted: the calibration's start (CUDA, the first base model and its
+    first steps: 3.9 s and 7.0 s before the first point's build in the two) and first-time kernel
+    compilation on a cold cache (17.3 s in the first)."""
+    s = float(step_ms) / 1e3
+    reps, readings, last = 0, 1, 0.0
+    while more_reps(reps, reps * (s + STEP_GAP_S), max_reps):
+        reps += 1
+        if mid_readings and more_reps(reps, reps * (s + STEP_GAP_S), max_reps) and probe_due(
+                reps, (reps - last) * (s + STEP_GAP_S)):
+            readings, last = readings + 1, reps
+    readings += 1
+    return {"wall_s": BUILD_S + WARMUP_X * s + reps * (s + STEP_GAP_S) + PROBE_S * (readings - 1), "reps": reps,
+            "readings": readings}
 
 
 # ----------------------------------------------------------------------------------- deriving

@@ -86,8 +86,12 @@ def add_parsers(sub) -> None:
                                     "fit host scales per plan family, a GPU scale and a per-step constant over the "
                                     "shipped artifact, print the held-out points' error under the shipped and the "
                                     "calibrated artifact, and write the calibrated artifact (with its provenance and "
-                                    "every measured point) to --out (profiler/calibrate.py). Each point is timed "
-                                    "between two runs of a host-speed probe (sim/executor/probe.py, ~10-15 ms each); "
+                                    "every measured point) to --out (profiler/calibrate.py). 44 points (22 per model, "
+                                    "14 of them of 512-3,072 tokens, host-bound or near the crossover: 1-4 member loops "
+                                    "and fused mixes of "
+                                    "512-2,048-token jobs; ~150 s on one H200), each 2 warm-up and 3-16 timed steps (1.5 s), with "
+                                    "3-5 readings of a host-speed probe before, between and after them "
+                                    "(sim/executor/probe.py, ~25 ms each); "
                                     "the host terms are fitted relative to the probe's median (calibration.probe."
                                     "ref_ms), so validate-run can follow a run's own probes (probes.csv).")
     cal.add_argument("--gpu-name", default="auto",

@@ -1,8 +1,11 @@
 """The measuring half of ``tlora-sim costmodel calibrate`` (the fitting half, torch-free, is
 ``profiler/calibrate.py``): full-model training steps of the designed points timed through the
 executor's own ``GroupTrainer.step`` (``trainer.py``), so the calibration sees what ``execute``
-runs, each between two host-speed probes (``probe.py``: the fit reads the host terms relative to
-the probe's speed). Needs torch (a GPU, or the CPU with ``tiny`` for a dry run)."""
+runs, with host-speed probe readings (``probe.py``) before, between and after each point's timed
+steps (the fit reads the host terms relative to the probe's speed). The protocol (warm-up and
+timed steps, when a reading is due) and its wall-time estimate are ``profiler/calibrate.py``'s
+(``more_reps``, ``probe_due``, ``point_wall_s``). Needs torch (a GPU, or the CPU with ``tiny``
+for a dry run)."""
 
 from __future__ import annotations
 
@@ -10,22 +13,29 @@ import time
 
 import numpy as np
 import pandas as pd
-from tlora_sim.profiler.calibrate import POINT_COLUMNS, PROBE_COLUMNS, members_str
+from tlora_sim.profiler.calibrate import (MAX_REPS, POINT_COLUMNS, PROBE_COLUMNS, WARMUP_STEPS, members_str, more_reps,
+                                          probe_due)
 
 
 def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
-            log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+            log=print, max_reps: int = MAX_REPS) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.
 
     Each point builds a group with ``sim/executor/trainer.py``'s ``GroupTrainer`` (what
-    ``tlora-sim execute`` trains), runs 2 warm-up steps (the first carries the build's one-off
-    costs), then times steps until 3 of them and 1.5 s have passed (at most 8); ``measured_ms`` is
-    their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their spread. One
-    ``HostProbe`` (``probe.py``) on ``device`` is measured right before the timed steps and right
-    after them; the point's ``probe_ms`` is the mean of the two (the host speed the point ran at;
-    each probe costs ~10-15 ms on a GPU host, ~1.5 s of a 42-point calibration). Points are
+    ``tlora-sim execute`` trains), runs ``WARMUP_STEPS`` (2) warm-up steps (the first carries the
+    build's one-off costs), then times steps while ``more_reps``: until 3 of them and 1.5 s of them
+    have passed, at most ``max_reps`` (default ``MAX_REPS``, 16: steps from 94 ms up get their
+    1.5 s); ``measured_ms`` is their mean (what a run's clock adds up), ``p10_ms``/``p90_ms`` their
+    spread. One ``HostProbe`` (``probe.py``) on ``device`` is read right before the timed steps,
+    after a timed step when ``probe_due`` (the second, then every second once 0.45 s of steps have
+    passed since the last reading) and right after the last one: 3-5 readings per point (4-5 for
+    the host-bound points of 74-373 ms; at least 3 anywhere, since at least 3 steps are timed); the
+    point's ``probe_ms`` is their mean (the host speed it ran at). A reading costs ~25 ms on an
+    H200 host (~165 readings, ~4 s of a calibration) and is not counted in the 1.5 s. Points are
     measured in order until ``budget_s`` seconds of wall time (base-model builds and probes
-    included) are spent; the rest are left out (logged).
+    included) are spent; the rest are left out (logged). ``profiler/calibrate.py``'s
+    ``point_wall_s`` estimates a point's wall time (the design: ~124 s of points on one H200, ~149 s
+    of ``measure`` with its start and a cold kernel cache).
 
     Returns:
         (points, probes): one row per measured point (``POINT_COLUMNS``), and every probe
@@ -56,12 +66,18 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
         times, g, around = [], None, []
         try:
             g = trainer.group(p["model"], p["plan"], members)
-            for _ in range(2):
+            for _ in range(WARMUP_STEPS):
                 g.step(p["nano"])
             around.append(probe_now())
-            t0 = time.perf_counter()
-            while len(times) < 8 and (len(times) < 3 or time.perf_counter() - t0 < 1.5):
+            t0, probe_s, last = time.perf_counter(), 0.0, 0.0  # probe_s: readings' seconds, not timed
+            while more_reps(len(times), time.perf_counter() - t0 - probe_s, max_reps):
                 times.append(g.step(p["nano"]))
+                timed = time.perf_counter() - t0 - probe_s
+                if more_reps(len(times), timed, max_reps) and probe_due(len(times), timed - last):
+                    t1 = time.perf_counter()
+                    around.append(probe_now())
+                    probe_s += time.perf_counter() - t1
+                    last = timed
             around.append(probe_now())
         except RuntimeError as e:  # torch.OutOfMemoryError is one: the point is left out
             if "out of memory" not in str(e).lower():
@@ -82,5 +98,6 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
                      "p90_ms": float(np.quantile(t, 0.9)),
                      "probe_ms": float(np.mean([a["probe_ms"] for a in around]))})
         log(f"  {p['model']:10s} {p['plan']:6s} nano {p['nano']} {rows[-1]['members']:40s} "
-            f"{rows[-1]['measured_ms']:9.2f} ms, probe {rows[-1]['probe_ms']:.2f} ms ({p['role']})")
+            f"{rows[-1]['measured_ms']:9.2f} ms x {len(t)}, probe {rows[-1]['probe_ms']:.2f} ms x {len(around)} "
+            f"({p['role']})")
     return pd.DataFrame(rows, columns=POINT_COLUMNS), pd.DataFrame(probes, columns=PROBE_COLUMNS)

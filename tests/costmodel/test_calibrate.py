@@ -27,16 +27,94 @@ def _points(models=("llama3-8b",)) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cb.POINT_COLUMNS)
 
 
+def _group(p) -> str:
+    return p["plan"] if p["nano"] == 1 else "nano"
+
+
+def _tokens(p) -> int:
+    return sum(b * s for _, b, s in p["members"])
+
+
 def test_design_covers_every_plan_with_fit_and_heldout_points():
     pts = cb.design()
     assert {p["model"] for p in pts} == set(cb.MODELS)
+    for m in cb.MODELS:  # both models measure the same configurations
+        assert [{**p, "model": None} for p in pts if p["model"] == m] == [{**p, "model": None} for p in pts
+                                                                          if p["model"] == cb.MODELS[0]]
     for key in ("alone", "loop", "fused", "nano"):
-        roles = {p["role"] for p in pts if (p["plan"] if p["nano"] == 1 else "nano") == key}
-        assert roles == {"fit", "heldout"}, key
-    assert max(sum(b * s for _, b, s in p["members"]) for p in pts) <= 8192  # fits one H200 without checkpointing
+        g = [p for p in pts if _group(p) == key and p["model"] == cb.MODELS[0]]
+        assert [p["role"] for p in g] == ["heldout" if i % 3 == 2 else "fit" for i in range(len(g))], key
+        assert {p["role"] for p in g} == {"fit", "heldout"}, key
+    assert max(_tokens(p) for p in pts) <= 8192  # fits one H200 without checkpointing
+    assert {r for p in pts for r, _, _ in p["members"]} <= {2, 4, 8, 16}
+    # held-out points from host-bound (<= 2,048 tokens) to GPU-bound (>= 4,096) steps
+    held = [_tokens(p) for p in pts if p["role"] == "heldout"]
+    assert min(held) <= 1024 and max(held) >= 4096
+    # GPU-bound coverage of every family: alone to 8,192 tokens, a large loop and fused, nano 2 and 4
+    big = {(p["plan"], p["nano"]) for p in pts if _tokens(p) >= 5120}
+    assert {("alone", 1), ("loop", 1), ("fused", 1), ("fused", 2), ("fused", 4)} <= big
+    assert max(_tokens(p) for p in pts if p["plan"] == "alone") == 8192
+    # host-bound loops: a 1-member loop, 2-member loops of <= 2,048-token members, a 3-4 member one
+    loops = [p for p in pts if p["plan"] == "loop"]
+    assert any(len(p["members"]) == 1 for p in loops)
+    assert any(len(p["members"]) == 2 and _tokens(p) <= 2048 for p in loops)
+    assert any(3 <= len(p["members"]) <= 4 and _tokens(p) <= 3072 for p in loops)
+    # host-bound fused points of 1 to 4 small members
+    small = {len(p["members"]) for p in pts if p["plan"] == "fused" and p["nano"] == 1 and _tokens(p) <= 2560}
+    assert small == {1, 2, 4}
     # round-robin: the first eight points already hold every plan group
     assert {(p["plan"], p["nano"] > 1) for p in pts[:8]} == {("alone", False), ("loop", False), ("fused", False),
                                                               ("fused", True)}
+
+
+def test_design_fits_the_host_scales_from_several_host_bound_points(art):
+    """Per model, the fit points whose prediction a host scale moves (elasticity >= 0.4 under the
+    shipped artifact): at least 3 of the loop plan (the first design had 1) and 4 of fused (it had 2)."""
+    pts = _points(cb.MODELS)
+    base = cb.predict_ms(art, pts)
+    fit = (pts.role == "fit").to_numpy()
+    for group, plan in (("loop", "loop"), ("fused", "fused")):
+        el = np.log(cb.predict_ms(cb.derive(art, {**cb.IDENTITY, f"host_{group}": 1.1}), pts) / base) / np.log(1.1)
+        for m in cb.MODELS:
+            rows = fit & (pts.plan == plan).to_numpy() & (pts.nano == 1).to_numpy() & (pts.model == m).to_numpy()
+            assert (el[rows] >= 0.4).sum() >= (3 if group == "loop" else 4), (group, m, el[rows])
+
+
+def test_point_wall_s_follows_the_protocol():
+    fast, slow = cb.point_wall_s(100.0), cb.point_wall_s(900.0)
+    assert fast["reps"] == 15 and slow["reps"] == cb.MIN_REPS  # 1.5 s of steps; at least 3
+    assert cb.point_wall_s(50.0)["reps"] == cb.MAX_REPS
+    for ms in (50.0, 100.0, 160.0, 250.0, 400.0, 900.0):
+        w = cb.point_wall_s(ms)
+        assert 3 <= w["readings"] <= 2 + w["reps"] // 2
+        assert w["wall_s"] > w["reps"] * ms / 1e3 + cb.WARMUP_X * ms / 1e3
+    assert cb.point_wall_s(160.0, max_reps=8, mid_readings=False)["readings"] == 2
+    assert not cb.more_reps(cb.MAX_REPS, 0.0) and cb.more_reps(2, 9.0) and not cb.more_reps(3, cb.TIMED_S)
+    assert cb.probe_due(2, 0.0) and not cb.probe_due(3, 9.0) and not cb.probe_due(4, 0.1) and cb.probe_due(4, 0.5)
+
+
+H200_1202 = Path(__file__).resolve().parents[2] / "profiler" / "data" / "validation" / "h200_2026-12-02"
+
+
+def test_the_design_costs_no_more_wall_time_than_the_first(art):
+    """``point_wall_s`` reproduces the first design's two H200 calibrations (every ``reps``; the
+    warm one's wall time within 3%), and the second design, at the step times the first
+    calibration predicts, costs no more than the first design did."""
+    if not (H200_1202 / "calibrated_h200_end_points.csv").exists():
+        pytest.skip(f"{H200_1202} absent")
+    for name in ("calibrated_h200", "calibrated_h200_end"):
+        old = pd.read_csv(H200_1202 / f"{name}_points.csv", dtype={"members": str})
+        w = [cb.point_wall_s(ms, max_reps=8, mid_readings=False) for ms in old.measured_ms]
+        assert [x["reps"] for x in w] == old.reps.tolist(), name
+    probes = pd.read_csv(H200_1202 / "calibrated_h200_end_points_probes.csv")
+    est = sum(x["wall_s"] for x in w)  # the end calibration: a warm kernel cache
+    assert est == pytest.approx(probes.t_s.max() - probes.t_s.min(), rel=0.03)
+    cal = load_artifact(H200_1202 / "calibrated_h200.json")
+    new = _points(cb.MODELS)
+    new_w = [cb.point_wall_s(ms) for ms in cb.predict_ms(cal, new)]
+    old_w = [cb.point_wall_s(ms, max_reps=8, mid_readings=False) for ms in cb.predict_ms(cal, old)]
+    assert sum(x["wall_s"] for x in new_w) <= sum(x["wall_s"] for x in old_w)
+    assert min(x["readings"] for x in new_w) >= 3
 
 
 def test_derive_scales_host_and_gpu_terms(art):
