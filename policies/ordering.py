@@ -6,8 +6,13 @@ Priority orders (``order``):
 * ``fifo``: arrival order (``Job.index``).
 * ``urgency`` (tLoRA, arXiv 2602.07263): highest urgency first, urgency = time waited so far over
   the job's isolated runtime (a response ratio: short jobs that waited long come first), then
-  larger residual capacity first (tolerated slowdown minus one: jobs that co-locate easily), then
-  arrival.
+  shorter isolated runtime first, then larger residual capacity first (tolerated slowdown minus
+  one: jobs that co-locate easily), then arrival. The runtime key is ours: the order's limit as
+  the wait goes to 0+. The engine decides exactly at arrival instants, where jobs that arrive
+  together (common in ITP traces) all have urgency 0; a real scheduler decides a little after
+  the arrival, where the urgencies wait / runtime already order those jobs shortest first.
+  Without it the order would jump at zero wait (ties going to the tolerated slowdown), an
+  artifact of the simulator's exact clock that no deployment sees.
 * ``srpt``: shortest isolated remaining runtime first (LoRA step times are predictable, so the
   remaining time is known), then arrival. A queued job's progress is not in the snapshot, so for
   a job that never ran (every job in today's policies' queues) it is its whole isolated runtime.
@@ -79,7 +84,8 @@ def aged_key(job: Job, now_s: float) -> tuple:
 
 ORDER_KEYS: dict[str, Callable[[Job, float], tuple]] = {
     "fifo": lambda j, now: (j.index,),
-    "urgency": lambda j, now: (-urgency(j, now), -(j.max_slowdown - 1.0), j.index),
+    # runtime second: the order at wait 0+ (module docstring), so zero-wait ties go shortest first
+    "urgency": lambda j, now: (-urgency(j, now), j.isolated_runtime_s, -(j.max_slowdown - 1.0), j.index),
     "srpt": lambda j, now: (j.isolated_runtime_s, j.index),
     "sjf": lambda j, now: (j.isolated_runtime_s, j.index),
     "srpt-aged": aged_key,

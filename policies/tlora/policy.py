@@ -4,8 +4,8 @@ machinery of ``index.py``.
 
 Each decision (``TLoRA.decide``):
 
-1. **Queue order**: by urgency, then tolerated slowdown (``order="urgency"``; ``rules.queue_order``,
-   here an array sort, ``queue.QueueTable``).
+1. **Queue order**: by urgency, then isolated runtime (the order at wait 0+), then tolerated
+   slowdown (``order="urgency"``; ``rules.queue_order``, here an array sort, ``queue.QueueTable``).
 2. **Consolidation** on policy ticks (``rules.consolidate``; ``TLoRAIndex.consolidate``): running
    groups of one kind merge pairwise where the merge keeps every bound and beats the two apart
    plus the value of the freed GPUs; pairs on one node first, then within a rack, then across

@@ -131,9 +131,10 @@ class QueueTable:
         by_index = getattr(queue, "by_index", None)
         for p in np.flatnonzero(~self.seen[idx]).tolist():  # jobs seen for the first time
             self._add(queue[p] if by_index is None else by_index(int(idx[p])))
-        if how == "urgency":  # key (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
-            urg = np.maximum(now_s - self.submit[idx], 0.0) / self.runtime[idx]
-            pos = sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), -urg))
+        if how == "urgency":  # key (-urgency, runtime, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
+            run = self.runtime[idx]  # runtime second: the order at wait 0+ (``ordering`` module docstring)
+            urg = np.maximum(now_s - self.submit[idx], 0.0) / run
+            pos = sort_first(-urg, lambda: (idx, -(self.slowdown[idx] - 1.0), run, -urg))
         elif how in ("srpt", "sjf"):
             run = self.runtime[idx]
             pos = sort_first(run, lambda: (idx, run))
@@ -164,13 +165,13 @@ class QueueTable:
                 cap = self.cap
             if not self.seen[i]:
                 self._add(j)
-        if how == "urgency":  # (-urgency, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
+        if how == "urgency":  # (-urgency, runtime, -(max_slowdown - 1), index), urgency = max(now - submit, 0) / runtime
             keys = []
             for p, j in enumerate(jobs):
                 run, wait, sd = j.isolated_runtime_s, now_s - j.submit_time_s, j.max_slowdown
                 if not run > 0.0 or wait != wait or sd != sd or run == float("inf"):
                     return None
-                keys.append((-((wait if wait > 0.0 else 0.0) / run), -(sd - 1.0), j.index, p))
+                keys.append((-((wait if wait > 0.0 else 0.0) / run), run, -(sd - 1.0), j.index, p))
         elif how in ("srpt", "sjf"):
             keys = []
             for p, j in enumerate(jobs):

@@ -258,6 +258,30 @@ def test_orderings():
         order_queue(q, "lifo", 0.0)
 
 
+@pytest.mark.parametrize("n", [2, 30])  # 30 > SHORT: QueueTable's numpy path by default
+def test_urgency_orders_jobs_arriving_together_shortest_first_at_the_instant_and_after(n, monkeypatch):
+    """Jobs submitted at one instant, the longer ones the more tolerant (larger ``max_slowdown``).
+    The engine decides at the instant itself, where every urgency (waited / runtime) is 0; a real
+    scheduler decides a little later, where the urgencies order them shortest first. The order
+    must be that one at both clocks (the order's limit at wait 0+), in ``order_queue`` and in both
+    paths of tLoRA's ``QueueTable`` (Python sort for short queues, numpy for long ones)."""
+    from tlora_sim.policies.tlora import queue as tlora_queue
+
+    t0 = 100.0
+    jobs = [make_job(i, submit=t0, steps=10 * (n - i) + 5, slowdown=1.1 + 0.1 * (n - i)) for i in range(n)]
+    shortest_first = [j.index for j in sorted(jobs, key=lambda j: j.isolated_runtime_s)]
+    assert shortest_first == list(range(n))[::-1]  # the longest job is the most tolerant: the keys disagree
+    for now in (t0, t0 + 1e-3):
+        assert [j.index for j in order_queue(jobs, "urgency", now)] == shortest_first, now
+        for short in (tlora_queue.SHORT, -1):  # the default path for this n, then numpy's
+            monkeypatch.setattr(tlora_queue, "SHORT", short)
+            got = tlora_queue.QueueTable().order(tuple(jobs), "urgency", now)
+            assert got.index.tolist() == shortest_first, (now, short)
+    # the decision follows: one free GPU, tLoRA's order without grouping starts the shortest job
+    acts = policy("tlora-nogroup").decide(snapshot(jobs, free=[1], now=t0))
+    assert [a.job_indices for a in acts if isinstance(a, StartGroup)] == [(n - 1,)]
+
+
 def test_lookahead_runs_the_shortest_job_first():
     jobs = [make_job(0, steps=50_000), make_job(1, steps=10, submit=1.0)]
     acts = policy("lookahead", grouping=False).decide(snapshot(jobs, free=[1], now=2.0))
