@@ -82,7 +82,7 @@ HOST_GROUP = {"loop": "loop", "fused": "fused", "lorafusion": "fused", "grouped"
 HOST_FIELDS = ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone")
 PARAMS = ("host_loop", "host_fused", "nano_host", "gpu_scale", "step_ms")
 #: bounds of the fitted parameters (scales are multiplicative; step_ms in ms)
-BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
+BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "host_loop_n": (0.25, 4.0), "host_fused_n": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
           "step_ms": (0.0, 100.0)}
 POINT_COLUMNS = ["model", "plan", "nano", "members", "adapters", "tokens", "role", "reps", "measured_ms",
                  "p10_ms", "p90_ms", "probe_ms"]
@@ -252,9 +252,10 @@ def derive(art: dict, params: dict) -> dict:
             h = host_scale(params, HOST_GROUP.get(fam, "fused"), name)
             pe2 = dict(pe)
             pe2["coef"] = {k: g * v for k, v in pe["coef"].items()}
+            hn = host_scale(params, HOST_GROUP.get(fam, "fused") + "_n", name)  # the "split host" form; 1 otherwise
             for f in HOST_FIELDS:
                 if f in pe:
-                    pe2[f] = h * pe[f]
+                    pe2[f] = h * pe[f] * (hn if f == "cpu_n" else 1.0)
             if fam != "loop":  # nano-batches run with the fused kernels only
                 pe2["nano_host"] = float(params.get("nano_host", 1.0)) * pe.get("nano_host", 1.0)
             plans[fam] = pe2
@@ -322,11 +323,17 @@ def predict_ms(art: dict, pts: pd.DataFrame, gpu: str | None = None) -> np.ndarr
                      for m, mem, plan, nano in zip(pts.model, pts.members, pts.plan, pts.nano)], dtype=float)
 
 
-def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
+def fit(art: dict, pts: pd.DataFrame, split_host: bool = False) -> tuple[dict, dict]:
     """Fit ``PARAMS`` to the ``role == "fit"`` rows of ``pts`` (least squares on log(predicted /
     measured), bounded by ``BOUNDS``; scipy's ``least_squares``, trust-region reflective). Where
     every row of ``pts`` has a ``probe_ms`` (``probe_factors``), each row is predicted at its own
     host speed (``predict_at_speed``): the parameters are the reference speed's.
+
+    ``split_host``: the "split host" form under evaluation (not the default; the second
+    2026-12-02 validation's ``PLAN.md``): the per-adapter host term ``cpu_n`` of each family gets
+    a scale of its own per model (``host_loop_n:<model>``, ``host_fused_n:<model>``, on top of
+    ``host_loop:<model>`` / ``host_fused:<model>``), so the fit can tell a machine's per-adapter
+    launch cost from its fixed one (jobs alone and loops share ``host_loop`` otherwise).
 
     Returns:
         (params, info): the fitted parameters and ``{"cost": ..., "nfev": ..., "status": ...}``.
@@ -347,8 +354,12 @@ def fit(art: dict, pts: pd.DataFrame) -> tuple[dict, dict]:
         d = fp[fp.model == m]
         if d.plan.isin(["alone", "loop"]).any():
             free.append(f"host_loop:{m}")
+            if split_host and (d.plan == "loop").any():
+                free.append(f"host_loop_n:{m}")
         if (~d.plan.isin(["alone", "loop"])).any():
             free.append(f"host_fused:{m}")
+            if split_host and (d[~d.plan.isin(["alone", "loop"])].adapters > 1).any():
+                free.append(f"host_fused_n:{m}")
     free += (["nano_host"] if (fp.nano > 1).any() else []) + ["gpu_scale", "step_ms"]
 
     def unpack(x):
@@ -433,15 +444,16 @@ def summarize(pts: pd.DataFrame, col: str) -> dict:
 
 def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None = None,
           created: str | None = None, probes: pd.DataFrame | None = None,
-          probe_what: str | None = None) -> tuple[dict, pd.DataFrame]:
+          probe_what: str | None = None, split_host: bool = False) -> tuple[dict, pd.DataFrame]:
     """Fit ``pts`` over ``art`` and return (calibrated artifact, points with ``probe_factor``,
     ``shipped_ms``, ``calibrated_ms`` (at the point's own probe factor), ``calibrated_no_probe_ms``
     (factor 1) and their ``*_error`` columns). The artifact's ``id`` is ``<gpu>-cal-<date>-<8 hex>``
     (the hash of the base id, the parameters and ``ref_ms``); its ``calibration.probe`` is ``{"ref_ms",
     "points" (how many points had a probe), "probes" (every measurement: ``PROBE_COLUMNS``
     records of ``probes``), "what" (``probe_what``)}``, or None where the points have no probes.
-    ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``."""
-    params, info = fit(art, pts)
+    ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``.
+    ``split_host``: ``fit``'s."""
+    params, info = fit(art, pts, split_host=split_host)
     cal = derive(art, params)
     pts = pts.copy()
     if "probe_ms" not in pts.columns:

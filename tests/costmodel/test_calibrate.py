@@ -148,6 +148,27 @@ def test_fit_recovers_known_machine_terms(art):
     assert len(cal["calibration"]["points"]) == len(pts)
 
 
+def test_the_split_host_fit_tells_the_per_adapter_launch_cost_from_the_fixed_one(art):
+    """A machine whose per-adapter host term (``cpu_n``) is 1.6x the artifact's and its fixed ones
+    1.1x: the split fit recovers both scales per family and predicts every point; the default fit
+    (one host scale per family) cannot, and ``derive`` without ``*_n`` keys is what it was."""
+    true = {**cb.IDENTITY, "host_loop:llama3-8b": 1.1, "host_loop_n:llama3-8b": 1.6, "host_fused:llama3-8b": 0.9,
+            "host_fused_n:llama3-8b": 1.4}
+    pts = _points()
+    pts["measured_ms"] = cb.predict_ms(cb.derive(art, true), pts)
+    params, _ = cb.fit(art, pts, split_host=True)
+    for k in ("host_loop_n:llama3-8b", "host_fused_n:llama3-8b", "host_loop:llama3-8b", "host_fused:llama3-8b"):
+        assert abs(params[k] / true[k] - 1) < 0.05, (k, params[k])
+    split = np.abs(cb.predict_ms(cb.derive(art, params), pts) / pts.measured_ms - 1)
+    one, _ = cb.fit(art, pts)
+    assert not any(k.endswith("_n:llama3-8b") for k in one)
+    single = np.abs(cb.predict_ms(cb.derive(art, one), pts) / pts.measured_ms - 1)
+    assert split.max() < 0.02 and single.max() > 2 * split.max() and single.max() > 0.03
+    plain = {"host_loop:llama3-8b": 1.1}
+    assert cb.predict_ms(cb.derive(art, plain), pts).tolist() == \
+        cb.predict_ms(cb.derive(art, {**plain, "host_loop_n:llama3-8b": 1.0}), pts).tolist()
+
+
 def test_cli_from_points_writes_a_loadable_artifact(art, tmp_path, capsys):
     pts = _points()
     pts["measured_ms"] = cb.predict_ms(cb.derive(art, {**cb.IDENTITY, "host_loop": 1.4}), pts)
