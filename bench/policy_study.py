@@ -101,13 +101,11 @@ def merge(stored: pd.DataFrame, new: pd.DataFrame, policies: list[str]) -> pd.Da
     bad = check[check.avg_jct_s != check.avg_jct_s_stored]
     if len(bad):
         raise SystemExit(f"stored rows differ from this code's: {bad[KEY + ['avg_jct_s', 'avg_jct_s_stored']]}")
-    mine = new[new.policy.isin(policies)]
-    keep = stored.merge(mine[KEY], on=KEY, how="left", indicator=True)
-    keep = stored[(keep["_merge"] == "left_only").to_numpy()]
-    order = {(w, p): i for i, (w, p) in enumerate(dict.fromkeys(zip(stored.workload, stored.policy)))}
-    out = pd.concat([keep, mine[BY_SEED]], ignore_index=True)
-    out["_o"] = [order.get((w, p), len(order)) for w, p in zip(out.workload, out.policy)]
-    return out.sort_values(["_o", "seed"], kind="stable").drop(columns="_o").reset_index(drop=True)
+    mine = {k: r for k, r in zip(map(tuple, new[KEY].to_numpy().tolist()), new[BY_SEED].to_dict("records"))
+            if k[1] in policies}
+    rows = [mine.pop(k, r) for k, r in zip(map(tuple, stored[KEY].to_numpy().tolist()),
+                                           stored[BY_SEED].to_dict("records"))]  # replaced in place
+    return pd.DataFrame(rows + list(mine.values()), columns=BY_SEED)
 
 
 def ratios(by_seed: pd.DataFrame) -> pd.DataFrame:
