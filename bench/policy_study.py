@@ -16,7 +16,15 @@ speed-up over the previous step (``step_speedup``). Throughput is reported besid
     python bench/policy_study.py --out runs/study --seeds 0-4          # the README's table
     python bench/policy_study.py --out runs/study --quick               # small smoke version
 
-Writes ``bench/results/policy_study.csv`` (one row per workload x discipline x policy).
+Writes ``bench/results/policy_study.csv`` (one row per workload x discipline x policy) and its
+per-seed table ``bench/results/policy_study_by_seed.csv`` (one row per workload x policy x seed),
+each row with the ``commit`` its runs came from. ``--merge`` re-runs only some policies: their
+per-seed rows replace the stored ones of the same (workload, policy, seed), the other rows are kept
+(each with its own commit), and the ratio table is recomputed from the merged per-seed table; the
+stored rows of the baseline ``compare`` always re-runs must equal the new ones, else it stops
+(the kept rows would come from other code).
+
+    python bench/policy_study.py --policies tlora-nogroup,tlora --merge --seeds 0-4   # one policy's rows
 """
 
 from __future__ import annotations
@@ -68,6 +76,38 @@ def run(name: str, spec: str, cluster: str, extra: list[str], discipline: str, s
     return pd.read_csv(out / "summary_by_seed.csv").assign(workload=name, discipline=discipline)
 
 
+BY_SEED = ["workload", "policy", "seed", "jobs", "avg_jct_s", "p90_jct_s", "avg_queue_s", "makespan_s",
+           "throughput_tokens_per_s", "gpu_alloc_util", "colocated_jobs", "over_max_slowdown",
+           "over_max_slowdown_share", "commit"]
+"""Columns of ``policy_study_by_seed.csv``."""
+KEY = ["workload", "policy", "seed"]
+
+
+def head_commit() -> str:
+    """The short hash of HEAD (the code the runs came from), or ``unknown`` outside a git checkout."""
+    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return got.stdout.strip() if got.returncode == 0 else "unknown"
+
+
+def merge(stored: pd.DataFrame, new: pd.DataFrame, policies: list[str]) -> pd.DataFrame:
+    """``stored`` per-seed rows with those of ``policies`` in ``new`` replacing the same (workload,
+    policy, seed); new rows of other policies are only checked: where stored too they must have the
+    same average JCT (the stored rows still hold for this code).
+
+    Raises:
+        SystemExit: a re-run policy outside ``policies`` whose average JCT differs from the stored one.
+    """
+    check = new[~new.policy.isin(policies)].merge(stored, on=KEY, suffixes=("", "_stored"))
+    bad = check[check.avg_jct_s != check.avg_jct_s_stored]
+    if len(bad):
+        raise SystemExit(f"stored rows differ from this code's: {bad[KEY + ['avg_jct_s', 'avg_jct_s_stored']]}")
+    mine = {k: r for k, r in zip(map(tuple, new[KEY].to_numpy().tolist()), new[BY_SEED].to_dict("records"))
+            if k[1] in policies}
+    rows = [mine.pop(k, r) for k, r in zip(map(tuple, stored[KEY].to_numpy().tolist()),
+                                           stored[BY_SEED].to_dict("records"))]  # replaced in place
+    return pd.DataFrame(rows + list(mine.values()), columns=BY_SEED)
+
+
 def ratios(by_seed: pd.DataFrame) -> pd.DataFrame:
     """Per workload, discipline and policy: mean and CI of the per-seed speed-ups against the
     baseline (avg and p90 JCT: baseline / policy; throughput: policy / baseline), against tLoRA
@@ -101,11 +141,14 @@ def ratios(by_seed: pd.DataFrame) -> pd.DataFrame:
                 step = (jct[prev[pol]] / mine.avg_jct_s if prev[pol] in jct else pd.Series([np.nan])) \
                     if prev[pol] else pd.Series([1.0])
                 row["step_speedup"], row["step_speedup_ci95"] = step.mean(), ci95(step)
+            if "commit" in mine:
+                row["commit"] = ",".join(sorted(set(mine["commit"].astype(str))))
             ng = part[part.policy == f"{pol}-nogroup"].set_index("seed")
             if len(ng) and abs(math.log(max(s_avg.mean(), 1e-9))) > 1e-3:
                 row["ordering_share"] = math.log((base.avg_jct_s / ng.avg_jct_s).mean()) / math.log(s_avg.mean())
             rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    return out[[c for c in out.columns if c != "commit"] + (["commit"] if "commit" in out else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--itp", type=Path, default=ITP, help="directory of the ITP cluster traces (default: %(default)s)")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "policy_study.csv")
+    ap.add_argument("--by-seed", type=Path, default=ROOT / "bench" / "results" / "policy_study_by_seed.csv",
+                    help="the per-seed table (default: %(default)s)")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only the re-run policies' rows of the stored per-seed table, then recompute "
+                         "the ratios from it (needs --policies)")
     args = ap.parse_args(argv)
+    if args.merge and (not args.policies or args.disciplines != "default" or args.quick):
+        ap.error("--merge needs --policies, the default discipline (the stored table's) and no --quick")
     table = QUICK if args.quick else {**WORKLOADS, **{n: (f"itp:{args.itp}/{f}", c, [])
                                                       for n, (f, c) in ITP_CLUSTERS.items()}}
     names = args.workloads.split(",") if args.workloads else list(table)
@@ -131,10 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.disciplines.split(","):
             parts.append(run(name, spec, cluster, extra, d, args.seeds, args.out / name / d, args.workers,
                              args.policies.split(",") if args.policies else POLICIES))
-    result = ratios(pd.concat(parts, ignore_index=True))
+    by_seed = pd.concat(parts, ignore_index=True).assign(commit=head_commit())
+    if args.merge:
+        stored = pd.read_csv(args.by_seed, dtype={"commit": str})
+        by_seed = merge(stored, by_seed, args.policies.split(","))
+        result = ratios(by_seed.assign(discipline="default"))
+    else:
+        result = ratios(by_seed)
     if not args.quick:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         result.to_csv(args.results, index=False)
+        by_seed[BY_SEED].to_csv(args.by_seed, index=False)
     cols = ["workload", "discipline", "policy", "avg_jct_h", "avg_jct_speedup", "avg_jct_speedup_ci95",
             "throughput_x", "vs_tlora", "vs_tlora_ci95", "ladder_step", "step_speedup", "over_max_slowdown_share"]
     print(result[[c for c in cols if c in result.columns]].to_markdown(index=False, floatfmt=".2f"))

@@ -72,7 +72,8 @@ def urgency(job: Job, now_s: float) -> float:
 AGING_FACTOR = 3.0
 """Urgency (waited time over isolated runtime) above which ``srpt-aged`` counts a job as starved.
 Chosen by measurement (issue 40, ITP cluster02 on 16x8xH100, 5 seeds, tLoRA's avg JCT over
-``lookahead``'s): 1.03 at 1, 1.04 at 2, 1.04 at 3, 1.00 at 6 (docs/policies.md)."""
+``lookahead``'s, tLoRA before ``urgency``'s runtime key): 1.03 at 1, 1.04 at 2, 1.04 at 3, 1.00 at 6
+(docs/policies.md; at 3 against tLoRA with the runtime key: 1.04 ± 0.02)."""
 
 
 def aged_key(job: Job, now_s: float) -> tuple:
