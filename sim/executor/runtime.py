@@ -316,8 +316,9 @@ class RealTimeExecutor(PoolLoop):
         self._shrunk = False
         t = self.now()
         # The policy's clock for a decision on arrivals is their submit instant (the engine decides
-        # there): the wall clock is a few ms later, and an order by waited time (tLoRA's urgency,
-        # waited / runtime) ties at zero wait and resolves those ties otherwise a millisecond later.
+        # there): the wall clock is a few ms later, and any order by waited time then sees another
+        # queue than the replay's (tLoRA's urgency takes the runtime as its second key, so its
+        # order of simultaneous arrivals is the same either way since a5e3f42; other orders may not be).
         t_policy = t if admitted_at is None else admitted_at
         kinds: dict = {}
         for g in self.groups.values():

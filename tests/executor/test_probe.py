@@ -191,9 +191,10 @@ class _Recording:
 
 def test_a_decision_on_arrivals_sees_their_instant_and_orders_them_as_the_engine_does():
     """Three jobs arrive at one instant after an idle start; the wall clock wakes a little after it. The
-    policy's clock for that decision is the instant (the engine decides there), so tLoRA's urgency
-    (waited / runtime: all zero) orders them as the engine's replay does, not by runtime a
-    millisecond later (H200 workload B, 2026-12-02: the executor started job 2 first, the replay job 1)."""
+    policy's clock for that decision is the instant (the engine decides there), and the policy orders
+    them as the engine's replay does (H200 workload B, 2026-12-02: before this, the executor started job
+    2 first, the replay job 1; tLoRA's urgency now breaks its zero-wait tie by runtime, so both orders
+    agree even at the wall clock's instant, but the decision's clock must still be the arrivals')."""
     from dataclasses import replace
 
     from tlora_sim.policies.registry import make_policy
@@ -202,7 +203,7 @@ def test_a_decision_on_arrivals_sees_their_instant_and_orders_them_as_the_engine
 
     jobs, cluster, cm, _, _ = _workload(3000.0)
     t1 = 0.2
-    # job 0: longest and most tolerant (first by max_slowdown at zero wait), job 2 shortest (first by runtime)
+    # job 0: longest and most tolerant, job 2 shortest (first by runtime, urgency's second key)
     jobs = [replace(jobs[1], submit_time_s=t1, total_steps=5, max_slowdown=2.0),
             replace(jobs[2], submit_time_s=t1, total_steps=4, max_slowdown=1.25),
             replace(jobs[3], submit_time_s=t1, total_steps=2, max_slowdown=1.25)]
