@@ -89,8 +89,9 @@ def add_parsers(sub) -> None:
                    help="the engine's step times: the profiled model of the run's GPU type, or a table of the "
                         "run's own measured steps (auto: profiled for a cuda run, measured for a cpu run)")
     v.add_argument("--artifact", type=Path, metavar="FILE",
-                   help="cost-model artifact of the replays' planning and step times (e.g. from `tlora-sim costmodel "
-                        "calibrate`); default: the shipped one of the runs' GPU type")
+                   help="cost-model artifact of the replays' step times (e.g. from `tlora-sim costmodel calibrate` on "
+                        "the machine the runs ran on; default: the shipped one); the replayed policies plan with the "
+                        "model each run's policy planned with (its config.json's cost_model.artifact), as the runs did")
     v.add_argument("--host-speed", choices=("auto", "probes", "off"), default="auto",
                    help="profiled step times follow the machine's host speed through each run: the host terms x "
                         "probe(t) / the artifact's calibration.probe.ref_ms, from the run's probes.csv (auto: probes "
@@ -128,6 +129,11 @@ def run(args) -> int:
                               f"{r.host_factor_p90:.3f}" for r in table.itertuples()))
         else:
             print("host speed: off (the artifact's host terms throughout)")
+        lost = table[~table.planning_as_run.astype(bool)]
+        if len(lost):
+            print(f"planning model: {len(lost)} run(s) planned with an artifact not found here "
+                  f"({', '.join(sorted(set(lost.policy)))}); their replays plan with "
+                  f"{lost.planning_cost_model.iloc[0]} instead, so their decisions may differ from the runs'")
         if (table.probe_stretch != 1.0).any():
             print("probe cost: step times x " + ", ".join(f"{r.policy} {r.probe_stretch:.4f} ({r.busy_probes} probes)"
                                                           for r in table.itertuples()))

@@ -50,8 +50,11 @@ run probed every 2 s; ``validation.csv``'s ``probe_stretch`` and ``busy_probes``
 
 Inputs are checked first (``load_run``, ``check_inputs``): execute run directories whose files
 are whole and agree, of one workload, one cluster and device kind, no policy twice. The replay's
-planning and profiled step times come from the shipped artifact of the run's GPU type or from
-``artifact`` (``--artifact``, e.g. ``tlora-sim costmodel calibrate``'s).
+profiled step times come from the shipped artifact of the run's GPU type or from ``artifact``
+(``--artifact``, e.g. ``tlora-sim costmodel calibrate``'s); its policy plans with the model the
+run's policy planned with (``config.json``'s ``cost_model.artifact``: ``run_planning_model``), so
+that a calibrated artifact changes what the steps take, not what the policy decides on
+(``validation.csv``'s ``cost_model`` and ``planning_cost_model``).
 
 Writes ``validation.csv`` (one row per run: ``policy, jobs, real_avg_jct_s, sim_avg_jct_s,
 real_makespan_s, sim_makespan_s, jct_abs_error_p50, jct_abs_error_p90``, the errors being per-job
@@ -271,8 +274,8 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
              probe_cost: bool = True) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
     rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
-    ``artifact``: the cost-model artifact file of the replay's planning and profiled step times
-    (default: the shipped one of the run's GPU type). ``host_speed``: ``auto``, ``probes`` or
+    ``artifact``: the cost-model artifact file of the replay's profiled step times (default: the
+    shipped one of the run's GPU type); the policy plans with the run's own (``run_planning_model``). ``host_speed``: ``auto``, ``probes`` or
     ``off`` (``host_speed_mode`` of this run alone); with ``probes`` the engine's profiled step
     times follow the run's ``probes.csv`` (``sim/executor/host_speed.py``; ``probe_window_s``: the
     median window's half-width, s, default ``host_speed.WINDOW_S``). ``step_model``: a cost model
@@ -310,18 +313,19 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     cluster = parse_cluster(cfg["cluster"])
     cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=float(cfg["gpu"]["memory_bytes"])))
     gpu = cluster.gpu.name
-    planning = executor_cost_model(gpu, str(artifact) if artifact else None)
+    base = executor_cost_model(gpu, str(artifact) if artifact else None)  # the replay's step times
+    planning, as_run = run_planning_model(cfg, gpu, base)  # what the run's policy planned with
     on_gpu = str(cfg["executor"].get("device", "cuda")).startswith("cuda")
-    scale = 1.0 if on_gpu else pace(steps, jobs, planning, gpu)
+    scale = 1.0 if on_gpu else pace(steps, jobs, base, gpu)
     if mode == "measured" and not (steps.event == "step").any():
         raise InputError("steps.csv has no measured step: a measured-steps validation has nothing to use",
                          file=str(RunDir(real).steps))
     if mode == "measured":
-        cm = MeasuredStepTable.from_run(steps, jobs, planning, gpu)
+        cm = MeasuredStepTable.from_run(steps, jobs, base, gpu)
     elif on_gpu:
-        cm = planning
+        cm = base
     else:  # a CPU run against a GPU profile: the profile at the CPU's pace
-        cm = ScaledCostModel(planning, scale)
+        cm = ScaledCostModel(base, scale)
     # the pauses are measured against these step times; a step model of its own or the host speed
     # changes the engine's step times only
     first_s = first_step_excess_s(steps, jobs, cm, gpu)
@@ -331,7 +335,7 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     elif host == "probes":  # the profiled model at the machine's host speed through the run
         from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
-        art = planning.artifact
+        art = base.artifact
         speed = hs.factor_series(hs.read_probes(real / hs.PROBES), hs.reference_ms(art),
                                  hs.WINDOW_S if probe_window_s is None else probe_window_s)
 
@@ -389,11 +393,42 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
            "regroup_pause_by_size_s": ";".join(f"{k}:{v:.3f}" for k, v in sorted(by_size.items())),
            "serial_pauses": engine.serial_pause_count, "first_divergence_s": float(div.diverged_at_s.min()),
            "same_groups_share": float(div.same_groups.mean()),
-           "cost_model": planning.artifact["id"], "cost_model_sha256": planning.artifact.get("_sha256"),
+           "cost_model": base.artifact["id"], "cost_model_sha256": base.artifact.get("_sha256"),
+           "planning_cost_model": planning.artifact["id"], "planning_as_run": as_run,
            "real_dir": str(real)}
     q = speed.quantiles() if speed is not None else (float("nan"),) * 3
     row.update(zip(HOST_COLUMNS, (host, *q)))
     return row, both, div
+
+
+def run_planning_model(cfg: dict, gpu: str, base) -> tuple[object, bool]:
+    """The cost model the executed run's policy planned with (``config.json``'s
+    ``cost_model.artifact``, the id of the artifact ``execute`` loaded), and whether it was found:
+    ``base`` (the replay's step-time model, ``--artifact`` or the shipped one) when it is that
+    artifact, else the shipped artifact of ``gpu`` when it is that one, else the file the run
+    recorded (``inputs.artifact``) when it is still there and is that one. A replay whose policy
+    plans with another model than the run's takes other decisions (tLoRA's grouping compares
+    predicted step times with its jobs' bounds): ``--artifact`` changes the replay's step times,
+    not what the policy was told. Where the run's artifact is none of those (a run planned with an
+    older shipped artifact), the replay plans with ``base`` and the second value is False
+    (``validation.csv``'s ``planning_as_run``; ``validate-run`` says so). Runs whose ``config.json``
+    names no artifact: (``base``, True).
+    """
+    from tlora_sim.sim.executor.workload import executor_cost_model
+
+    rec = cfg.get("cost_model") if isinstance(cfg.get("cost_model"), dict) else {}
+    want = rec.get("artifact")
+    if not want or base.artifact.get("id") == want:
+        return base, True
+    shipped = executor_cost_model(gpu)
+    if shipped.artifact.get("id") == want:
+        return shipped, True
+    path = (cfg.get("inputs") or {}).get("artifact")
+    if path and Path(path).is_file():
+        m = executor_cost_model(gpu, str(path))
+        if m.artifact.get("id") == want:
+            return m, True
+    return base, False
 
 
 def probe_stretch(real: Path, steps: pd.DataFrame) -> tuple[float, int]:

@@ -295,3 +295,42 @@ def test_validate_run_adds_back_what_the_runs_probes_paused(tmp_path, art_file):
     (d / "perf.json").write_text(json.dumps({**perf, "probes": 0, "probe_s": 0.0}))
     row1, both1, _ = simulate(d, artifact=art_file, host_speed="off")
     assert row1["probe_stretch"] == 1.0 and both1.jct_s_sim.tolist() == both0.jct_s_sim.tolist()
+
+
+# ---- the replay's policy plans with the run's own model ------------------------------------------
+def test_the_replay_plans_with_the_runs_model_whatever_artifact_gives_the_step_times(tmp_path, monkeypatch):
+    """A tLoRA run planned with the shipped H200 artifact, validated with ``--artifact`` of a machine
+    whose fused host terms are 3x: the engine's step times are that artifact's, but the policy is
+    handed the run's own model (the shipped one; before, it planned with ``--artifact`` and grouped
+    otherwise than the run did); a run whose artifact is nowhere to be found plans with
+    ``--artifact``'s, flagged (``planning_as_run`` False)."""
+    from tlora_sim.profiler.calibrate import derive, write_artifact
+    from tlora_sim.sim.executor import planning as planning_mod
+
+    run = Path(__file__).resolve().parents[2] / "profiler" / "data" / "validation" / "h200_2026-12-02b" / "B" / "tlora"
+    cfg = json.loads((run / "config.json").read_text())
+    slow = derive(json.loads(artifact_path("H200").read_text()), {"host_fused": 3.0})
+    slow["id"] = "h200-test-slow-fused"
+    path = tmp_path / "slow.json"
+    write_artifact(slow, path)
+    told = []
+    real_init = planning_mod.PlanningPolicy.__init__
+
+    def spy(self, inner, model, *a, **k):
+        told.append(model.artifact["id"])
+        real_init(self, inner, model, *a, **k)
+
+    monkeypatch.setattr(planning_mod.PlanningPolicy, "__init__", spy)
+    row, both, _ = simulate(run, artifact=path, host_speed="off", probe_cost=False)
+    assert row["cost_model"] == "h200-test-slow-fused"
+    assert told == [cfg["cost_model"]["artifact"]] == [row["planning_cost_model"]] and row["planning_as_run"]
+    fast, _, _ = simulate(run, host_speed="off", probe_cost=False)
+    assert row["sim_avg_jct_s"] > 1.2 * fast["sim_avg_jct_s"]  # the slow step times did reach the engine
+    cfg["cost_model"]["artifact"] = "h200-not-here"
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    (other / "config.json").write_text(json.dumps(cfg))
+    told.clear()
+    lost, _, _ = simulate(other, artifact=path, host_speed="off", probe_cost=False)
+    # said, not silent; the policy then plans with the engine's own model (no planning wrapper)
+    assert not lost["planning_as_run"] and lost["planning_cost_model"] == "h200-test-slow-fused" and told == []
