@@ -275,8 +275,9 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     """Replay one executed run; (row of ``validation.csv``, per-job table, its ``divergence.csv``
     rows). With ``out``, writes the replay's ``jobs.csv`` and ``groups.csv`` under ``out/sim/<policy>/``.
     ``artifact``: the cost-model artifact file of the replay's profiled step times (default: the
-    shipped one of the run's GPU type); the policy plans with the run's own (``run_planning_model``). ``host_speed``: ``auto``, ``probes`` or
-    ``off`` (``host_speed_mode`` of this run alone); with ``probes`` the engine's profiled step
+    shipped one of the run's GPU type); the policy plans with the run's own
+    (``run_planning_model``). ``host_speed``: ``auto``, ``probes`` or ``off``
+    (``host_speed_mode`` of this run alone); with ``probes`` the engine's profiled step
     times follow the run's ``probes.csv`` (``sim/executor/host_speed.py``; ``probe_window_s``: the
     median window's half-width, s, default ``host_speed.WINDOW_S``). ``step_model``: a cost model
     the engine's step times come from instead of ``step_times``' and ``host_speed``'s (a what-if;
@@ -433,8 +434,9 @@ def run_planning_model(cfg: dict, gpu: str, base) -> tuple[object, bool]:
 
 def probe_stretch(real: Path, steps: pd.DataFrame) -> tuple[float, int]:
     """``host_speed.probe_pause`` of the executed run ``real``: (stretch, busy probes) from its
-    ``steps`` (``load_run``'s ``steps.csv``), ``probes.csv`` and ``perf.json`` (``probe_s / probes`` s per probe); (1.0, 0)
-    where the run has no probes (no ``probes.csv`` row, or ``perf.json`` without them).
+    ``steps`` (``load_run``'s ``steps.csv``), ``probes.csv`` and ``perf.json`` (``probe_s /
+    probes`` s per probe); (1.0, 0) where the run has no probes (no ``probes.csv`` row, or
+    ``perf.json`` without them).
 
     Raises:
         InputError: ``probes.csv`` or ``perf.json`` present but unreadable or malformed.
