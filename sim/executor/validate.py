@@ -331,13 +331,15 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
     # changes the engine's step times only
     first_s = first_step_excess_s(steps, jobs, cm, gpu)
     speed = None
+    probes_csv = real / hs.PROBES  # read once, for the host speed and the probes' cost
+    probes = hs.read_probes(probes_csv) if (host == "probes" or probe_cost) and probes_csv.is_file() else None
     if step_model is not None:
         cm, host = step_model, "off"
     elif host == "probes":  # the profiled model at the machine's host speed through the run
         from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
 
         art = base.artifact
-        speed = hs.factor_series(hs.read_probes(real / hs.PROBES), hs.reference_ms(art),
+        speed = hs.factor_series(probes, hs.reference_ms(art),
                                  hs.WINDOW_S if probe_window_s is None else probe_window_s)
 
         def build(f: float, art=art, on_gpu=on_gpu, scale=scale):
@@ -346,7 +348,7 @@ def simulate(real: str | Path, out: Path | None = None, step_times: str = "auto"
 
         cm = hs.HostSpeedCostModel(build, speed, base=cm)
     follow = cm  # the model whose clock is bound to the engine's (host speed) and whose table hits count
-    stretch, busy_probes = probe_stretch(real, steps) if probe_cost else (1.0, 0)
+    stretch, busy_probes = probe_stretch(real, steps, probes) if probe_cost else (1.0, 0)
     if stretch != 1.0:
         cm = ScaledCostModel(cm, stretch)
     pauses, starts = steps[steps.event == "regroup"].ms, steps[steps.event == "start"].ms
@@ -432,22 +434,20 @@ def run_planning_model(cfg: dict, gpu: str, base) -> tuple[object, bool]:
     return base, False
 
 
-def probe_stretch(real: Path, steps: pd.DataFrame) -> tuple[float, int]:
+def probe_stretch(real: Path, steps: pd.DataFrame, probes: pd.DataFrame | None) -> tuple[float, int]:
     """``host_speed.probe_pause`` of the executed run ``real``: (stretch, busy probes) from its
-    ``steps`` (``load_run``'s ``steps.csv``), ``probes.csv`` and ``perf.json`` (``probe_s /
-    probes`` s per probe); (1.0, 0) where the run has no probes (no ``probes.csv`` row, or
-    ``perf.json`` without them).
+    ``steps`` (``load_run``'s ``steps.csv``), ``probes`` (its ``probes.csv``, ``read_probes``;
+    None: the run has none) and ``perf.json`` (``probe_s / probes`` s per probe); (1.0, 0) where
+    the run has no probes (no ``probes.csv`` row, or ``perf.json`` without them).
 
     Raises:
-        InputError: ``probes.csv`` or ``perf.json`` present but unreadable or malformed.
+        InputError: ``perf.json`` present but unreadable or malformed.
     """
     from tlora_sim.sim.executor import host_speed as hs
 
     files = RunDir(real)
-    probes_csv = real / hs.PROBES
-    if not probes_csv.is_file() or not files.perf.is_file():
+    if probes is None or not files.perf.is_file():
         return 1.0, 0
-    probes = hs.read_probes(probes_csv)
     try:
         perf = json.loads(files.perf.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
