@@ -9,10 +9,10 @@ tolerates in a group (s): ``max_slowdown`` x its isolated step time in the polic
 (``promise.Promise.job_bound_s``). A group's *collective rate* is Σ_i T_iso,i / T_group: progress in
 isolated-speed units per second.
 
-1. **Queue order** (``queue_order``): by priority order (tLoRA's: ``urgency``, waited time over
-   isolated runtime, then isolated runtime, shortest first (ours: the order as the wait goes to
-   0+, which a real deployment deciding a little after an arrival sees), then tolerated
-   slowdown), ``tlora_sim.policies.ordering``.
+1. **Queue order** (``queue_order``): by priority order (tLoRA's: ``urgency``, highest waited
+   time over isolated runtime first; ties by shortest isolated runtime (ours: the order as the
+   wait goes to 0+, which a real deployment deciding a little after an arrival sees), then by
+   tolerated slowdown), ``tlora_sim.policies.ordering``.
 2. **Join test** (``merge_ok``): newcomers may join a group when the group stays within
    ``max_group_size``, its step time with them stays within every member's bound (the
    *residual-capacity* test: min_i bound_i - T_group > 0 before, and the merged step time within
