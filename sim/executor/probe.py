@@ -14,20 +14,24 @@ not used.
 ``HostProbe(device).measure()`` -> ``{"probe_ms": ..., "python_ms": ...}``: ``probe_ms`` is the
 median wall time (ms, synchronised) of ``REPS`` forward+backward passes of a ``LAYERS``-layer MLP
 (``WIDTH`` wide, a batch of ``BATCH`` rows, GELU, mean loss), about 170 kernel launches each.
-On one H200 host it takes a few ms; every call costs about ``REPS + 1`` of those.
-Needs torch.
+On one H200 host a pass takes ~5 ms; every call costs about ``REPS + 1`` of those and the loop
+(~3 ms): ~25 ms with 3 passes, ~55 ms with 9.
+``HostProbe`` needs torch (imported when one is built); ``describe``, ``what`` and ``PARAMS`` do not.
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
-
 #: the probe network: LAYERS x (Linear(WIDTH, WIDTH), GELU) on a (BATCH, WIDTH) input
 LAYERS, WIDTH, BATCH = 24, 256, 16
-#: timed passes per measurement (their median is ``probe_ms``)
-REPS = 3
+#: timed passes per measurement (their median is ``probe_ms``). 9 since 2026-12-02 (third
+#: validation, ``profiler/data/validation/h200_2026-12-02c/PLAN.md``); it was 3. Why: in the two
+#: calibrations of ``h200_2026-12-02b`` (``*_points_probes.csv``, 163 and 168 readings) two
+#: consecutive readings 0.6 s apart differed by 9-10% (median |log ratio|), hardly less than
+#: readings 14 s apart (14-15%): most of a 3-pass reading's scatter is noise of the reading, not
+#: the host's drift, and it entered each point's host speed (3-5 readings) at ~4%.
+REPS = 9
 #: iterations of the pure-Python loop (``python_ms``)
 PY_ITERS = 50_000
 #: the columns of ``probes.csv`` (``execute``) and of a calibration's probe record
@@ -36,14 +40,21 @@ COLUMNS = ["t_s", "probe_ms", "python_ms"]
 PARAMS = {"layers": LAYERS, "width": WIDTH, "batch": BATCH, "reps": REPS, "py_iters": PY_ITERS}
 
 
+def describe(params: dict) -> str:
+    """One line saying what a probe of ``params`` (``PARAMS``' keys ``layers``, ``width``,
+    ``reps``; a run's ``config.json`` ``executor.probe``) times: the form of a calibrated
+    artifact's ``calibration.probe.what``, so a run's probe and a calibration's can be compared.
+
+    Raises:
+        KeyError: ``params`` lacks ``layers``, ``width`` or ``reps``.
+    """
+    return f"sim/executor/probe.py: {int(params['layers'])}x{int(params['width'])} MLP fwd+bwd, median of {int(params['reps'])}"
+
+
 def what() -> str:
-    """One line saying what the probe times (a calibrated artifact's ``calibration.probe.what``)."""
-    return f"sim/executor/probe.py: {LAYERS}x{WIDTH} MLP fwd+bwd, median of {REPS}"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    """One line saying what this probe times (a calibrated artifact's ``calibration.probe.what``):
+    ``describe(PARAMS)``."""
+    return describe(PARAMS)
 
 
 class HostProbe:
@@ -51,7 +62,9 @@ class HostProbe:
     which is what the tests use). The network and its input are built once (seeded, so every probe of
     every process runs the same work); the first ``measure`` runs one untimed pass first."""
 
-    def __init__(self, device: str | torch.device):
+    def __init__(self, device):
+        import torch
+
         self.device = torch.device(device)
         gen = torch.Generator().manual_seed(0)
         layers = []
@@ -63,13 +76,14 @@ class HostProbe:
             layers += [lin, torch.nn.GELU()]
         self.net = torch.nn.Sequential(*layers).to(self.device)
         self.x = torch.randn(BATCH, WIDTH, generator=gen).to(self.device)
+        self._sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
         self._warm = False
 
     def _pass(self) -> float:
         t0 = time.perf_counter()
         self.net.zero_grad(set_to_none=True)
         self.net(self.x).mean().backward()
-        _sync(self.device)
+        self._sync()
         return (time.perf_counter() - t0) * 1e3
 
     def measure(self) -> dict:

@@ -234,11 +234,14 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
         InputError: an unknown ``host_speed``; with ``probes``, an artifact without the reference
             (naming the file and field ``calibration.probe.ref_ms``), a run directory without
             ``probes.csv`` or with no row in it (naming the file); in either mode a ``probes.csv``
-            that cannot be read (``host_speed.read_probes``).
+            that cannot be read (``host_speed.read_probes``), and a run whose ``config.json``
+            ``executor.probe`` is another probe than the artifact's ``calibration.probe.what``
+            (``probe.describe``; e.g. another ``REPS``), naming the run's config.json.
     """
     from tlora_sim.sim.core.cluster import parse_cluster
     from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
     from tlora_sim.sim.executor.host_speed import PROBES, REF_FIELD, read_probes, reference_ms
+    from tlora_sim.sim.executor.probe import describe
 
     if host_speed not in HOST_SPEED:
         raise InputError(f"--host-speed must be one of {', '.join(HOST_SPEED)}, got {host_speed!r}",
@@ -249,11 +252,20 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
     if any(step_mode(c, step_times) != "profiled" for c in cfgs):
         return "off"
     art_file = Path(artifact) if artifact else artifact_path(parse_cluster(cfgs[0]["cluster"]).gpu.name)
-    if reference_ms(load_artifact(art_file)) is None:
+    art = load_artifact(art_file)
+    if reference_ms(art) is None:
         if host_speed == "auto":
             return "off"
         raise InputError("the artifact has no host-speed reference (calibrate with a probe: tlora-sim costmodel "
                          "calibrate), so --host-speed probes cannot be used", file=str(art_file), field=REF_FIELD)
+    cal_what = str(((art.get("calibration") or {}).get("probe") or {}).get("what") or "")
+    for d, cfg in zip(dirs, cfgs):
+        run_probe = (cfg.get("executor") or {}).get("probe")  # None: a run without probes (checked below)
+        if ":" in cal_what and run_probe and describe(run_probe) != cal_what:  # ":": the probe is described
+            raise InputError(f"the run timed another host-speed probe ({describe(run_probe)}) than the calibration's "
+                             f"({cal_what}): their ms are not comparable; calibrate and execute with one "
+                             "probe, or pass --host-speed off", file=str(Path(d) / "config.json"),
+                             field="executor.probe")
     for d in dirs:
         p = Path(d) / PROBES
         if not p.is_file():

@@ -238,6 +238,32 @@ def test_auto_is_off_without_a_reference_or_without_probes_and_probes_says_what_
     assert e.value.field == "--host-speed"
 
 
+def test_a_run_of_another_probe_than_the_calibration_is_refused(tmp_path, art_file):
+    """A calibration and a run that timed different probes (another REPS) have ms that cannot be
+    compared: refused in both modes, naming the run's config.json; the same probe passes."""
+    from tlora_sim.sim.executor.probe import PARAMS, describe
+
+    art = json.loads(art_file.read_text())
+    art["calibration"]["probe"]["what"] = describe(PARAMS)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(art))
+    runs = []
+    for name, reps in (("same", PARAMS["reps"]), ("other", 3 if PARAMS["reps"] != 3 else 5)):
+        d = _run_with_probes(tmp_path, "independent", 1.1, name=name)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["executor"]["probe"] = {"every_s": 2.0, "device": "cuda", **PARAMS, "reps": reps}
+        (d / "config.json").write_text(json.dumps(cfg))
+        runs.append(d)
+    assert host_speed_mode(runs[:1], "auto", artifact=cal) == "probes"
+    for mode in ("auto", "probes"):
+        with pytest.raises(InputError) as e:
+            host_speed_mode(runs, mode, artifact=cal)
+        assert e.value.file == str(runs[1] / "config.json") and e.value.field == "executor.probe"
+        assert "median of" in str(e.value)
+    assert host_speed_mode(runs, "off", artifact=cal) == "off"
+    assert host_speed_mode(runs, "auto", artifact=art_file) == "probes"  # no description: not compared
+
+
 def test_cli_records_and_prints_the_host_speed(tmp_path, art_file, capsys):
     a = _run_with_probes(tmp_path, "independent", lambda t: 1.0 + (t > 50) * 0.2)
     b = _run_with_probes(tmp_path, "mlora", 1.1)
