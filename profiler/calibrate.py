@@ -35,9 +35,7 @@ step times the first of them predicts (``calibrated_h200.json``), this design's 
 124.1 s against 125.7 s for the first design's 42 (119.9 s against 119.7 s at the second's); with
 the 7.0 s before the first point and 17.3 s of kernel compilation of a cold cache that the first
 measured, about 149 s of ``measure`` (it took 149.1 s; 159 s the whole command), within the
-then default ``--budget-s`` of 150. With the probe's 9-pass readings (``PROBE_S`` 0.055 s, since
-2026-12-02c) the points take 128.2 s at the step times of ``h200_2026-12-02b/calibrated_h200.json``
-(167 readings), about 153 s of ``measure``: the default ``--budget-s`` is 160.
+default ``--budget-s`` of 150.
 
 The derived artifact (``derive``) is the shipped one with those numbers applied to its fields (so
 every code path of the cost model, scalar, vectorised and multi-GPU, reads them), a new ``id``
@@ -182,10 +180,8 @@ PROBE_EVERY_S = 0.45
 #: the next one's first (release, group build, the warm-up steps, a reading) BUILD_S + WARMUP_X x
 #: the step (0.27 s + 2.21 x and 0.22 s + 2.17 x, residual SD 0.10 / 0.11 s, without the first
 #: calibration's three cold-kernel-cache compilations, 17.3 s together); a timed step STEP_GAP_S
-#: beyond the ms it reports; a probe reading PROBE_S_3 with the probe's 3 passes (0.028 / 0.023 s),
-#: PROBE_S with its 9 (``sim/executor/probe.py`` ``REPS``, since 2026-12-02c): 0.026 s + 6 passes
-#: of the readings' median 4.8 ms there = 0.055 s, an estimate until a calibration measures it
-BUILD_S, WARMUP_X, STEP_GAP_S, PROBE_S_3, PROBE_S = 0.245, 2.19, 0.0016, 0.026, 0.055
+#: beyond the ms it reports; a probe reading PROBE_S (0.028 / 0.023 s)
+BUILD_S, WARMUP_X, STEP_GAP_S, PROBE_S = 0.245, 2.19, 0.0016, 0.026
 
 
 def more_reps(reps: int, timed_s: float, max_reps: int = MAX_REPS) -> bool:
@@ -202,14 +198,12 @@ def probe_due(k: int, since_s: float) -> bool:
     return k % 2 == 0 and (k == 2 or since_s >= PROBE_EVERY_S)
 
 
-def point_wall_s(step_ms: float, max_reps: int = MAX_REPS, mid_readings: bool = True,
-                 probe_s: float = PROBE_S) -> dict:
+def point_wall_s(step_ms: float, max_reps: int = MAX_REPS, mid_readings: bool = True) -> dict:
     """The wall time one point of steady steps of ``step_ms`` ms costs ``measure`` on a warm kernel
     cache, by the protocol (``more_reps``, ``probe_due``) and the costs ``BUILD_S``, ``WARMUP_X``,
-    ``STEP_GAP_S`` and a reading's ``probe_s`` (``PROBE_S``; ``PROBE_S_3`` for the probe's
-    3-pass readings until 2026-12-02c): ``{"wall_s", "reps", "readings"}``. ``max_reps=8,
-    mid_readings=False, probe_s=PROBE_S_3`` is the first design's protocol (it reproduces every
-    ``reps`` of its two calibrations). Not counted: the calibration's start (CUDA, the first base model and its
+    ``STEP_GAP_S``, ``PROBE_S``: ``{"wall_s", "reps", "readings"}``. ``max_reps=8,
+    mid_readings=False`` is the first design's protocol (it reproduces every ``reps`` of its two
+    calibrations). Not counted: the calibration's start (CUDA, the first base model and its
     first steps: 3.9 s and 7.0 s before the first point's build in the two) and first-time kernel
     compilation on a cold cache (17.3 s in the first)."""
     s = float(step_ms) / 1e3
@@ -220,7 +214,7 @@ def point_wall_s(step_ms: float, max_reps: int = MAX_REPS, mid_readings: bool = 
                 reps, (reps - last) * (s + STEP_GAP_S)):
             readings, last = readings + 1, reps
     readings += 1
-    return {"wall_s": BUILD_S + WARMUP_X * s + reps * (s + STEP_GAP_S) + probe_s * (readings - 1), "reps": reps,
+    return {"wall_s": BUILD_S + WARMUP_X * s + reps * (s + STEP_GAP_S) + PROBE_S * (readings - 1), "reps": reps,
             "readings": readings}
 
 

@@ -6,7 +6,7 @@
 #
 #   bash profiler/validation/h200_session.sh OUT STEP [STEP ...]
 #
-# STEP: calibrate            costmodel calibrate --gpu-name auto (BUDGET_S, default 160 s) -> CAL_NAME.json
+# STEP: calibrate            costmodel calibrate --gpu-name auto (BUDGET_S, default 150 s) -> CAL_NAME.json
 #                            (default calibrated_h200; CAL_NAME=calibrated_h200_end for a second one later)
 #       A:POLICY[,POLICY]    workload A: ITP cluster02, the first 24 one-GPU jobs,
 #                            profiler/validation/lora_validation.json, --time-scale 300, 5-50 steps
@@ -54,7 +54,7 @@ for step in "$@"; do
     calibrate)
       cal=${CAL_NAME:-calibrated_h200}
       run $CLI costmodel calibrate --gpu-name "${GPU_NAME:-auto}" "${DEV[@]}" --out "$WORK/$cal.json" --force \
-        --budget-s "${BUDGET_S:-160}" --points-out "$WORK/${cal}_points.csv" > "$WORK/$cal.log" 2>&1
+        --budget-s "${BUDGET_S:-150}" --points-out "$WORK/${cal}_points.csv" > "$WORK/$cal.log" 2>&1
       echo "calibrate rc=$? $(( $(date +%s) - t0 )) s" >> "$LOG"; tail -6 "$WORK/$cal.log" >> "$LOG" ;;
     A:*|B:*)
       w=${step%%:*}; pols=${step#*:}

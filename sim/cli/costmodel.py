@@ -89,15 +89,15 @@ def add_parsers(sub) -> None:
                                     "every measured point) to --out (profiler/calibrate.py). 44 points (22 per model, "
                                     "14 of them of 512-3,072 tokens, host-bound or near the crossover: 1-4 member loops "
                                     "and fused mixes of "
-                                    "512-2,048-token jobs; ~155 s on one H200), each 2 warm-up and 3-16 timed steps (1.5 s), with "
+                                    "512-2,048-token jobs; ~150 s on one H200), each 2 warm-up and 3-16 timed steps (1.5 s), with "
                                     "3-5 readings of a host-speed probe before, between and after them "
-                                    "(sim/executor/probe.py, median of 9 passes, ~55 ms each); "
+                                    "(sim/executor/probe.py, ~25 ms each); "
                                     "the host terms are fitted relative to the probe's median (calibration.probe."
                                     "ref_ms), so validate-run can follow a run's own probes (probes.csv).")
     cal.add_argument("--gpu-name", default="auto",
                      help="GPU type whose shipped artifact is calibrated (auto: this CUDA device's; default: %(default)s)")
     cal.add_argument("--out", type=Path, required=True, metavar="FILE", help="the calibrated artifact (JSON) to write")
-    cal.add_argument("--budget-s", type=float, default=160.0, metavar="S",
+    cal.add_argument("--budget-s", type=float, default=150.0, metavar="S",
                      help="wall-clock seconds of measurement, model builds included (default: %(default)s)")
     cal.add_argument("--artifact", type=Path, help="the artifact to calibrate (default: the shipped one of the GPU)")
     cal.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to measure (default: cuda)")

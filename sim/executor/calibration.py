@@ -17,7 +17,7 @@ from tlora_sim.profiler.calibrate import (MAX_REPS, POINT_COLUMNS, PROBE_COLUMNS
                                           probe_due)
 
 
-def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 160.0,
+def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget_s: float = 150.0,
             log=print, max_reps: int = MAX_REPS) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Time full-model training steps of ``points`` (``design`` dicts) on ``device``.
 
@@ -30,8 +30,8 @@ def measure(points: list[dict], device: str = "cuda", tiny: bool = False, budget
     after a timed step when ``probe_due`` (the second, then every second once 0.45 s of steps have
     passed since the last reading) and right after the last one: 3-5 readings per point (4-5 for
     the host-bound points of 74-373 ms; at least 3 anywhere, since at least 3 steps are timed); the
-    point's ``probe_ms`` is their mean (the host speed it ran at). A reading (9 passes) costs ~55 ms on an
-    H200 host (~167 readings, ~9 s of a calibration; ~25 ms with the 3 passes until 2026-12-02c) and is not counted in the 1.5 s. Points are
+    point's ``probe_ms`` is their mean (the host speed it ran at). A reading costs ~25 ms on an
+    H200 host (~165 readings, ~4 s of a calibration) and is not counted in the 1.5 s. Points are
     measured in order until ``budget_s`` seconds of wall time (base-model builds and probes
     included) are spent; the rest are left out (logged). ``profiler/calibrate.py``'s
     ``point_wall_s`` estimates a point's wall time (the design: ~124 s of points on one H200, ~149 s

@@ -15,7 +15,7 @@ not used.
 median wall time (ms, synchronised) of ``REPS`` forward+backward passes of a ``LAYERS``-layer MLP
 (``WIDTH`` wide, a batch of ``BATCH`` rows, GELU, mean loss), about 170 kernel launches each.
 On one H200 host a pass takes ~5 ms; every call costs about ``REPS + 1`` of those and the loop
-(~3 ms): ~25 ms with 3 passes, ~55 ms with 9.
+(~3 ms): ~25 ms.
 ``HostProbe`` needs torch (imported when one is built); ``describe``, ``what`` and ``PARAMS`` do not.
 """
 
@@ -25,13 +25,12 @@ import time
 
 #: the probe network: LAYERS x (Linear(WIDTH, WIDTH), GELU) on a (BATCH, WIDTH) input
 LAYERS, WIDTH, BATCH = 24, 256, 16
-#: timed passes per measurement (their median is ``probe_ms``). 9 since 2026-12-02 (third
-#: validation, ``profiler/data/validation/h200_2026-12-02c/PLAN.md``); it was 3. Why: in the two
-#: calibrations of ``h200_2026-12-02b`` (``*_points_probes.csv``, 163 and 168 readings) two
-#: consecutive readings 0.6 s apart differed by 9-10% (median |log ratio|), hardly less than
-#: readings 14 s apart (14-15%): most of a 3-pass reading's scatter is noise of the reading, not
-#: the host's drift, and it entered each point's host speed (3-5 readings) at ~4%.
-REPS = 9
+#: timed passes per measurement (their median is ``probe_ms``). 9 passes were tried once
+#: (``profiler/data/validation/h200_2026-12-02c/``, planned in its ``PLAN.md``): readings 0.6 s
+#: apart still differed by a median 8-10% (3 passes: 9-10%), and both calibrations' held-out
+#: errors were worse (6.5% and 8.2%); the scatter is not the passes' noise, so the probe stays at
+#: 3 passes.
+REPS = 3
 #: iterations of the pure-Python loop (``python_ms``)
 PY_ITERS = 50_000
 #: the columns of ``probes.csv`` (``execute``) and of a calibration's probe record
