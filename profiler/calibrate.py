@@ -430,11 +430,40 @@ def _cpu_count() -> int:
         return os.cpu_count() or 0
 
 
+#: a point is host-bound where its step time moves at least this share of a change in host speed
+#: (``host_share``): half of it or more is host time
+HOST_BOUND_SHARE = 0.5
+#: the host-speed step ``host_share`` differentiates over (+10%)
+HOST_STEP = 0.1
+
+
+def host_share(art: dict, pts: pd.DataFrame) -> np.ndarray:
+    """Per row of ``pts``, the share of its step time that follows the host under ``art``: the
+    elasticity (predicted ms at host speed 1 + ``HOST_STEP``, ``with_host_speed``, over the
+    prediction at 1, minus 1, over ``HOST_STEP``). 0: GPU-bound (no host term on the critical
+    path); 1: the whole step is host terms. Rows with ``host_share >= HOST_BOUND_SHARE`` are the
+    host-bound points of ``summarize``'s ``heldout_host_bound``."""
+    base = predict_ms(art, pts)
+    return (predict_ms(with_host_speed(art, 1 + HOST_STEP), pts) / base - 1) / HOST_STEP
+
+
 def summarize(pts: pd.DataFrame, col: str) -> dict:
-    """Median / p90 / max of |``col`` / measured - 1| over all, fit and held-out rows."""
+    """Median / p90 / max of |``col`` / measured - 1| (and how many points) over all, fit and
+    held-out rows, and, where ``pts`` has a ``host_share`` column (``host_share``), over the
+    held-out rows split at ``HOST_BOUND_SHARE``: ``heldout_host_bound`` and ``heldout_gpu_bound``.
+    (On the lent H200 hosts one host-bound point measured twice on one machine 15 minutes apart
+    differed by a median 10.6%, GPU-bound ones by 0.5%: ``profiler/data/validation/README.md``,
+    "How repeatable a point is".)"""
     out = {}
-    for role in ("all", "fit", "heldout"):
-        d = pts if role == "all" else pts[pts.role == role]
+    roles = ("all", "fit", "heldout") + (("heldout_host_bound", "heldout_gpu_bound") if "host_share" in pts else ())
+    for role in roles:
+        if role == "all":
+            d = pts
+        elif role.startswith("heldout_"):
+            hb = pts.host_share >= HOST_BOUND_SHARE
+            d = pts[(pts.role == "heldout") & (hb if role == "heldout_host_bound" else ~hb)]
+        else:
+            d = pts[pts.role == role]
         e = (d[col] / d.measured_ms - 1).abs()
         out[role] = {"points": len(d), "median_ape": float(e.median()) if len(d) else float("nan"),
                      "p90_ape": float(e.quantile(0.9)) if len(d) else float("nan"),
@@ -451,7 +480,9 @@ def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None 
     (the hash of the base id, the parameters and ``ref_ms``); its ``calibration.probe`` is ``{"ref_ms",
     "points" (how many points had a probe), "probes" (every measurement: ``PROBE_COLUMNS``
     records of ``probes``), "what" (``probe_what``)}``, or None where the points have no probes.
-    ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``.
+    ``calibration.error`` summarises ``shipped``, ``calibrated`` and ``calibrated_no_probe``
+    (``summarize``; the held-out points also split into host- and GPU-bound by ``host_share``
+    under the calibrated artifact, a column of the points).
     ``split_host``: ``fit``'s."""
     params, info = fit(art, pts, split_host=split_host)
     cal = derive(art, params)
@@ -463,6 +494,7 @@ def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None 
     pts["shipped_ms"] = predict_ms(art, pts)
     pts["calibrated_ms"] = predict_at_speed(cal, pts, factors)
     pts["calibrated_no_probe_ms"] = predict_ms(cal, pts)
+    pts["host_share"] = host_share(cal, pts)
     for name in ("shipped", "calibrated", "calibrated_no_probe"):
         pts[f"{name}_error"] = pts[f"{name}_ms"] / pts.measured_ms - 1
     probe = None
@@ -498,9 +530,10 @@ ERROR_MEANING = {"shipped": "the shipped artifact",
 
 def error_table(pts: pd.DataFrame) -> str:
     """The held-out points' shipped, calibrated (at their probe factor) and calibrated without
-    the probe (factor 1) errors, then one summary line each (``build``'s points)."""
+    the probe (factor 1) errors, then one summary line each (``build``'s points), with the
+    held-out median of the host-bound and the GPU-bound points (``host_share``) and their counts."""
     h = pts[pts.role == "heldout"]
-    cols = ["model", "plan", "nano", "members", "tokens", "measured_ms", "probe_factor", "shipped_ms",
+    cols = ["model", "plan", "nano", "members", "tokens", "host_share", "measured_ms", "probe_factor", "shipped_ms",
             "calibrated_ms", "calibrated_no_probe_ms", "shipped_error", "calibrated_error",
             "calibrated_no_probe_error"]
     lines = ["held-out points (measured, not fitted):",
@@ -510,7 +543,10 @@ def error_table(pts: pd.DataFrame) -> str:
         s = summarize(pts, f"{name}_ms")
         lines.append(f"{name:19s} held-out median |error| {s['heldout']['median_ape']:.2%} p90 "
                      f"{s['heldout']['p90_ape']:.2%} max {s['heldout']['max_ape']:.2%} ({s['heldout']['points']} "
-                     f"points); fit points median {s['fit']['median_ape']:.2%}")
+                     f"points); fit points median {s['fit']['median_ape']:.2%}"
+                     + ("".join(f"; {lab} {s[k]['median_ape']:.2%} ({s[k]['points']})" for k, lab in (
+                         ("heldout_host_bound", "host-bound"), ("heldout_gpu_bound", "GPU-bound")))
+                        if "heldout_host_bound" in s else ""))
     return "\n".join(lines)
 
 

@@ -336,6 +336,11 @@ def _calibrate(args) -> int:
     print(f"heldout_median_ape_shipped={e['shipped']['heldout']['median_ape']:.4f} "
           f"heldout_median_ape_calibrated={e['calibrated']['heldout']['median_ape']:.4f} "
           f"heldout_median_ape_calibrated_no_probe={e['calibrated_no_probe']['heldout']['median_ape']:.4f}")
+    c = e["calibrated"]
+    print(f"heldout_median_ape_calibrated_host_bound={c['heldout_host_bound']['median_ape']:.4f} "
+          f"({c['heldout_host_bound']['points']} points, host share >= {cb.HOST_BOUND_SHARE}) "
+          f"heldout_median_ape_calibrated_gpu_bound={c['heldout_gpu_bound']['median_ape']:.4f} "
+          f"({c['heldout_gpu_bound']['points']} points)")
     return 0
 
 

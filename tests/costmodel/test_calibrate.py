@@ -324,3 +324,34 @@ def test_cli_rejects_a_bad_probe_ms(tmp_path, capsys):
                  str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "row 5" in err and "probe_ms" in err and not (tmp_path / "x.json").exists()
+
+
+def test_host_share_splits_the_heldout_error_into_host_and_gpu_bound(art, tmp_path, capsys):
+    """``host_share`` is the step's elasticity to the host speed: near 1 for the 512-token job alone
+    (the eager step's host floor), near 0 for the 8,192-token one; ``summarize`` splits the
+    held-out points at ``HOST_BOUND_SHARE`` and the CLI prints both medians."""
+    pts = _points()
+    share = cb.host_share(art, pts)
+    alone = (pts.plan == "alone").to_numpy()
+    small, big = alone & (pts.tokens == 512).to_numpy(), alone & (pts.tokens == 8192).to_numpy()
+    assert (share[small] > 0.8).all() and (share[big] < 0.2).all() and ((share >= 0) & (share <= 1.01)).all()
+    # a host 30% slower than the artifact: host-bound points are off, GPU-bound ones are not
+    pts["measured_ms"] = cb.predict_ms(cb.with_host_speed(art, 1.3), pts)
+    pts["host_share"] = share
+    pts["shipped_ms"] = cb.predict_ms(art, pts)
+    s = cb.summarize(pts, "shipped_ms")
+    hb, gb = s["heldout_host_bound"], s["heldout_gpu_bound"]
+    assert hb["points"] + gb["points"] == s["heldout"]["points"] and hb["points"] > 0 and gb["points"] > 0
+    assert hb["median_ape"] > 0.1 > 0.05 > gb["median_ape"]
+    assert "heldout_host_bound" not in cb.summarize(pts.drop(columns="host_share"), "shipped_ms")
+    pts.drop(columns=["host_share", "shipped_ms"]).to_csv(tmp_path / "p.csv", index=False)
+    assert main(["costmodel", "calibrate", "--gpu-name", "H200", "--points", str(tmp_path / "p.csv"),
+                 "--out", str(tmp_path / "cal.json")]) == 0
+    text = capsys.readouterr().out
+    assert "heldout_median_ape_calibrated_host_bound=" in text and "host-bound" in text and "GPU-bound" in text
+    cal = load_artifact(tmp_path / "cal.json")
+    e = cal["calibration"]["error"]["calibrated"]
+    # the split is the calibrated artifact's (a slower host: more points host-bound than under the shipped one)
+    held = (pts.role == "heldout").to_numpy()
+    n = int((cb.host_share(cal, pts)[held] >= cb.HOST_BOUND_SHARE).sum())
+    assert e["heldout_host_bound"]["points"] == n >= hb["points"] and e["heldout_host_bound"]["median_ape"] < 0.01
