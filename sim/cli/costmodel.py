@@ -84,7 +84,7 @@ def add_parsers(sub) -> None:
                         description="Measure a designed set of full-model training steps (plans alone, loop, fused, "
                                     "nano-batches; both 8B base-model families) through the executor's training step, "
                                     "fit host scales per plan family, a GPU scale and a per-step constant over the "
-                                    "shipped artifact, print the held-out points' error under the shipped and the "
+                                    "shipped artifact, print the held-out points' error (all, host-bound, GPU-bound) under the shipped and the "
                                     "calibrated artifact, and write the calibrated artifact (with its provenance and "
                                     "every measured point) to --out (profiler/calibrate.py). 44 points (22 per model, "
                                     "14 of them of 512-3,072 tokens, host-bound or near the crossover: 1-4 member loops "
