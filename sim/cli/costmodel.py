@@ -349,6 +349,29 @@ def _probes_path(points: Path) -> Path:
     return points.with_name(points.stem + "_probes.csv")
 
 
+def calibration_error_line(art: dict) -> str:
+    """One ``costmodel show`` line: a calibrated artifact's held-out median |error| (calibrated, at
+    each point's probe factor), split into host-bound and GPU-bound points
+    (``profiler/calibrate.py`` ``host_share``, computed from the stored points where the artifact
+    predates the split); a line saying why where the points do not allow it."""
+    import pandas as pd
+    from tlora_sim.profiler import calibrate as cb
+
+    pts = pd.DataFrame(art["calibration"].get("points") or [])
+    if pts.empty or "calibrated_ms" not in pts or not (pts.get("role") == "heldout").any():
+        return "  calibration held-out: no held-out points stored"
+    try:
+        pts["host_share"] = cb.host_share(art, pts)
+    except Exception as e:  # noqa: BLE001 - a display line; the artifact itself was checked on load
+        return f"  calibration held-out: not computed ({type(e).__name__}: {e})"
+    s = cb.summarize(pts, "calibrated_ms")
+    h, hb, gb = s["heldout"], s["heldout_host_bound"], s["heldout_gpu_bound"]
+    fmt = lambda d: f"{d['median_ape']:.2%} ({d['points']})" if d["points"] else "- (0)"  # noqa: E731
+    return (f"  calibration held-out median |error| {fmt(h)}: host-bound {fmt(hb)}, GPU-bound {fmt(gb)} "
+            f"(host share >= {cb.HOST_BOUND_SHARE}; on the lent H200 hosts two measurements of a host-bound point "
+            "differed by a median 10.5%: profiler/data/validation/README.md)")
+
+
 def host_floor(art: dict) -> list[tuple]:
     """Per model: (model, the smallest job's tokens, its ``alone`` step ms, the host-bound part ms:
     layers x the loop family's in-model host time of one adapter and one sequence length).
@@ -407,6 +430,7 @@ def _show(art: dict) -> str:
         p, mach = cal.get("params", {}), cal.get("machine", {})
         out.append(f"  calibrated over {cal.get('base_artifact')} on {mach.get('gpu_name', '?')} / {mach.get('cpu', '?')}: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
+        out.append(calibration_error_line(art))
     probe = cal.get("probe") if isinstance(cal, dict) else None
     try:
         floor = host_floor(art)

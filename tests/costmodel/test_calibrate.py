@@ -187,6 +187,9 @@ def test_cli_from_points_writes_a_loadable_artifact(art, tmp_path, capsys):
     assert main(["costmodel", "show", "--artifact", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "calibrated over " + art["id"] in shown and "host floor llama3-8b" in shown
+    e = cal["calibration"]["error"]["calibrated"]
+    assert (f"calibration held-out median |error| {e['heldout']['median_ape']:.2%} ({e['heldout']['points']}): "
+            f"host-bound {e['heldout_host_bound']['median_ape']:.2%} ({e['heldout_host_bound']['points']})") in shown
     assert json.loads(out.read_text())["id"] == cal["id"]
 
 
