@@ -210,9 +210,10 @@ def src_sha() -> str:
 #: summary.json keys left out of ``out_sha``: ``extrapolated_share`` counts the questions the policy
 #: asked the cost model, not the simulated schedule (a scripted replay of the same decisions asks
 #: fewer); the fairness figures (issue 44, ``sim/core/fairness.py``) are functions of ``jobs.csv`` and
-#: ``timeline.csv``, which are hashed, so rows from before they existed keep comparable hashes.
+#: ``timeline.csv``, which are hashed, so rows from before they existed keep comparable hashes; so is
+#: ``host_bound_gpu_time_share`` (of ``jobs.csv`` and the cost model: ``sim/experiments/fidelity.py``).
 NOT_HASHED = ("extrapolated_share", "tenants", "jain_slowdown", "jain_tenant_slowdown", "ftf_rho_mean",
-              "ftf_rho_max", "ftf_share_rho_le_1")
+              "ftf_rho_max", "ftf_share_rho_le_1", "host_bound_gpu_time_share")
 
 
 def output_sha(run_dir: Path) -> str:

@@ -37,7 +37,9 @@ the 7.0 s before the first point and 17.3 s of kernel compilation of a cold cach
 measured, about 149 s of ``measure`` (it took 149.1 s; 159 s the whole command), within the
 default ``--budget-s`` of 150.
 
-The derived artifact (``derive``) is the shipped one with those numbers applied to its fields (so
+The derived artifact (``derive``, in ``sim/costmodel/profiled/calibrated.py`` with
+``with_host_speed`` and ``host_share``, which the simulator uses too) is the shipped one with those
+numbers applied to its fields (so
 every code path of the cost model, scalar, vectorised and multi-GPU, reads them), a new ``id``
 and a ``calibration`` section: the base artifact's id and sha256, the parameters, the machine
 (GPU, CPU model, driver, versions, date, commit), every measured point with its predictions and
@@ -62,7 +64,6 @@ Points without ``probe_ms`` (earlier CSVs and artifacts) fit exactly as before t
 
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import hashlib
 import json
@@ -73,13 +74,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tlora_sim.sim.costmodel.profiled.calibrated import HOST_BOUND_SHARE, HOST_STEP, IDENTITY, derive, with_host_speed
+from tlora_sim.sim.costmodel.profiled.calibrated import host_share as share_of
 from tlora_sim.traces.errors import InputError
 
 #: base models calibrated by default (the families the shipped ``tlora`` LoRA distribution uses)
 MODELS = ("llama3-8b", "qwen3-8b")
-#: host-scale groups: plan family -> scale name
-HOST_GROUP = {"loop": "loop", "fused": "fused", "lorafusion": "fused", "grouped": "fused"}
-HOST_FIELDS = ("cpu0", "cpu_n", "cpu_g", "call_ms", "call_ms_alone")
 PARAMS = ("host_loop", "host_fused", "nano_host", "gpu_scale", "step_ms")
 #: bounds of the fitted parameters (scales are multiplicative; step_ms in ms)
 BOUNDS = {"host_loop": (0.25, 4.0), "host_fused": (0.25, 4.0), "host_loop_n": (0.25, 4.0), "host_fused_n": (0.25, 4.0), "nano_host": (0.1, 2.0), "gpu_scale": (0.5, 2.0),
@@ -218,74 +218,7 @@ def point_wall_s(step_ms: float, max_reps: int = MAX_REPS, mid_readings: bool = 
             "readings": readings}
 
 
-# ----------------------------------------------------------------------------------- deriving
-def host_scale(params: dict, group: str, model: str) -> float:
-    """The host scale of ``group`` (``loop`` / ``fused``) for ``model``: its own
-    (``host_<group>:<model>``) where it was measured, else ``host_<group>`` (the geometric mean
-    of the measured models', or 1)."""
-    own = params.get(f"host_{group}:{model}")
-    if own is not None:
-        return float(own)
-    got = [float(v) for k, v in params.items() if k.startswith(f"host_{group}:")]
-    if got:
-        return float(math.exp(np.mean(np.log(got))))
-    return float(params.get(f"host_{group}", 1.0))
-
-
-def derive(art: dict, params: dict) -> dict:
-    """The artifact ``art`` with calibration ``params`` applied to its fields (see the module
-    docstring; host scales per base model, ``host_scale``); ``art`` is not changed. The result
-    keeps ``art``'s ``id`` (``build`` sets the calibrated one) and gets a ``_sha256`` unique to
-    ``params`` (the cost model's cache key), so it can be passed to ``ProfiledCostModel``."""
-    g = float(params.get("gpu_scale", 1.0))
-    out = {k: v for k, v in art.items() if not k.startswith("_")}
-    out["optimizer"] = copy.deepcopy(art["optimizer"])
-    out["optimizer"]["coef"]["const"] = out["optimizer"]["coef"].get("const", 0.0) + float(params.get("step_ms", 0.0))
-    out["models"] = {}
-    for name, e in art["models"].items():
-        e2 = dict(e)
-        e2["l0"] = {**e["l0"], "ms": [g * v for v in e["l0"]["ms"]]}
-        e2["head"] = {**e["head"], "ms": [g * v for v in e["head"]["ms"]]}
-        e2["attn"] = {s: {**v, "ms": [g * x for x in v["ms"]]} for s, v in e["attn"].items()}
-        plans = {}
-        for fam, pe in e["plans"].items():
-            h = host_scale(params, HOST_GROUP.get(fam, "fused"), name)
-            pe2 = dict(pe)
-            pe2["coef"] = {k: g * v for k, v in pe["coef"].items()}
-            hn = host_scale(params, HOST_GROUP.get(fam, "fused") + "_n", name)  # the "split host" form; 1 otherwise
-            for f in HOST_FIELDS:
-                if f in pe:
-                    pe2[f] = h * pe[f] * (hn if f == "cpu_n" else 1.0)
-            if fam != "loop":  # nano-batches run with the fused kernels only
-                pe2["nano_host"] = float(params.get("nano_host", 1.0)) * pe.get("nano_host", 1.0)
-            plans[fam] = pe2
-        e2["plans"] = plans
-        out["models"][name] = e2
-    out["_sha256"] = hashlib.sha256((str(art.get("_sha256", art["id"])) + json.dumps(
-        {k: float(v) for k, v in params.items()}, sort_keys=True)).encode()).hexdigest()
-    return out
-
-
-IDENTITY = {"host_loop": 1.0, "host_fused": 1.0, "nano_host": 1.0, "gpu_scale": 1.0, "step_ms": 0.0}
-
-
-def with_host_speed(art: dict, factor: float) -> dict:
-    """``art`` (shipped or calibrated) on a host ``factor`` times as slow as its reference: every
-    host term (``HOST_FIELDS`` of every plan family and model) times ``factor``, nothing else
-    changed (GPU tables and terms, ``nano_host``, the optimizer). ``factor`` = probe_ms /
-    ``calibration.probe.ref_ms`` (``sim/executor/probe.py``). It is ``derive(art, {"host_loop":
-    factor, "host_fused": factor})``, so the result has its own ``_sha256`` and can be passed to
-    ``ProfiledCostModel``; ``factor`` = 1 predicts what ``art`` does.
-
-    Raises:
-        ValueError: ``factor`` not finite and > 0.
-    """
-    factor = float(factor)
-    if not (math.isfinite(factor) and factor > 0):
-        raise ValueError(f"host speed factor must be finite and > 0, got {factor}")
-    return derive(art, {"host_loop": factor, "host_fused": factor})
-
-
+# ----------------------------------------------------------------------------------- fitting
 def probe_factors(pts: pd.DataFrame) -> tuple[float | None, np.ndarray]:
     """(``ref_ms``, per-row factor ``probe_ms / ref_ms``) of calibration points: ``ref_ms`` is the
     median of the rows' ``probe_ms``. Where any row lacks a finite, positive ``probe_ms`` (or the
@@ -430,21 +363,13 @@ def _cpu_count() -> int:
         return os.cpu_count() or 0
 
 
-#: a point is host-bound where its step time moves at least this share of a change in host speed
-#: (``host_share``): half of it or more is host time
-HOST_BOUND_SHARE = 0.5
-#: the host-speed step ``host_share`` differentiates over (+10%)
-HOST_STEP = 0.1
-
-
 def host_share(art: dict, pts: pd.DataFrame) -> np.ndarray:
-    """Per row of ``pts``, the share of its step time that follows the host under ``art``: the
-    elasticity (predicted ms at host speed 1 + ``HOST_STEP``, ``with_host_speed``, over the
-    prediction at 1, minus 1, over ``HOST_STEP``). 0: GPU-bound (no host term on the critical
-    path); 1: the whole step is host terms. Rows with ``host_share >= HOST_BOUND_SHARE`` are the
-    host-bound points of ``summarize``'s ``heldout_host_bound``."""
-    base = predict_ms(art, pts)
-    return (predict_ms(with_host_speed(art, 1 + HOST_STEP), pts) / base - 1) / HOST_STEP
+    """Per row of ``pts``, the share of its step time that follows the host under ``art``
+    (``sim/costmodel/profiled/calibrated.py`` ``host_share``: the step at host speed 1 +
+    ``HOST_STEP`` against 1). 0: GPU-bound; 1: the whole step is host terms. Rows with
+    ``host_share >= HOST_BOUND_SHARE`` are the host-bound points of ``summarize``'s
+    ``heldout_host_bound``."""
+    return share_of(predict_ms(art, pts), predict_ms(with_host_speed(art, 1 + HOST_STEP), pts))
 
 
 def summarize(pts: pd.DataFrame, col: str) -> dict:

@@ -170,9 +170,10 @@ def _coverage(args, line: str) -> None:
 
 
 def _fidelity_warning(summaries: dict[str, dict], cluster: str, cost_model: str) -> None:
-    """The fidelity warning, once, on stderr (also under ``--quiet``), from the runs' summaries."""
+    """The fidelity warning and the host-bound note, once each, on stderr (also under ``--quiet``),
+    from the runs' summaries."""
     from tlora_sim.sim.core.cluster import parse_cluster
-    from tlora_sim.sim.experiments.fidelity import warning_text
+    from tlora_sim.sim.experiments.fidelity import host_bound_text, warning_text
 
     spec = parse_cluster(cluster)
     shares = {p: s.get("extrapolated_gpu_time_share", {}) or {} for p, s in summaries.items()}
@@ -181,6 +182,10 @@ def _fidelity_warning(summaries: dict[str, dict], cluster: str, cost_model: str)
     text = warning_text(shares, totals, spec.gpu.name, spec.gpus_per_node, str(name))
     if text:
         print(f"tlora-sim: warning: {text}", file=sys.stderr)
+    note = host_bound_text({p: s.get("host_bound_gpu_time_share") for p, s in summaries.items()}, str(name),
+                           spec.gpu.name)
+    if note:
+        print(f"tlora-sim: note: {note}", file=sys.stderr)
 
 
 def _header(args, policies: list[str], added: bool) -> None:

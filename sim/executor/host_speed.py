@@ -163,12 +163,12 @@ def factor_series(probes: pd.DataFrame, ref_ms: float, window_s: float = WINDOW_
 
 def speed_artifact(art: dict, factor: float) -> dict:
     """``art`` with every host term times ``factor`` (its loop and fused host scales; GPU terms,
-    memory and the rest unchanged): ``profiler/calibrate.py``'s ``with_host_speed``.
+    memory and the rest unchanged): ``sim/costmodel/profiled/calibrated.py``'s ``with_host_speed``.
 
     Raises:
         ValueError: ``factor`` not finite and > 0.
     """
-    from tlora_sim.profiler.calibrate import with_host_speed
+    from tlora_sim.sim.costmodel.profiled.calibrated import with_host_speed
 
     return with_host_speed(art, float(factor))
 

@@ -65,6 +65,69 @@ def job_reasons(cost_model, jobs: Sequence, gpu: str, cost_model_name: str) -> l
     return out
 
 
+#: share of a run's job GPU-time in host-bound jobs above which ``host_bound_text`` prints a note:
+#: from a quarter on, the host part of the step model (host-bound held-out points off by a median
+#: 14-28% on five lent H200 hosts with the shipped artifact, 4-10% calibrated there;
+#: profiler/data/validation/README.md, "How repeatable a point is")
+#: can move the run's average JCT by several percent
+HOST_BOUND_NOTE = 0.25
+
+
+def job_host_shares(cost_model, jobs: Sequence, gpu: str) -> list[float] | None:
+    """Per job, the share of its isolated step (plan ``alone``, its GPU count) that follows the host
+    CPU under the run's profiled model: the elasticity of the predicted step time to the host speed
+    (``sim/costmodel/profiled/calibrated.py`` ``host_share``: host terms x (1 + ``HOST_STEP``),
+    ``with_host_speed``).
+    0: GPU-bound; 1: all host (kernel launches, Python). None where the model is not profiled (the
+    roofline has no host term) or does not expose its artifact.
+
+    Args:
+        cost_model: the run's cost model.
+        jobs: the run's ``Job`` objects (``model``, ``member``, ``num_gpus``).
+        gpu: the cluster's GPU type.
+    """
+    art = getattr(cost_model, "artifact", None)
+    if cost_model.describe().get("kind") != "profiled" or not isinstance(art, dict):
+        return None
+    from tlora_sim.sim.costmodel.profiled.calibrated import HOST_STEP, host_share, with_host_speed
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+    slow = ProfiledCostModel(with_host_speed(art, 1 + HOST_STEP), checkpointing=getattr(cost_model, "checkpointing", True))
+    memo: dict = {}
+    out = []
+    for j in jobs:
+        key = (j.model, j.member, j.num_gpus)
+        if key not in memo:
+            t0 = cost_model.step_time_s(j.model, gpu, (j.member,), j.num_gpus, "alone")
+            t1 = slow.step_time_s(j.model, gpu, (j.member,), j.num_gpus, "alone")
+            memo[key] = host_share(t0, t1)
+        out.append(memo[key])
+    return out
+
+
+def host_bound_text(shares_by_policy: dict[str, float | None], cost_model: str, gpu: str) -> str | None:
+    """The host-bound note of a replay or comparison, or None when no policy's host-bound GPU-time
+    share (``host_bound_gpu_time_share``) exceeds ``HOST_BOUND_NOTE``.
+
+    A job is host-bound where half or more of its step alone follows the host CPU
+    (``job_host_shares`` >= ``sim/costmodel/profiled/calibrated.py`` ``HOST_BOUND_SHARE``): its step time is the
+    host floor the profile measured on one machine, which moves with the host CPU and software
+    stack. A share that differs across policies is printed as its range."""
+    vals = [v for v in shares_by_policy.values() if v is not None]
+    if not vals or max(vals) <= HOST_BOUND_NOTE:
+        return None
+    calibrated = "-cal-" in str(cost_model)
+    return (f"host-bound: {_pct_range(vals)} of simulated GPU-time is in jobs whose step alone is host-bound (half "
+            f"or more of it follows the host CPU: launches, Python; cost model {cost_model}), whose time moves with "
+            f"the {gpu} host's CPU and software stack. On five lent H200 hosts such steps were off by 14-28% "
+            "(held-out median) with the shipped artifact and 4-10% with one calibrated on the machine "
+            "(profiler/data/validation/README.md); "
+            + ("this artifact is calibrated: `tlora-sim costmodel show --artifact FILE` prints its host-bound "
+               "held-out error." if calibrated else
+               "calibrate on the machine whose answer you want: `tlora-sim costmodel calibrate --gpu-name auto "
+               "--out FILE`, then `--artifact FILE`."))
+
+
 def gpu_time_shares(jobs_df, reasons: list[tuple[str, ...]]) -> tuple[dict[str, float], float]:
     """(share of job GPU-time per reason, share with any reason), from ``jobs.csv``'s
     ``num_gpus``, ``start_time_s``, ``finish_time_s`` (rows in job order, as ``reasons``)."""

@@ -13,6 +13,7 @@ import pytest
 from tlora_sim.profiler import calibrate as cb
 from tlora_sim.sim.cli.main import main
 from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+from tlora_sim.sim.costmodel.profiled.calibrated import HOST_FIELDS
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +243,7 @@ def test_with_host_speed_scales_host_bound_steps_only(art):
     fast = cb.with_host_speed(d, 0.9)
     for name, e in d["models"].items():
         for fam, pe in e["plans"].items():
-            for f in cb.HOST_FIELDS:
+            for f in HOST_FIELDS:
                 if f in pe:
                     assert fast["models"][name]["plans"][fam][f] == pytest.approx(0.9 * pe[f], rel=1e-12)
             assert fast["models"][name]["plans"][fam]["coef"] == pe["coef"]

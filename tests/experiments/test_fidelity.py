@@ -81,3 +81,38 @@ def test_an_h200_run_carries_the_h200_validation(tmp_path, capsys):
     v = s["validation"]
     assert v["gpu"] == "H200" and "H200" in v["workload"] and {"independent", "mlora", "tlora"} <= set(v["avg_jct_error"])
     assert v["source"].startswith("profiler/data/validation/h200_")
+
+
+def test_host_bound_share_is_the_gpu_time_of_jobs_whose_step_alone_follows_the_host(tmp_path, capsys):
+    """``host_bound_gpu_time_share``: the job GPU-time of jobs whose isolated step is host-bound
+    (``job_host_shares`` >= HOST_BOUND_SHARE), recomputed here by hand from the run's jobs; the
+    note prints once on stderr above HOST_BOUND_NOTE; the roofline has no host term (None)."""
+    from tlora_sim.sim.costmodel.profiled.calibrated import HOST_BOUND_SHARE, HOST_STEP, with_host_speed
+    from tlora_sim.sim.costmodel.interface import Member
+    from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
+    from tlora_sim.sim.costmodel.profiled.model import ProfiledCostModel
+
+    s, jobs, printed = _replay(tmp_path, capsys, "-q", cluster="2x8xH100")
+    art = load_artifact(artifact_path("H100"))
+    cm, slow = ProfiledCostModel(art), ProfiledCostModel(with_host_speed(art, 1 + HOST_STEP))
+    held = jobs["num_gpus"] * (jobs["finish_time_s"] - jobs["start_time_s"])
+    share = []
+    for r in jobs.itertuples():
+        m = (Member(r.rank, r.batch_size, r.seq_len),)
+        t0, t1 = (c.step_time_s(r.model, "H100", m, r.num_gpus, "alone") for c in (cm, slow))
+        share.append((t1 / t0 - 1) / HOST_STEP)
+    bound = np.asarray(share) >= HOST_BOUND_SHARE
+    assert 0 < bound.sum() < len(jobs)  # the synthetic trace has both kinds
+    assert s["host_bound_gpu_time_share"] == pytest.approx(held[bound].sum() / held.sum())
+    assert (printed.err.count("host-bound:") == 1) == (s["host_bound_gpu_time_share"] > fidelity.HOST_BOUND_NOTE)
+    r, _, printed = _replay(tmp_path, capsys, "--cost-model", "roofline", "-q", cluster="2x8xH100")
+    assert r["host_bound_gpu_time_share"] is None and "host-bound:" not in printed.err
+
+
+def test_host_bound_note_words_and_threshold():
+    assert fidelity.host_bound_text({"a": fidelity.HOST_BOUND_NOTE, "b": None}, "h100-x", "H100") is None
+    assert fidelity.host_bound_text({"a": None}, "h100-x", "H100") is None
+    text = fidelity.host_bound_text({"a": 0.3, "b": 0.6}, "h100-2026-x", "H100")
+    assert text.startswith("host-bound: 30-60% of simulated GPU-time") and "costmodel calibrate" in text
+    cal = fidelity.host_bound_text({"a": 0.6}, "h200-cal-2026-12-02-1d4c9da6", "H200")
+    assert "this artifact is calibrated" in cal and "costmodel show" in cal and "60%" in cal

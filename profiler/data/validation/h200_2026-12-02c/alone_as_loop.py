@@ -15,15 +15,13 @@ repository root:
     python profiler/data/validation/h200_2026-12-02c/alone_as_loop.py   (writes alone_as_loop.txt)
 """
 import copy
-import io
-import json
+import subprocess
+import sys
 import tempfile
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pandas as pd
 from tlora_sim.profiler import calibrate as cb
-from tlora_sim.sim.cli.main import main
 from tlora_sim.sim.costmodel.profiled.artifact import load_artifact
 
 V = Path("profiler/data/validation")
@@ -68,10 +66,9 @@ for d, cal in (("h200_2026-12-02b/A", "h200_2026-12-02b/calibrated_h200"), ("h20
                ("h200_2026-12-02c/machine2/A", "h200_2026-12-02c/machine2/calibrated_h200_m2")):
     runs = [str(V / d / p) for p in ("independent", "mlora", "tlora") if (V / d / p).is_dir()]
     out_dir = TMP / d.replace("/", "_")
-    with redirect_stdout(io.StringIO()):
-        rc = main(["validate-run", *runs, "--artifact", str(refit[cal]), "--host-speed", "probes", "--out", str(out_dir),
-                   "--force", "--no-progress"])
-    assert rc == 0, d
+    subprocess.run([sys.executable, "-m", "tlora_sim.sim.cli.main", "validate-run", *runs, "--artifact", str(refit[cal]),
+                    "--host-speed", "probes", "--out", str(out_dir), "--force", "--no-progress"], check=True,
+                   stdout=subprocess.DEVNULL)
     new = pd.read_csv(out_dir / "validation.csv").set_index("policy")
     rec = pd.read_csv(V / d / "validation_calibrated" / "validation.csv").set_index("policy")
     cells = [f"{p} {rec.avg_jct_error[p]:+.1%} -> {new.avg_jct_error[p]:+.1%} ({new.ratio_error[p]:+.1%})" for p in new.index]
