@@ -137,6 +137,11 @@ def run(args) -> int:
         if (table.probe_stretch != 1.0).any():
             print("probe cost: step times x " + ", ".join(f"{r.policy} {r.probe_stretch:.4f} ({r.busy_probes} probes)"
                                                           for r in table.itertuples()))
+        print("groups as run (divergence.csv): " + "; ".join(
+            f"{r.policy} {round(r.same_groups_share * r.jobs)} of {r.jobs} jobs"
+            + (f" (first divergence at {r.first_divergence_s:.1f} s)" if r.first_divergence_s == r.first_divergence_s
+               else "") for r in table.itertuples())
+            + ": a replay whose groups differ from the run's adds decision drift to the step model's error")
         print(f"ranking kept: {'yes' if bool(table.ranking_kept.iloc[0]) else 'no'} (real "
               f"{table.real_rank_order.iloc[0]}; simulated {table.sim_rank_order.iloc[0]})")
         print(f"wrote {args.out / 'validation.csv'}")

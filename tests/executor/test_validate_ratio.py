@@ -42,7 +42,15 @@ def test_validate_run_writes_ratio_columns(tmp_path, capsys):
     tl = t[t.policy == "tlora"].iloc[0]
     assert tl.real_ratio == pytest.approx(tl.real_avg_jct_s / t.real_avg_jct_s[t.policy == "independent"].iloc[0])
     assert tl.ratio_error == pytest.approx(tl.sim_ratio / tl.real_ratio - 1)
-    assert "ranking kept:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ranking kept:" in out
+    # how many jobs the replay placed in the run's groups, per policy, as divergence.csv counts them
+    div = pd.read_csv(tmp_path / "v" / "divergence.csv")
+    same = div.groupby("policy").same_groups.sum()
+    line = next(x for x in out.splitlines() if x.startswith("groups as run (divergence.csv): "))
+    for pol in ("independent", "tlora"):
+        assert f"{pol} {int(same[pol])} of {int((div.policy == pol).sum())} jobs" in line
+    assert t.same_groups_share.tolist() == pytest.approx([same[p] / (div.policy == p).sum() for p in t.policy])
     # another artifact for the replay: recorded per row
     assert main(["validate-run", str(RUNS / "B" / "tlora"), "--out", str(tmp_path / "w"), "--no-progress",
                  "--artifact", str(RUNS / "calibrated_h200.json")]) == 0
