@@ -419,7 +419,7 @@ def build(art: dict, pts: pd.DataFrame, machine: dict, measured_s: float | None 
     pts["shipped_ms"] = predict_ms(art, pts)
     pts["calibrated_ms"] = predict_at_speed(cal, pts, factors)
     pts["calibrated_no_probe_ms"] = predict_ms(cal, pts)
-    pts["host_share"] = host_share(cal, pts)
+    pts["host_share"] = share_of(pts.calibrated_no_probe_ms, predict_ms(with_host_speed(cal, 1 + HOST_STEP), pts))
     for name in ("shipped", "calibrated", "calibrated_no_probe"):
         pts[f"{name}_error"] = pts[f"{name}_ms"] / pts.measured_ms - 1
     probe = None

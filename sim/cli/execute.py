@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from tlora_sim.traces.errors import InputError
@@ -139,15 +140,13 @@ def run(args) -> int:
                                                           for r in table.itertuples()))
         print("groups as run (divergence.csv): " + "; ".join(
             f"{r.policy} {round(r.same_groups_share * r.jobs)} of {r.jobs} jobs"
-            + (f" (first divergence at {r.first_divergence_s:.1f} s)" if r.first_divergence_s == r.first_divergence_s
-               else "") for r in table.itertuples())
+            + (f" (first divergence at {r.first_divergence_s:.1f} s)" if not math.isnan(r.first_divergence_s) else "")
+            for r in table.itertuples())
             + ": a replay whose groups differ from the run's adds decision drift to the step model's error")
         print(f"ranking kept: {'yes' if bool(table.ranking_kept.iloc[0]) else 'no'} (real "
               f"{table.real_rank_order.iloc[0]}; simulated {table.sim_rank_order.iloc[0]})")
         print(f"wrote {args.out / 'validation.csv'}")
         return 0
-    import math
-
     if not math.isfinite(args.time_scale) or not 1e-6 <= args.time_scale <= 1e9:
         raise InputError(f"--time-scale must be a finite number in [1e-6, 1e9], got {args.time_scale}",
                          field="--time-scale")

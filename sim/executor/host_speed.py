@@ -58,11 +58,17 @@ WINDOW_S = 10.0
 REF_FIELD = "calibration.probe.ref_ms"
 
 
-def reference_ms(art: dict) -> float | None:
-    """``art["calibration"]["probe"]["ref_ms"]`` (ms) when present, positive and finite, else None."""
+def calibration_probe(art: dict) -> dict:
+    """``art["calibration"]["probe"]`` (``costmodel calibrate``'s probe record: ``ref_ms``, ``what``,
+    the readings) where it is a dict, else ``{}``."""
     cal = art.get("calibration") if isinstance(art, dict) else None
     probe = cal.get("probe") if isinstance(cal, dict) else None
-    ref = probe.get("ref_ms") if isinstance(probe, dict) else None
+    return probe if isinstance(probe, dict) else {}
+
+
+def reference_ms(art: dict) -> float | None:
+    """``art["calibration"]["probe"]["ref_ms"]`` (ms) when present, positive and finite, else None."""
+    ref = calibration_probe(art).get("ref_ms")
     try:
         ref = float(ref)
     except (TypeError, ValueError):

@@ -240,7 +240,7 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
     """
     from tlora_sim.sim.core.cluster import parse_cluster
     from tlora_sim.sim.costmodel.profiled.artifact import artifact_path, load_artifact
-    from tlora_sim.sim.executor.host_speed import PROBES, REF_FIELD, read_probes, reference_ms
+    from tlora_sim.sim.executor.host_speed import PROBES, REF_FIELD, calibration_probe, read_probes, reference_ms
     from tlora_sim.sim.executor.probe import describe
 
     if host_speed not in HOST_SPEED:
@@ -258,7 +258,7 @@ def host_speed_mode(dirs: list[Path], host_speed: str = "auto", step_times: str 
             return "off"
         raise InputError("the artifact has no host-speed reference (calibrate with a probe: tlora-sim costmodel "
                          "calibrate), so --host-speed probes cannot be used", file=str(art_file), field=REF_FIELD)
-    cal_what = str(((art.get("calibration") or {}).get("probe") or {}).get("what") or "")
+    cal_what = str(calibration_probe(art).get("what") or "")
     for d, cfg in zip(dirs, cfgs):
         run_probe = (cfg.get("executor") or {}).get("probe")  # None: a run without probes (checked below)
         if ":" in cal_what and run_probe and describe(run_probe) != cal_what:  # ":": the probe is described

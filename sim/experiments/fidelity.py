@@ -105,6 +105,18 @@ def job_host_shares(cost_model, jobs: Sequence, gpu: str) -> list[float] | None:
     return out
 
 
+def host_bound_gpu_time_share(cost_model, jobs: Sequence, gpu: str, jobs_df) -> float | None:
+    """The share of the run's job GPU-time (``gpu_time_shares``, from ``jobs_df``, ``jobs.csv``'s
+    rows in job order) in jobs whose step alone is host-bound (``job_host_shares`` >=
+    ``HOST_BOUND_SHARE``); None where ``job_host_shares`` is (not a profiled model)."""
+    from tlora_sim.sim.costmodel.profiled.calibrated import HOST_BOUND_SHARE
+
+    host = job_host_shares(cost_model, jobs, gpu)
+    if host is None:
+        return None
+    return gpu_time_shares(jobs_df, [("host_bound",) if h >= HOST_BOUND_SHARE else () for h in host])[1]
+
+
 def host_bound_text(shares_by_policy: dict[str, float | None], cost_model: str, gpu: str) -> str | None:
     """The host-bound note of a replay or comparison, or None when no policy's host-bound GPU-time
     share (``host_bound_gpu_time_share``) exceeds ``HOST_BOUND_NOTE``.

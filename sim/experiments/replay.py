@@ -238,7 +238,6 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
     if "attrs_from_trace" in frame.columns:  # which LoRA attributes each job took from the trace
         jobs_df["attrs_from_trace"] = jobs_df["job_id"].map(dict(zip(frame["job_id"], frame["attrs_from_trace"])))
     flops = sum(map(mul, map(attrgetter("steps_trained"), res.records), engine.member_flops))  # in job order
-    from tlora_sim.sim.costmodel.profiled.calibrated import HOST_BOUND_SHARE
     from tlora_sim.sim.experiments import fidelity
 
     described = cost_model.describe()
@@ -249,9 +248,7 @@ def simulate(cfg: ReplayConfig, *, frame: pd.DataFrame | None = None, progress: 
                **coverage(len(jobs), skipped, described),
                "cost_model": described.get("artifact") or described.get("name"),
                "extrapolated_gpu_time_share_total": total, "extrapolated_gpu_time_share": shares}
-    host = fidelity.job_host_shares(cost_model, jobs, cluster.gpu.name)
-    summary["host_bound_gpu_time_share"] = None if host is None else fidelity.gpu_time_shares(
-        jobs_df, [("host_bound",) if h >= HOST_BOUND_SHARE else () for h in host])[1]
+    summary["host_bound_gpu_time_share"] = fidelity.host_bound_gpu_time_share(cost_model, jobs, cluster.gpu.name, jobs_df)
     validation = fidelity.validation_error(cluster.gpu.name) if described.get("kind") == "profiled" else None
     if validation is not None:
         summary["validation"] = validation
