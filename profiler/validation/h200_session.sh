@@ -14,6 +14,7 @@
 #                            with the host speed of the runs' probes (validation_calibrated), without
 #                            (validation_calibrated_no_probe) and without charging the probes' own time
 #                            (validation_calibrated_probe_cost_ignored), and with their measured steps
+#                            (profiler/validation/validations.sh)
 #                            (CPU only: run it here or on any machine, WORK=the unpacked session)
 #       B:POLICY[,POLICY]    workload B: ITP cluster03 (B_TRACE), the first B_JOBS (12) one-GPU jobs,
 #                            --lora-dist tlora (llama3-8b and qwen3-8b, ranks 2-16, 1-8 sequences of
@@ -76,18 +77,8 @@ for step in "$@"; do
       done ;;
     validate:*)  # on any machine: validate-run with the shipped and the calibrated artifact, and measured steps
       w=${step#*:}; dirs=$(for pol in independent mlora tlora; do [ -f "$WORK/$w/$pol/summary.json" ] && echo "$WORK/$w/$pol"; done)
-      run $CLI validate-run $dirs --out "$WORK/$w/validation_shipped" --force --no-progress > "$WORK/$w-validation.log" 2>&1
-      cal=$WORK/${CAL_NAME:-calibrated_h200}.json
-      if [ -f "$cal" ]; then  # host speed from the runs' probes, and without them; the probes' own cost left out
-        run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated" --host-speed probes \
-          --artifact "$cal" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
-        run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated_no_probe" --host-speed off \
-          --artifact "$cal" --force --no-progress >> "$WORK/$w-validation.log" 2>&1
-        run $CLI validate-run $dirs --out "$WORK/$w/validation_calibrated_probe_cost_ignored" --host-speed probes \
-          --artifact "$cal" --ignore-probe-cost --force --no-progress >> "$WORK/$w-validation.log" 2>&1
-      fi
-      run $CLI validate-run $dirs --out "$WORK/$w/validation_measured" --step-times measured --force --no-progress \
-        >> "$WORK/$w-validation.log" 2>&1
+      CLI="$CLI" run bash profiler/validation/validations.sh "$WORK/${CAL_NAME:-calibrated_h200}.json" "$WORK/$w" $dirs \
+        > "$WORK/$w-validation.log" 2>&1
       echo "$w validation rc=$?" >> "$LOG"; grep -E "^ *(independent|mlora|tlora) |ranking" "$WORK/$w-validation.log" >> "$LOG" ;;
     *) echo "unknown step $step" >> "$LOG" ;;
   esac

@@ -7,14 +7,9 @@
 set -eu
 D=profiler/data/validation/h200_2026-12-02b
 V="python -m tlora_sim.sim.cli.main validate-run --force --no-progress"
-one() {  # one() DIR CAL: the validations of DIR's runs
+one() {  # one() DIR CAL: the validations of DIR's runs, then the "split host" refit's
   local d=$1 cal=$2 runs="$1/independent $1/mlora $1/tlora"
-  echo "== $d validation_calibrated (of record)"; $V $runs --artifact "$cal" --host-speed probes --out "$d/validation_calibrated"
-  echo "== $d validation_shipped"; $V $runs --out "$d/validation_shipped"
-  echo "== $d validation_calibrated_no_probe"; $V $runs --artifact "$cal" --host-speed off --out "$d/validation_calibrated_no_probe"
-  echo "== $d validation_calibrated_probe_cost_ignored"; $V $runs --artifact "$cal" --host-speed probes --ignore-probe-cost \
-    --out "$d/validation_calibrated_probe_cost_ignored"
-  echo "== $d validation_measured"; $V $runs --step-times measured --out "$d/validation_measured"
+  bash profiler/validation/validations.sh "$cal" "$d" $runs
   echo "== $d validation_split_host"; $V $runs --artifact "${cal%.json}_split.json" --host-speed probes --out "$d/validation_split_host"
 }
 one $D/A $D/calibrated_h200.json 2>&1 | tee $D/A-validation.log

@@ -7,15 +7,7 @@
 set -eu
 D=profiler/data/validation/h200_2026-12-02c
 V="python -m tlora_sim.sim.cli.main validate-run --force --no-progress"
-one() {  # one() CAL DIR RUN...: the validations of the runs
-  local cal=$1 d=$2; shift 2; local runs="$*"
-  echo "== $d validation_calibrated (of record)"; $V $runs --artifact "$cal" --host-speed probes --out "$d/validation_calibrated"
-  echo "== $d validation_shipped"; $V $runs --out "$d/validation_shipped"
-  echo "== $d validation_calibrated_no_probe"; $V $runs --artifact "$cal" --host-speed off --out "$d/validation_calibrated_no_probe"
-  echo "== $d validation_calibrated_probe_cost_ignored"; $V $runs --artifact "$cal" --host-speed probes --ignore-probe-cost \
-    --out "$d/validation_calibrated_probe_cost_ignored"
-  echo "== $d validation_measured"; $V $runs --step-times measured --out "$d/validation_measured"
-}
+one() { bash profiler/validation/validations.sh "$@"; }  # one() CAL DIR RUN...: the validations of the runs
 for w in A B; do
   one $D/calibrated_h200.json $D/$w $D/$w/independent $D/$w/mlora $D/$w/tlora 2>&1 | tee $D/$w-validation.log
 done
